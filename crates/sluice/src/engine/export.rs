@@ -1,0 +1,160 @@
+//! An exported directory tree: its root, its handle key, and the mapping
+//! between wire handles and open descriptors.
+
+use super::cred::as_root;
+use super::fs::{self, Stat};
+use super::handle::{kernel_handle, open_kernel_handle, HandleError, HandleKey};
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Descriptors kept open for recently used handles.
+const CACHE_LIMIT: usize = 8192;
+
+/// One exported directory.
+pub struct Export {
+    path: PathBuf,
+    root: Arc<OwnedFd>,
+    root_fh: Vec<u8>,
+    root_stat: Stat,
+    /// A plain (not O_PATH) descriptor on the file system, which
+    /// open_by_handle_at needs as its mount reference.
+    mount: OwnedFd,
+    key: HandleKey,
+    id: u8,
+    cache: Mutex<HashMap<Vec<u8>, Arc<OwnedFd>>>,
+}
+
+impl std::fmt::Debug for Export {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Export")
+            .field("path", &self.path)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Export {
+    /// Opens `path` for export with handles sealed by `key`.
+    pub fn open(path: &Path, id: u8, key: HandleKey) -> io::Result<Self> {
+        let root = fs::open_dir_path(path)?;
+        let root_stat = fs::stat(root.as_fd())?;
+        let (kind, bytes) = kernel_handle(root.as_fd(), c"").map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "the file system of {} cannot give file handles: {e}",
+                    path.display()
+                ),
+            )
+        })?;
+        let root_fh = key.seal(id, kind, &bytes);
+        let mount = fs::reopen(root.as_fd(), libc::O_RDONLY | libc::O_DIRECTORY)?;
+        // Check now that handles can be opened again (needs root).
+        open_kernel_handle(mount.as_fd(), kind, &bytes).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot open file handles on {} (sluice must run as root): {e}",
+                    path.display()
+                ),
+            )
+        })?;
+        Ok(Export {
+            path: path.to_path_buf(),
+            root: Arc::new(root),
+            root_fh,
+            root_stat,
+            mount,
+            key,
+            id,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The exported directory on the host.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The wire handle of the export root.
+    pub fn root_fh(&self) -> &[u8] {
+        &self.root_fh
+    }
+
+    /// The root directory descriptor.
+    pub fn root_fd(&self) -> Arc<OwnedFd> {
+        self.root.clone()
+    }
+
+    /// True when `st` describes the export root.
+    pub fn is_root(&self, st: &Stat) -> bool {
+        st.dev == self.root_stat.dev && st.ino == self.root_stat.ino
+    }
+
+    /// The device of the exported file system.
+    pub fn dev(&self) -> u64 {
+        self.root_stat.dev
+    }
+
+    /// Wire handle for the object behind `fd`.
+    pub fn handle_of(&self, fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+        let (kind, bytes) = kernel_handle(fd, c"")?;
+        Ok(self.key.seal(self.id, kind, &bytes))
+    }
+
+    /// Wire handle for `name` in directory `dir` (not following symlinks).
+    pub fn handle_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+        let (kind, bytes) = kernel_handle(dir, name)?;
+        Ok(self.key.seal(self.id, kind, &bytes))
+    }
+
+    /// Opens the object a wire handle names, as an O_PATH descriptor.
+    pub fn resolve(&self, wire: &[u8]) -> Result<Arc<OwnedFd>, HandleError> {
+        if wire == self.root_fh.as_slice() {
+            return Ok(self.root.clone());
+        }
+        let cached = self.cache.lock().ok().and_then(|c| c.get(wire).cloned());
+        if let Some(fd) = cached {
+            // A descriptor stays valid after its object is removed; a
+            // removed object's handle is stale.
+            match fs::stat(fd.as_fd()) {
+                Ok(st) if st.nlink > 0 => return Ok(fd),
+                _ => {
+                    if let Ok(mut c) = self.cache.lock() {
+                        c.remove(wire);
+                    }
+                    return Err(HandleError::Stale);
+                }
+            }
+        }
+        let (export, kind, bytes) = self.key.open(wire)?;
+        if export != self.id {
+            return Err(HandleError::Stale);
+        }
+        let fd = as_root(|| open_kernel_handle(self.mount.as_fd(), kind, bytes))
+            .map_err(|_| HandleError::Stale)?;
+        let st = fs::stat(fd.as_fd()).map_err(|_| HandleError::Stale)?;
+        if st.dev != self.root_stat.dev || st.nlink == 0 {
+            return Err(HandleError::Stale);
+        }
+        let fd = Arc::new(fd);
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() >= CACHE_LIMIT {
+                c.clear();
+            }
+            c.insert(wire.to_vec(), fd.clone());
+        }
+        Ok(fd)
+    }
+
+    /// Forgets the cached descriptor of a handle (after removal).
+    pub fn forget(&self, wire: &[u8]) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.remove(wire);
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Access to the backing file system through descriptors.
+//!
+//! Every object is reached from an `O_PATH` descriptor obtained from its
+//! handle, and names are resolved one component at a time relative to a
+//! directory descriptor without following symlinks, so nothing outside the
+//! export can be reached by name.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// A point in time as seconds and nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Time {
+    /// Seconds.
+    pub sec: i64,
+    /// Nanoseconds, below 1e9.
+    pub nsec: u32,
+}
+
+/// What the engine knows of an object (from fstatat).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stat {
+    /// File type and permission bits (st_mode).
+    pub mode: u32,
+    /// Hard links.
+    pub nlink: u64,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// Allocated 512-byte blocks.
+    pub blocks: u64,
+    /// Device numbers of a device node.
+    pub rdev: u64,
+    /// Device holding the object.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Last access.
+    pub atime: Time,
+    /// Last data modification.
+    pub mtime: Time,
+    /// Last status change.
+    pub ctime: Time,
+}
+
+impl Stat {
+    fn from_raw(s: &libc::stat64) -> Self {
+        Stat {
+            mode: s.st_mode,
+            nlink: s.st_nlink,
+            uid: s.st_uid,
+            gid: s.st_gid,
+            size: s.st_size as u64,
+            blocks: s.st_blocks as u64,
+            rdev: s.st_rdev,
+            dev: s.st_dev,
+            ino: s.st_ino,
+            atime: Time {
+                sec: s.st_atime,
+                nsec: s.st_atime_nsec as u32,
+            },
+            mtime: Time {
+                sec: s.st_mtime,
+                nsec: s.st_mtime_nsec as u32,
+            },
+            ctime: Time {
+                sec: s.st_ctime,
+                nsec: s.st_ctime_nsec as u32,
+            },
+        }
+    }
+
+    /// The file type bits.
+    pub fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    /// True for directories.
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+
+    /// True for regular files.
+    pub fn is_file(&self) -> bool {
+        self.kind() == libc::S_IFREG
+    }
+
+    /// True for symbolic links.
+    pub fn is_symlink(&self) -> bool {
+        self.kind() == libc::S_IFLNK
+    }
+
+    /// A value that changes whenever the object's data or metadata does.
+    pub fn change(&self) -> u64 {
+        (self.ctime.sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(self.ctime.nsec as u64)
+    }
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Makes a C string from a name; names with NUL bytes are invalid.
+pub fn cname(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// The `/proc/self/fd/N` path that reopens or addresses a descriptor.
+pub fn proc_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL in a number")
+}
+
+/// Stats `name` in `dir` (or `dir` itself when `name` is empty) without
+/// following symlinks.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    let mut st = MaybeUninit::<libc::stat64>::uninit();
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | if name.is_empty() {
+            libc::AT_EMPTY_PATH
+        } else {
+            0
+        };
+    // SAFETY: valid fd, C string and output buffer.
+    cvt(unsafe { libc::fstatat64(dir.as_raw_fd(), name.as_ptr(), st.as_mut_ptr(), flags) })?;
+    // SAFETY: fstatat succeeded and filled the buffer.
+    Ok(Stat::from_raw(unsafe { &st.assume_init() }))
+}
+
+/// Stats the object behind a descriptor.
+pub fn stat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    stat_at(fd, c"")
+}
+
+/// Opens `name` in `dir` as an O_PATH descriptor, not following symlinks.
+pub fn open_path_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and C string; the result is a fresh descriptor.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens a directory path on the host as an O_PATH descriptor.
+pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = cname(path.as_os_str().as_bytes())?;
+    // SAFETY: valid C string; the result is a fresh descriptor.
+    let fd = cvt(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reopens an O_PATH descriptor with real access `flags` (O_RDONLY,
+/// O_RDWR, ...). Permission is checked against the thread's identity.
+pub fn reopen(fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let p = proc_path(fd);
+    // The magic link is followed to the object itself; callers check the
+    // object's type before reopening, so no symlink is followed here.
+    // SAFETY: valid C string; the result is a fresh descriptor.
+    let r = cvt(unsafe { libc::open(p.as_ptr(), flags | libc::O_CLOEXEC) })?;
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Creates (or with `exclusive` false, opens) a regular file `name` in `dir`.
+/// Returns the descriptor and whether this call created the file.
+pub fn create_file(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    mode: u32,
+    exclusive: bool,
+    access: libc::c_int,
+) -> io::Result<(OwnedFd, bool)> {
+    let base = access | libc::O_CLOEXEC | libc::O_NOFOLLOW;
+    loop {
+        // SAFETY: valid fd and C string.
+        let r = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                base | libc::O_CREAT | libc::O_EXCL,
+                mode,
+            )
+        };
+        if r >= 0 {
+            // SAFETY: fresh descriptor.
+            return Ok((unsafe { OwnedFd::from_raw_fd(r) }, true));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) || exclusive {
+            return Err(e);
+        }
+        // SAFETY: valid fd and C string.
+        let r = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), base) };
+        if r >= 0 {
+            // SAFETY: fresh descriptor.
+            return Ok((unsafe { OwnedFd::from_raw_fd(r) }, false));
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e);
+        }
+        // Removed between the two calls: try again.
+    }
+}
+
+/// Creates a directory.
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) }).map(drop)
+}
+
+/// Creates a symbolic link `name` in `dir` pointing at `target`.
+pub fn symlink_at(dir: BorrowedFd<'_>, name: &CStr, target: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C strings.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) }).map(drop)
+}
+
+/// Creates a device node, FIFO or socket.
+pub fn mknod_at(dir: BorrowedFd<'_>, name: &CStr, mode: u32, dev: u64) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::mknodat(dir.as_raw_fd(), name.as_ptr(), mode, dev) }).map(drop)
+}
+
+/// Removes `name` from `dir`; `is_dir` selects rmdir semantics.
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) }).map(drop)
+}
+
+/// Renames `from` in `fdir` to `to` in `tdir`.
+pub fn rename_at(
+    fdir: BorrowedFd<'_>,
+    from: &CStr,
+    tdir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    // SAFETY: valid fds and C strings.
+    cvt(unsafe {
+        libc::renameat(
+            fdir.as_raw_fd(),
+            from.as_ptr(),
+            tdir.as_raw_fd(),
+            to.as_ptr(),
+        )
+    })
+    .map(drop)
+}
+
+/// Makes a new hard link `name` in `dir` to the object behind `fd`.
+pub fn link_at(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid fds and C strings.
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// Reads the target of the symlink behind `fd`.
+pub fn readlink(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid fd, empty path, buffer of the given length.
+    let n = unsafe {
+        libc::readlinkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// Changes permission bits.
+pub fn chmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::chmod(p.as_ptr(), mode) }).map(drop)
+}
+
+/// Changes owner and/or group (`u32::MAX` leaves one unchanged).
+pub fn chown(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid fd and empty path.
+    cvt(unsafe { libc::fchownat(fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })
+        .map(drop)
+}
+
+/// Sets the size of a regular file.
+pub fn truncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    if size > i64::MAX as u64 {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    let p = proc_path(fd);
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::truncate64(p.as_ptr(), size as i64) }).map(drop)
+}
+
+/// How to set one timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// Leave it.
+    Keep,
+    /// The server's current time.
+    Now,
+    /// This time.
+    At(Time),
+}
+
+fn timespec(t: SetTime) -> libc::timespec {
+    match t {
+        SetTime::Keep => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        SetTime::Now => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        SetTime::At(t) => libc::timespec {
+            tv_sec: t.sec,
+            tv_nsec: t.nsec as i64,
+        },
+    }
+}
+
+/// Sets access and modification times.
+pub fn utimens(fd: BorrowedFd<'_>, atime: SetTime, mtime: SetTime) -> io::Result<()> {
+    let ts = [timespec(atime), timespec(mtime)];
+    let p = proc_path(fd);
+    // SAFETY: valid C string and a two-element timespec array.
+    cvt(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), 0) }).map(drop)
+}
+
+/// File system space and inode counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FsStat {
+    /// Bytes available to unprivileged users.
+    pub bytes_avail: u64,
+    /// Bytes free.
+    pub bytes_free: u64,
+    /// Bytes in total.
+    pub bytes_total: u64,
+    /// Inodes available.
+    pub files_avail: u64,
+    /// Inodes free.
+    pub files_free: u64,
+    /// Inodes in total.
+    pub files_total: u64,
+}
+
+/// Space and inode counts of the file system holding `fd`.
+pub fn statfs(fd: BorrowedFd<'_>) -> io::Result<FsStat> {
+    let mut s = MaybeUninit::<libc::statfs64>::uninit();
+    // SAFETY: valid fd and output buffer.
+    cvt(unsafe { libc::fstatfs64(fd.as_raw_fd(), s.as_mut_ptr()) })?;
+    // SAFETY: filled by the kernel.
+    let s = unsafe { s.assume_init() };
+    let bs = s.f_bsize as u64;
+    Ok(FsStat {
+        bytes_avail: s.f_bavail.saturating_mul(bs),
+        bytes_free: s.f_bfree.saturating_mul(bs),
+        bytes_total: s.f_blocks.saturating_mul(bs),
+        files_avail: s.f_ffree,
+        files_free: s.f_ffree,
+        files_total: s.f_files,
+    })
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Entry name.
+    pub name: Vec<u8>,
+    /// Inode number.
+    pub ino: u64,
+    /// Position to resume reading after this entry (stable cookie).
+    pub next: u64,
+}
+
+/// An open directory stream.
+pub struct DirReader {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+    len: usize,
+    pos: usize,
+    done: bool,
+}
+
+impl DirReader {
+    /// Opens the directory behind an O_PATH descriptor, positioned at `cookie`
+    /// (0 = start).
+    pub fn open(dir: BorrowedFd<'_>, cookie: u64) -> io::Result<Self> {
+        let fd = reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
+        if cookie != 0 {
+            // SAFETY: valid fd.
+            let r = unsafe { libc::lseek64(fd.as_raw_fd(), cookie as i64, libc::SEEK_SET) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(DirReader {
+            fd,
+            buf: vec![0u8; 32768],
+            len: 0,
+            pos: 0,
+            done: false,
+        })
+    }
+
+    /// The next entry other than "." and "..", or None at the end.
+    pub fn next_entry(&mut self) -> io::Result<Option<DirEntry>> {
+        loop {
+            if self.pos >= self.len {
+                if self.done {
+                    return Ok(None);
+                }
+                // SAFETY: valid fd and buffer.
+                let n = unsafe {
+                    libc::syscall(
+                        libc::SYS_getdents64,
+                        self.fd.as_raw_fd(),
+                        self.buf.as_mut_ptr(),
+                        self.buf.len(),
+                    )
+                };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if n == 0 {
+                    self.done = true;
+                    return Ok(None);
+                }
+                self.len = n as usize;
+                self.pos = 0;
+            }
+            let b = &self.buf[self.pos..self.len];
+            if b.len() < 19 {
+                self.pos = self.len;
+                continue;
+            }
+            let ino = u64::from_ne_bytes(b[0..8].try_into().expect("8 bytes"));
+            let off = u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes"));
+            let reclen = u16::from_ne_bytes([b[16], b[17]]) as usize;
+            if reclen < 19 || reclen > b.len() {
+                self.pos = self.len;
+                continue;
+            }
+            let name_raw = &b[19..reclen];
+            let end = name_raw
+                .iter()
+                .position(|&c| c == 0)
+                .unwrap_or(name_raw.len());
+            let name = name_raw[..end].to_vec();
+            self.pos += reclen;
+            if name == b"." || name == b".." {
+                continue;
+            }
+            return Ok(Some(DirEntry {
+                name,
+                ino,
+                next: off,
+            }));
+        }
+    }
+}
+
+/// Reads at `offset` into `buf`, retrying short reads until EOF.
+pub fn read_at(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: valid fd and buffer bounds.
+        let n = unsafe {
+            libc::pread64(
+                fd.as_raw_fd(),
+                buf[done..].as_mut_ptr() as *mut libc::c_void,
+                buf.len() - done,
+                (offset + done as u64) as i64,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+/// Writes all of `buf` at `offset`.
+pub fn write_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: valid fd and buffer bounds.
+        let n = unsafe {
+            libc::pwrite64(
+                fd.as_raw_fd(),
+                buf[done..].as_ptr() as *const libc::c_void,
+                buf.len() - done,
+                (offset + done as u64) as i64,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if done > 0 {
+                break;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+    }
+    Ok(done)
+}
+
+/// Flushes a file's data (and with `metadata`, its metadata) to stable storage.
+pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
+    // SAFETY: valid fd.
+    cvt(unsafe {
+        if metadata {
+            libc::fsync(fd.as_raw_fd())
+        } else {
+            libc::fdatasync(fd.as_raw_fd())
+        }
+    })
+    .map(drop)
+}
+
+/// Converts a name to an OsStr for logging.
+pub fn display_name(name: &[u8]) -> &OsStr {
+    OsStr::from_bytes(name)
+}

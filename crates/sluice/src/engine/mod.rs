@@ -1,0 +1,7 @@
+//! The storage engine: exports, file handles, identities and file system
+//! access. It knows nothing about NFS.
+
+pub mod cred;
+pub mod export;
+pub mod fs;
+pub mod handle;

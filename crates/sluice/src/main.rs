@@ -1,0 +1,148 @@
+//! The `sluice` command.
+
+use clap::{Parser, Subcommand};
+use sluice::engine::export::Export;
+use sluice::engine::handle::HandleKey;
+use sluice::server::{Config, Server};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "A user-space NFSv4.2 file server")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Export DIR as the NFSv4 root ("/") over TCP.
+    Serve {
+        /// Directory to export.
+        dir: PathBuf,
+        /// Address and port to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "0.0.0.0:2049")]
+        listen: String,
+        /// Where the handle key is kept; handles stay valid across restarts
+        /// as long as this directory does.
+        #[arg(long, default_value = "/var/lib/sluice")]
+        state_dir: PathBuf,
+        /// Lease time in seconds given to clients.
+        #[arg(long, default_value_t = 90)]
+        lease_time: u64,
+    },
+}
+
+fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::create_dir_all(state_dir)
+        .map_err(|e| format!("cannot create state directory {}: {e}", state_dir.display()))?;
+    let path = state_dir.join("handle.key");
+    match std::fs::read(&path) {
+        Ok(bytes) if bytes.len() == 32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&bytes);
+            return Ok(HandleKey::new(k));
+        }
+        Ok(_) => {
+            return Err(format!(
+                "{} is not a 32-byte key; remove it to make a new one (existing client handles become invalid)",
+                path.display()
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    }
+    let mut k = [0u8; 32];
+    getrandom::getrandom(&mut k).map_err(|e| format!("no randomness for the handle key: {e}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    f.write_all(&k)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    Ok(HandleKey::new(k))
+}
+
+async fn serve(dir: PathBuf, listen: String, state_dir: PathBuf, lease: u64) -> Result<(), String> {
+    let key = load_key(&state_dir)?;
+    let export =
+        Export::open(&dir, 0, key).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    let config = Config {
+        lease: Duration::from_secs(lease.max(1)),
+    };
+    let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(export = %dir.display(), %addr, "serving");
+    // One line on stdout tells scripts the server is ready and where.
+    println!("listening on {addr}");
+    let _ = std::io::stdout().flush();
+
+    let expiry = {
+        let srv = srv.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(srv.config.lease / 4);
+            loop {
+                tick.tick().await;
+                let n = srv.state.expire();
+                if n > 0 {
+                    tracing::info!(clients = n, "expired silent clients");
+                }
+            }
+        })
+    };
+    let server = tokio::spawn(sluice::net::serve(listener, srv.clone()));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+    }
+    server.abort();
+    expiry.abort();
+    // Unstable writes live in the page cache: push them to disk.
+    let root = srv.export.root_fd();
+    let _ = tokio::task::spawn_blocking(move || {
+        use std::os::fd::AsRawFd;
+        // SAFETY: valid descriptor.
+        unsafe { libc::syncfs(root.as_raw_fd()) }
+    })
+    .await;
+    Ok(())
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Serve {
+            dir,
+            listen,
+            state_dir,
+            lease_time,
+        } => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the runtime: {e}"))
+            .and_then(|rt| rt.block_on(serve(dir, listen, state_dir, lease_time))),
+    };
+    if let Err(e) = result {
+        eprintln!("sluice: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,249 @@
+//! NFSv4.1/4.2 protocol numbers (RFC 8881, RFC 7862).
+
+#![allow(missing_docs)]
+
+/// nfsstat4 values.
+pub mod status {
+    pub const OK: u32 = 0;
+    pub const PERM: u32 = 1;
+    pub const NOENT: u32 = 2;
+    pub const IO: u32 = 5;
+    pub const NXIO: u32 = 6;
+    pub const ACCESS: u32 = 13;
+    pub const EXIST: u32 = 17;
+    pub const XDEV: u32 = 18;
+    pub const NOTDIR: u32 = 20;
+    pub const ISDIR: u32 = 21;
+    pub const INVAL: u32 = 22;
+    pub const FBIG: u32 = 27;
+    pub const NOSPC: u32 = 28;
+    pub const ROFS: u32 = 30;
+    pub const MLINK: u32 = 31;
+    pub const NAMETOOLONG: u32 = 63;
+    pub const NOTEMPTY: u32 = 66;
+    pub const DQUOT: u32 = 69;
+    pub const STALE: u32 = 70;
+    pub const BADHANDLE: u32 = 10001;
+    pub const BAD_COOKIE: u32 = 10003;
+    pub const NOTSUPP: u32 = 10004;
+    pub const TOOSMALL: u32 = 10005;
+    pub const SERVERFAULT: u32 = 10006;
+    pub const BADTYPE: u32 = 10007;
+    pub const DELAY: u32 = 10008;
+    pub const SAME: u32 = 10009;
+    pub const DENIED: u32 = 10010;
+    pub const EXPIRED: u32 = 10011;
+    pub const LOCKED: u32 = 10012;
+    pub const GRACE: u32 = 10013;
+    pub const SHARE_DENIED: u32 = 10015;
+    pub const WRONGSEC: u32 = 10016;
+    pub const CLID_INUSE: u32 = 10017;
+    pub const RESOURCE: u32 = 10018;
+    pub const NOFILEHANDLE: u32 = 10020;
+    pub const MINOR_VERS_MISMATCH: u32 = 10021;
+    pub const STALE_CLIENTID: u32 = 10022;
+    pub const STALE_STATEID: u32 = 10023;
+    pub const OLD_STATEID: u32 = 10024;
+    pub const BAD_STATEID: u32 = 10025;
+    pub const BAD_SEQID: u32 = 10026;
+    pub const NOT_SAME: u32 = 10027;
+    pub const LOCK_RANGE: u32 = 10028;
+    pub const SYMLINK: u32 = 10029;
+    pub const RESTOREFH: u32 = 10030;
+    pub const ATTRNOTSUPP: u32 = 10032;
+    pub const NO_GRACE: u32 = 10033;
+    pub const RECLAIM_BAD: u32 = 10034;
+    pub const BADXDR: u32 = 10036;
+    pub const LOCKS_HELD: u32 = 10037;
+    pub const OPENMODE: u32 = 10038;
+    pub const BADOWNER: u32 = 10039;
+    pub const BADCHAR: u32 = 10040;
+    pub const BADNAME: u32 = 10041;
+    pub const BAD_RANGE: u32 = 10042;
+    pub const LOCK_NOTSUPP: u32 = 10043;
+    pub const OP_ILLEGAL: u32 = 10044;
+    pub const DEADLOCK: u32 = 10045;
+    pub const FILE_OPEN: u32 = 10046;
+    pub const BADSESSION: u32 = 10052;
+    pub const BADSLOT: u32 = 10053;
+    pub const COMPLETE_ALREADY: u32 = 10054;
+    pub const CONN_NOT_BOUND_TO_SESSION: u32 = 10055;
+    pub const SEQ_MISORDERED: u32 = 10063;
+    pub const SEQUENCE_POS: u32 = 10064;
+    pub const REQ_TOO_BIG: u32 = 10065;
+    pub const REP_TOO_BIG: u32 = 10066;
+    pub const REP_TOO_BIG_TO_CACHE: u32 = 10067;
+    pub const RETRY_UNCACHED_REP: u32 = 10068;
+    pub const TOO_MANY_OPS: u32 = 10070;
+    pub const OP_NOT_IN_SESSION: u32 = 10071;
+    pub const CLIENTID_BUSY: u32 = 10074;
+    pub const SEQ_FALSE_RETRY: u32 = 10076;
+    pub const BAD_HIGH_SLOT: u32 = 10077;
+    pub const DEADSESSION: u32 = 10078;
+    pub const NOT_ONLY_OP: u32 = 10081;
+    pub const WRONG_CRED: u32 = 10082;
+    pub const WRONG_TYPE: u32 = 10083;
+}
+
+/// nfs_opnum4 values.
+pub mod op {
+    pub const ACCESS: u32 = 3;
+    pub const CLOSE: u32 = 4;
+    pub const COMMIT: u32 = 5;
+    pub const CREATE: u32 = 6;
+    pub const DELEGPURGE: u32 = 7;
+    pub const DELEGRETURN: u32 = 8;
+    pub const GETATTR: u32 = 9;
+    pub const GETFH: u32 = 10;
+    pub const LINK: u32 = 11;
+    pub const LOCK: u32 = 12;
+    pub const LOCKT: u32 = 13;
+    pub const LOCKU: u32 = 14;
+    pub const LOOKUP: u32 = 15;
+    pub const LOOKUPP: u32 = 16;
+    pub const NVERIFY: u32 = 17;
+    pub const OPEN: u32 = 18;
+    pub const OPENATTR: u32 = 19;
+    pub const OPEN_CONFIRM: u32 = 20;
+    pub const OPEN_DOWNGRADE: u32 = 21;
+    pub const PUTFH: u32 = 22;
+    pub const PUTPUBFH: u32 = 23;
+    pub const PUTROOTFH: u32 = 24;
+    pub const READ: u32 = 25;
+    pub const READDIR: u32 = 26;
+    pub const READLINK: u32 = 27;
+    pub const REMOVE: u32 = 28;
+    pub const RENAME: u32 = 29;
+    pub const RENEW: u32 = 30;
+    pub const RESTOREFH: u32 = 31;
+    pub const SAVEFH: u32 = 32;
+    pub const SECINFO: u32 = 33;
+    pub const SETATTR: u32 = 34;
+    pub const SETCLIENTID: u32 = 35;
+    pub const SETCLIENTID_CONFIRM: u32 = 36;
+    pub const VERIFY: u32 = 37;
+    pub const WRITE: u32 = 38;
+    pub const RELEASE_LOCKOWNER: u32 = 39;
+    pub const BACKCHANNEL_CTL: u32 = 40;
+    pub const BIND_CONN_TO_SESSION: u32 = 41;
+    pub const EXCHANGE_ID: u32 = 42;
+    pub const CREATE_SESSION: u32 = 43;
+    pub const DESTROY_SESSION: u32 = 44;
+    pub const FREE_STATEID: u32 = 45;
+    pub const GET_DIR_DELEGATION: u32 = 46;
+    pub const GETDEVICEINFO: u32 = 47;
+    pub const GETDEVICELIST: u32 = 48;
+    pub const LAYOUTCOMMIT: u32 = 49;
+    pub const LAYOUTGET: u32 = 50;
+    pub const LAYOUTRETURN: u32 = 51;
+    pub const SECINFO_NO_NAME: u32 = 52;
+    pub const SEQUENCE: u32 = 53;
+    pub const SET_SSV: u32 = 54;
+    pub const TEST_STATEID: u32 = 55;
+    pub const WANT_DELEGATION: u32 = 56;
+    pub const DESTROY_CLIENTID: u32 = 57;
+    pub const RECLAIM_COMPLETE: u32 = 58;
+    pub const ALLOCATE: u32 = 59;
+    pub const COPY: u32 = 60;
+    pub const COPY_NOTIFY: u32 = 61;
+    pub const DEALLOCATE: u32 = 62;
+    pub const IO_ADVISE: u32 = 63;
+    pub const LAYOUTERROR: u32 = 64;
+    pub const LAYOUTSTATS: u32 = 65;
+    pub const OFFLOAD_CANCEL: u32 = 66;
+    pub const OFFLOAD_STATUS: u32 = 67;
+    pub const READ_PLUS: u32 = 68;
+    pub const SEEK: u32 = 69;
+    pub const WRITE_SAME: u32 = 70;
+    pub const CLONE: u32 = 71;
+    pub const GETXATTR: u32 = 72;
+    pub const SETXATTR: u32 = 73;
+    pub const LISTXATTRS: u32 = 74;
+    pub const REMOVEXATTR: u32 = 75;
+    pub const ILLEGAL: u32 = 10044;
+
+    /// Highest op number this server knows (NFSv4.2 with RFC 8276 xattrs).
+    pub const LAST_KNOWN: u32 = REMOVEXATTR;
+}
+
+/// nfs_ftype4 values.
+pub mod ftype {
+    pub const REG: u32 = 1;
+    pub const DIR: u32 = 2;
+    pub const BLK: u32 = 3;
+    pub const CHR: u32 = 4;
+    pub const LNK: u32 = 5;
+    pub const SOCK: u32 = 6;
+    pub const FIFO: u32 = 7;
+}
+
+/// Attribute numbers (fattr4 bits).
+pub mod attr {
+    pub const SUPPORTED_ATTRS: u32 = 0;
+    pub const TYPE: u32 = 1;
+    pub const FH_EXPIRE_TYPE: u32 = 2;
+    pub const CHANGE: u32 = 3;
+    pub const SIZE: u32 = 4;
+    pub const LINK_SUPPORT: u32 = 5;
+    pub const SYMLINK_SUPPORT: u32 = 6;
+    pub const NAMED_ATTR: u32 = 7;
+    pub const FSID: u32 = 8;
+    pub const UNIQUE_HANDLES: u32 = 9;
+    pub const LEASE_TIME: u32 = 10;
+    pub const RDATTR_ERROR: u32 = 11;
+    pub const ACLSUPPORT: u32 = 13;
+    pub const CANSETTIME: u32 = 15;
+    pub const CASE_INSENSITIVE: u32 = 16;
+    pub const CASE_PRESERVING: u32 = 17;
+    pub const CHOWN_RESTRICTED: u32 = 18;
+    pub const FILEHANDLE: u32 = 19;
+    pub const FILEID: u32 = 20;
+    pub const FILES_AVAIL: u32 = 21;
+    pub const FILES_FREE: u32 = 22;
+    pub const FILES_TOTAL: u32 = 23;
+    pub const HOMOGENEOUS: u32 = 26;
+    pub const MAXFILESIZE: u32 = 27;
+    pub const MAXLINK: u32 = 28;
+    pub const MAXNAME: u32 = 29;
+    pub const MAXREAD: u32 = 30;
+    pub const MAXWRITE: u32 = 31;
+    pub const MODE: u32 = 33;
+    pub const NO_TRUNC: u32 = 34;
+    pub const NUMLINKS: u32 = 35;
+    pub const OWNER: u32 = 36;
+    pub const OWNER_GROUP: u32 = 37;
+    pub const RAWDEV: u32 = 41;
+    pub const SPACE_AVAIL: u32 = 42;
+    pub const SPACE_FREE: u32 = 43;
+    pub const SPACE_TOTAL: u32 = 44;
+    pub const SPACE_USED: u32 = 45;
+    pub const TIME_ACCESS: u32 = 47;
+    pub const TIME_ACCESS_SET: u32 = 48;
+    pub const TIME_DELTA: u32 = 51;
+    pub const TIME_METADATA: u32 = 52;
+    pub const TIME_MODIFY: u32 = 53;
+    pub const TIME_MODIFY_SET: u32 = 54;
+    pub const MOUNTED_ON_FILEID: u32 = 55;
+    pub const SUPPATTR_EXCLCREAT: u32 = 75;
+}
+
+/// ACCESS4 bits.
+pub mod access {
+    pub const READ: u32 = 0x01;
+    pub const LOOKUP: u32 = 0x02;
+    pub const MODIFY: u32 = 0x04;
+    pub const EXTEND: u32 = 0x08;
+    pub const DELETE: u32 = 0x10;
+    pub const EXECUTE: u32 = 0x20;
+}
+
+/// Length of a session id.
+pub const SESSIONID_SIZE: usize = 16;
+/// Longest file handle.
+pub const FHSIZE: usize = 128;
+/// Limit on opaque owner strings.
+pub const OPAQUE_LIMIT: usize = 1024;
+/// Length of verifiers.
+pub const VERIFIER_SIZE: usize = 8;
+/// "Length to end of file" in byte ranges.
+pub const LENGTH_TO_EOF: u64 = u64::MAX;

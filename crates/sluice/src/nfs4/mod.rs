@@ -1,0 +1,3 @@
+//! NFSv4 protocol definitions.
+
+pub mod consts;

@@ -1,0 +1,301 @@
+//! COMPOUND processing (RFC 8881 sections 2.10.6 and 16.2): the op loop,
+//! SEQUENCE and the reply cache, and the per-request context.
+
+use super::state::{SlotDecision, Stateid};
+use super::{ops_file, ops_fs, ops_session, Server};
+use crate::engine::cred::{self, Identity};
+use crate::engine::handle::HandleError;
+use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
+use crate::rpc::Cred;
+use crate::xdr::{Decoder, Encoder};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+/// Longest COMPOUND tag accepted.
+const MAX_TAG: usize = 1024;
+
+/// A current or saved filehandle: its wire form and an open descriptor.
+#[derive(Debug, Clone)]
+pub struct Fh {
+    /// The handle as the client sees it.
+    pub wire: Vec<u8>,
+    /// O_PATH descriptor of the object.
+    pub fd: Arc<OwnedFd>,
+}
+
+/// State of one COMPOUND while its ops run.
+pub struct Ctx<'a> {
+    /// The server.
+    pub srv: &'a Server,
+    /// Caller identity on the file system.
+    pub id: Identity,
+    /// Current filehandle.
+    pub cur: Option<Fh>,
+    /// Saved filehandle.
+    pub saved: Option<Fh>,
+    /// Client id of the session, when the COMPOUND runs in one.
+    pub clientid: Option<u64>,
+    /// Stateid produced by the last op that made one.
+    pub cur_sid: Option<Stateid>,
+}
+
+impl<'a> Ctx<'a> {
+    /// The current filehandle or NFS4ERR_NOFILEHANDLE.
+    pub fn cur(&self) -> Result<&Fh, u32> {
+        self.cur.as_ref().ok_or(status::NOFILEHANDLE)
+    }
+
+    /// The saved filehandle or NFS4ERR_NOFILEHANDLE.
+    pub fn saved(&self) -> Result<&Fh, u32> {
+        self.saved.as_ref().ok_or(status::NOFILEHANDLE)
+    }
+
+    /// Resolves a wire handle.
+    pub fn resolve(&self, wire: &[u8]) -> Result<Fh, u32> {
+        let fd = cred::as_root(|| self.srv.export.resolve(wire)).map_err(|e| match e {
+            HandleError::Bad => status::BADHANDLE,
+            HandleError::Stale => status::STALE,
+        })?;
+        Ok(Fh {
+            wire: wire.to_vec(),
+            fd,
+        })
+    }
+
+    /// Substitutes the current stateid for the special "current" value.
+    pub fn stateid(&self, sid: Stateid) -> Result<Stateid, u32> {
+        if sid == Stateid::CURRENT {
+            self.cur_sid.ok_or(status::BAD_STATEID)
+        } else {
+            Ok(sid)
+        }
+    }
+
+    /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.
+    pub fn clientid(&self) -> Result<u64, u32> {
+        self.clientid.ok_or(status::OP_NOT_IN_SESSION)
+    }
+}
+
+/// An op's outcome: NFS4_OK or an error status. The handler has written
+/// the result body (if any) after the status.
+pub type OpStatus = u32;
+
+fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    match opnum {
+        op::ACCESS => ops_fs::access(cx, d, e),
+        op::CLOSE => ops_file::close(cx, d, e),
+        op::COMMIT => ops_file::commit(cx, d, e),
+        op::CREATE => ops_fs::create(cx, d, e),
+        op::DELEGRETURN => ops_file::delegreturn(cx, d, e),
+        op::GETATTR => ops_fs::getattr(cx, d, e),
+        op::GETFH => ops_fs::getfh(cx, d, e),
+        op::LINK => ops_fs::link(cx, d, e),
+        op::LOCK => ops_file::lock(cx, d, e),
+        op::LOCKT => ops_file::lockt(cx, d, e),
+        op::LOCKU => ops_file::locku(cx, d, e),
+        op::LOOKUP => ops_fs::lookup(cx, d, e),
+        op::LOOKUPP => ops_fs::lookupp(cx, d, e),
+        op::NVERIFY => ops_fs::verify(cx, d, e, false),
+        op::OPEN => ops_file::open(cx, d, e),
+        op::OPEN_DOWNGRADE => ops_file::open_downgrade(cx, d, e),
+        op::PUTFH => ops_fs::putfh(cx, d, e),
+        op::PUTPUBFH | op::PUTROOTFH => ops_fs::putrootfh(cx, d, e),
+        op::READ => ops_file::read(cx, d, e),
+        op::READDIR => ops_fs::readdir(cx, d, e),
+        op::READLINK => ops_fs::readlink(cx, d, e),
+        op::REMOVE => ops_fs::remove(cx, d, e),
+        op::RENAME => ops_fs::rename(cx, d, e),
+        op::RESTOREFH => ops_fs::restorefh(cx, d, e),
+        op::SAVEFH => ops_fs::savefh(cx, d, e),
+        op::SECINFO => ops_fs::secinfo(cx, d, e, false),
+        op::SECINFO_NO_NAME => ops_fs::secinfo(cx, d, e, true),
+        op::SETATTR => ops_fs::setattr(cx, d, e),
+        op::VERIFY => ops_fs::verify(cx, d, e, true),
+        op::WRITE => ops_file::write(cx, d, e),
+        op::BIND_CONN_TO_SESSION => ops_session::bind_conn_to_session(cx, d, e),
+        op::EXCHANGE_ID => ops_session::exchange_id(cx, d, e),
+        op::CREATE_SESSION => ops_session::create_session(cx, d, e),
+        op::DESTROY_SESSION => ops_session::destroy_session(cx, d, e),
+        op::FREE_STATEID => ops_file::free_stateid(cx, d, e),
+        op::TEST_STATEID => ops_file::test_stateid(cx, d, e),
+        op::DESTROY_CLIENTID => ops_session::destroy_clientid(cx, d, e),
+        op::RECLAIM_COMPLETE => ops_session::reclaim_complete(cx, d, e),
+        op::SEQUENCE => status::SEQUENCE_POS,
+        // NFSv4.0-only ops are not for sessions (RFC 8881 section 18).
+        op::OPEN_CONFIRM
+        | op::RENEW
+        | op::SETCLIENTID
+        | op::SETCLIENTID_CONFIRM
+        | op::RELEASE_LOCKOWNER => status::NOTSUPP,
+        _ => status::NOTSUPP,
+    }
+}
+
+fn sessionless_ok(opnum: u32) -> bool {
+    matches!(
+        opnum,
+        op::EXCHANGE_ID
+            | op::CREATE_SESSION
+            | op::DESTROY_SESSION
+            | op::BIND_CONN_TO_SESSION
+            | op::DESTROY_CLIENTID
+    )
+}
+
+/// Builds the COMPOUND4res body: status, tag, results.
+fn finish(status_: u32, tag: &[u8], count: u32, results: &[u8]) -> Vec<u8> {
+    let mut e = Encoder::with_capacity(results.len() + tag.len() + 16);
+    e.u32(status_);
+    e.opaque(tag);
+    e.u32(count);
+    e.raw(results);
+    e.into_inner()
+}
+
+/// Runs one COMPOUND and returns the encoded COMPOUND4res, or None when the
+/// arguments cannot even be framed (GARBAGE_ARGS).
+pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Vec<u8>> {
+    let mut d = Decoder::new(args);
+    let tag = d.opaque(MAX_TAG).ok()?;
+    let minor = d.u32().ok()?;
+    let nops = d.u32().ok()? as usize;
+    if minor != 1 && minor != 2 {
+        return Some(finish(status::MINOR_VERS_MISMATCH, tag, 0, &[]));
+    }
+    if nops == 0 {
+        return Some(finish(status::OK, tag, 0, &[]));
+    }
+    let mut cx = Ctx {
+        srv,
+        id: srv.identity(rpc_cred),
+        cur: None,
+        saved: None,
+        clientid: None,
+        cur_sid: None,
+    };
+    let mut res = Encoder::with_capacity(512);
+    let Ok(first) = d.u32() else {
+        return Some(finish(status::BADXDR, tag, 0, &[]));
+    };
+
+    if first != op::SEQUENCE {
+        if first > op::LAST_KNOWN || first < op::ACCESS {
+            res.u32(op::ILLEGAL);
+            res.u32(status::OP_ILLEGAL);
+            return Some(finish(status::OP_ILLEGAL, tag, 1, res.as_slice()));
+        }
+        res.u32(first);
+        let st = if !sessionless_ok(first) {
+            status::OP_NOT_IN_SESSION
+        } else if nops > 1 {
+            status::NOT_ONLY_OP
+        } else {
+            let at = res.len();
+            res.u32(0);
+            let st = run_op(&mut cx, first, &mut d, &mut res);
+            res.patch_u32(at, st);
+            return Some(finish(st, tag, 1, res.as_slice()));
+        };
+        res.u32(st);
+        return Some(finish(st, tag, 1, res.as_slice()));
+    }
+
+    // SEQUENCE first: find the session and the slot.
+    res.u32(op::SEQUENCE);
+    let seq = (|| -> Result<_, u32> {
+        let sid: [u8; SESSIONID_SIZE] = d.array().map_err(|_| status::BADXDR)?;
+        let seqid = d.u32().map_err(|_| status::BADXDR)?;
+        let slot = d.u32().map_err(|_| status::BADXDR)?;
+        let _highest = d.u32().map_err(|_| status::BADXDR)?;
+        let cachethis = d.bool().map_err(|_| status::BADXDR)?;
+        Ok((sid, seqid, slot, cachethis))
+    })();
+    let (sid, seqid, slot, cachethis) = match seq {
+        Ok(v) => v,
+        Err(st) => {
+            res.u32(st);
+            return Some(finish(st, tag, 1, res.as_slice()));
+        }
+    };
+    let session = match srv.state.session(&sid) {
+        Ok(s) => s,
+        Err(st) => {
+            res.u32(st);
+            return Some(finish(st, tag, 1, res.as_slice()));
+        }
+    };
+    if nops > session.fore.max_ops as usize {
+        res.u32(status::TOO_MANY_OPS);
+        return Some(finish(status::TOO_MANY_OPS, tag, 1, res.as_slice()));
+    }
+    if args.len() > session.fore.max_request as usize {
+        res.u32(status::REQ_TOO_BIG);
+        return Some(finish(status::REQ_TOO_BIG, tag, 1, res.as_slice()));
+    }
+    match session.begin(slot, seqid) {
+        Err(st) => {
+            res.u32(st);
+            return Some(finish(st, tag, 1, res.as_slice()));
+        }
+        Ok(SlotDecision::Replay(body)) => return Some(body.as_ref().clone()),
+        Ok(SlotDecision::Uncached) => {
+            res.u32(status::RETRY_UNCACHED_REP);
+            return Some(finish(status::RETRY_UNCACHED_REP, tag, 1, res.as_slice()));
+        }
+        Ok(SlotDecision::Execute) => {}
+    }
+    res.u32(status::OK);
+    res.opaque_fixed(&sid);
+    res.u32(seqid);
+    res.u32(slot);
+    res.u32(session.highest_slot());
+    res.u32(session.highest_slot());
+    res.u32(0); // status flags
+    cx.clientid = Some(session.clientid);
+
+    let mut count = 1u32;
+    let mut last = status::OK;
+    {
+        let _as_caller = cred::assume(&cx.id);
+        for _ in 1..nops {
+            let Ok(opnum) = d.u32() else {
+                // The op array ended early: the next op cannot be decoded.
+                res.u32(op::ILLEGAL);
+                res.u32(status::BADXDR);
+                count += 1;
+                last = status::BADXDR;
+                break;
+            };
+            count += 1;
+            if opnum > op::LAST_KNOWN || opnum < op::ACCESS {
+                res.u32(op::ILLEGAL);
+                res.u32(status::OP_ILLEGAL);
+                last = status::OP_ILLEGAL;
+                break;
+            }
+            res.u32(opnum);
+            let at = res.len();
+            res.u32(0);
+            let st = run_op(&mut cx, opnum, &mut d, &mut res);
+            res.patch_u32(at, st);
+            if st != status::OK {
+                tracing::debug!(op = opnum, status = st, "op failed");
+                last = st;
+                break;
+            }
+        }
+    }
+    let body = finish(last, tag, count, res.as_slice());
+    let cached = if cachethis && body.len() <= session.fore.max_response_cached as usize {
+        Some(Arc::new(body.clone()))
+    } else if cachethis {
+        None
+    } else {
+        // Not asked to cache: keep small replies anyway so a retransmission
+        // after a lost connection gets the real answer.
+        (body.len() <= 4096).then(|| Arc::new(body.clone()))
+    };
+    session.finish(slot, cached);
+    Some(body)
+}

@@ -1,0 +1,139 @@
+//! The NFSv4.1/4.2 server: RPC dispatch, COMPOUND processing, state and
+//! operations, on top of the engine.
+
+pub mod attrs;
+mod compound;
+mod ops_file;
+mod ops_fs;
+mod ops_session;
+pub mod state;
+
+use crate::engine::export::Export;
+use crate::nfs4::consts::status;
+use crate::rpc::{self, AcceptStat, CallError, Cred};
+use state::StateTable;
+use std::io;
+use std::time::Duration;
+
+pub use compound::process_compound;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Lease period handed to clients.
+    pub lease: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease: Duration::from_secs(90),
+        }
+    }
+}
+
+/// One running NFS server instance.
+#[derive(Debug)]
+pub struct Server {
+    /// The exported tree.
+    pub export: Export,
+    /// Clients, sessions, opens and locks.
+    pub state: StateTable,
+    /// Changes on every start, so clients resend uncommitted writes.
+    pub write_verifier: [u8; 8],
+    /// Identifies this server to clients (server_owner major id).
+    pub owner: Vec<u8>,
+    /// Settings.
+    pub config: Config,
+}
+
+impl Server {
+    /// A server for `export`.
+    pub fn new(export: Export, config: Config) -> io::Result<Self> {
+        let mut random = [0u8; 12];
+        getrandom::getrandom(&mut random).map_err(|e| io::Error::other(e.to_string()))?;
+        // Random boot ids tell this instance's client, session and state ids
+        // from those of earlier starts.
+        let boot_id = u32::from_be_bytes([random[0], random[1], random[2], random[3]]).max(1);
+        let mut write_verifier = [0u8; 8];
+        write_verifier.copy_from_slice(&random[4..]);
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Ok(Server {
+            export,
+            state: StateTable::new(config.lease, boot_id),
+            write_verifier,
+            owner: format!("sluice:{}", host.trim()).into_bytes(),
+            config,
+        })
+    }
+
+    /// Handles one RPC record and returns the reply record, if any.
+    pub fn handle_record(&self, record: &[u8]) -> Option<Vec<u8>> {
+        let call = match rpc::parse_call(record) {
+            Ok(c) => c,
+            Err(e) => return rpc::error_reply(&e),
+        };
+        if call.prog != rpc::NFS_PROGRAM {
+            return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail).into_inner());
+        }
+        if call.vers != 4 {
+            return Some(rpc::prog_mismatch(call.xid, 4, 4));
+        }
+        let args = &record[call.args_at..];
+        match call.proc_ {
+            0 => {
+                if !args.is_empty() {
+                    return rpc::error_reply(&CallError::Garbage(call.xid));
+                }
+                Some(rpc::accepted_reply(call.xid, AcceptStat::Success).into_inner())
+            }
+            1 => {
+                let mut reply = rpc::accepted_reply(call.xid, AcceptStat::Success);
+                match process_compound(self, &call.cred, args) {
+                    Some(body) => {
+                        reply.raw(&body);
+                        Some(reply.into_inner())
+                    }
+                    None => rpc::error_reply(&CallError::Garbage(call.xid)),
+                }
+            }
+            _ => Some(rpc::accepted_reply(call.xid, AcceptStat::ProcUnavail).into_inner()),
+        }
+    }
+
+    /// The caller identity used for file system access.
+    pub fn identity(&self, cred: &Cred) -> crate::engine::cred::Identity {
+        crate::engine::cred::Identity {
+            uid: cred.uid,
+            gid: cred.gid,
+            groups: cred.gids.clone(),
+        }
+    }
+}
+
+/// Maps a system error to an NFSv4 status.
+pub fn errno_status(e: &io::Error) -> u32 {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => status::PERM,
+        Some(libc::ENOENT) => status::NOENT,
+        Some(libc::ENXIO) => status::NXIO,
+        Some(libc::EACCES) => status::ACCESS,
+        Some(libc::EEXIST) => status::EXIST,
+        Some(libc::EXDEV) => status::XDEV,
+        Some(libc::ENOTDIR) => status::NOTDIR,
+        Some(libc::EISDIR) => status::ISDIR,
+        Some(libc::EINVAL) => status::INVAL,
+        Some(libc::EFBIG) => status::FBIG,
+        Some(libc::ENOSPC) => status::NOSPC,
+        Some(libc::EROFS) => status::ROFS,
+        Some(libc::EMLINK) => status::MLINK,
+        Some(libc::ENAMETOOLONG) => status::NAMETOOLONG,
+        Some(libc::ENOTEMPTY) => status::NOTEMPTY,
+        Some(libc::EDQUOT) => status::DQUOT,
+        Some(libc::ESTALE) => status::STALE,
+        Some(libc::ELOOP) => status::SYMLINK,
+        Some(libc::EOPNOTSUPP) => status::NOTSUPP,
+        Some(libc::EAGAIN) => status::DELAY,
+        _ => status::IO,
+    }
+}

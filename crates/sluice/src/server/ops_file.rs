@@ -1,0 +1,528 @@
+//! File state and data ops: OPEN, OPEN_DOWNGRADE, CLOSE, READ, WRITE,
+//! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
+
+use super::attrs::{self, MAX_IO};
+use super::compound::{Ctx, Fh, OpStatus};
+use super::ops_fs::{
+    apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, stat_of, stateid, x,
+};
+use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
+use crate::engine::cred;
+use crate::engine::fs::{self, SetTime, Stat, Time};
+use crate::nfs4::consts::{status, OPAQUE_LIMIT};
+use crate::xdr::{Decoder, Encoder};
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
+const SHARE_ACCESS_READ: u32 = 1;
+const SHARE_ACCESS_WRITE: u32 = 2;
+
+fn file_key(st: &Stat) -> FileKey {
+    (st.dev, st.ino)
+}
+
+/// The current filehandle, which must be a regular file.
+fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+    let fh = cx.cur()?.clone();
+    let st = stat_of(&fh)?;
+    if st.is_file() {
+        Ok((fh, st))
+    } else if st.is_dir() {
+        Err(status::ISDIR)
+    } else if st.is_symlink() {
+        Err(status::SYMLINK)
+    } else {
+        Err(status::WRONG_TYPE)
+    }
+}
+
+/// Opens the file with the descriptor flags matching share `access`.
+fn open_for(fh: &Fh, access: u32) -> Result<Arc<OwnedFd>, u32> {
+    let fd = fh.fd.as_fd();
+    let r = match access {
+        SHARE_ACCESS_READ => fs::reopen(fd, libc::O_RDONLY),
+        // Writers may need to read to fill partial pages: prefer O_RDWR.
+        SHARE_ACCESS_WRITE => {
+            fs::reopen(fd, libc::O_RDWR).or_else(|_| fs::reopen(fd, libc::O_WRONLY))
+        }
+        _ => fs::reopen(fd, libc::O_RDWR),
+    };
+    io(r).map(Arc::new)
+}
+
+enum How {
+    NoCreate,
+    Unchecked(attrs::SetAttrs),
+    Guarded(attrs::SetAttrs),
+    Exclusive([u8; 8], attrs::SetAttrs),
+}
+
+fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
+    let a = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
+    let m = u32::from_be_bytes([v[4], v[5], v[6], v[7]]);
+    (
+        Time {
+            sec: a as i64,
+            nsec: 0,
+        },
+        Time {
+            sec: m as i64,
+            nsec: 0,
+        },
+    )
+}
+
+/// Creates or opens `name` in `dir` as OPEN's createhow asks. Returns the
+/// handle, a descriptor if one was opened, and the attributes set.
+fn open_create(
+    cx: &Ctx<'_>,
+    dir: &Fh,
+    name: &CString,
+    how: &How,
+    access: u32,
+) -> Result<(Fh, Option<Arc<OwnedFd>>, [u32; 3]), u32> {
+    let flags = if access == SHARE_ACCESS_READ {
+        libc::O_RDONLY
+    } else {
+        libc::O_RDWR
+    };
+    let (a, exclusive) = match how {
+        How::NoCreate => unreachable!("caller handles lookups"),
+        How::Unchecked(a) => (a, false),
+        How::Guarded(a) | How::Exclusive(_, a) => (a, true),
+    };
+    let mode = a.mode.unwrap_or(0o644);
+    let created = fs::create_file(dir.fd.as_fd(), name, mode, exclusive, flags);
+    let (fd, made) = match created {
+        Ok(v) => v,
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let How::Exclusive(verf, _) = how else {
+                return Err(status::EXIST);
+            };
+            // A retransmitted exclusive create finds its own verifier.
+            let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+            let st = io(fs::stat(fd.as_fd()))?;
+            let (at, mt) = verifier_times(verf);
+            if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
+                return Err(status::EXIST);
+            }
+            let wire = io(cx.srv.export.handle_of(fd.as_fd()))?;
+            return Ok((
+                Fh {
+                    wire,
+                    fd: Arc::new(fd),
+                },
+                None,
+                [0; 3],
+            ));
+        }
+        Err(e) => return io(Err(e)),
+    };
+    let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+    let wire = io(cx.srv.export.handle_of(pfd.as_fd()))?;
+    let fh = Fh {
+        wire,
+        fd: Arc::new(pfd),
+    };
+    let st = stat_of(&fh)?;
+    let mut set = a.mask;
+    if made {
+        let rest = attrs::SetAttrs {
+            mode: None,
+            ..a.clone()
+        };
+        let rest = if let How::Exclusive(verf, _) = how {
+            let (at, mt) = verifier_times(verf);
+            attrs::SetAttrs {
+                atime: SetTime::At(at),
+                mtime: SetTime::At(mt),
+                ..rest
+            }
+        } else {
+            rest
+        };
+        apply_attrs(&fh, &st, &rest)?;
+    } else {
+        // UNCHECKED on an existing file: only the size is applied.
+        let only_size = attrs::SetAttrs {
+            size: a.size,
+            ..Default::default()
+        };
+        apply_attrs(&fh, &st, &only_size)?;
+        set = [0; 3];
+        if a.size.is_some() {
+            set[0] |= 1 << crate::nfs4::consts::attr::SIZE;
+        }
+    }
+    Ok((fh, Some(Arc::new(fd)), set))
+}
+
+/// OPEN (RFC 8881 section 18.16).
+pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let _seqid = x(d.u32())?;
+        let access = x(d.u32())? & 3;
+        let deny = x(d.u32())? & 3;
+        let owner_client = x(d.u64())?;
+        let owner = x(d.opaque(OPAQUE_LIMIT))?.to_vec();
+        let how = match x(d.u32())? {
+            0 => How::NoCreate,
+            1 => match x(d.u32())? {
+                0 => How::Unchecked(attrs::decode_settable(d)?),
+                1 => How::Guarded(attrs::decode_settable(d)?),
+                2 => How::Exclusive(x(d.array())?, attrs::SetAttrs::default()),
+                3 => {
+                    let v = x(d.array())?;
+                    let a = attrs::decode_settable(d)?;
+                    let ok = attrs::exclcreat();
+                    if a.mask.iter().zip(ok.iter()).any(|(m, o)| m & !o != 0) {
+                        return Err(status::INVAL);
+                    }
+                    How::Exclusive(v, a)
+                }
+                _ => return Err(status::BADXDR),
+            },
+            _ => return Err(status::BADXDR),
+        };
+        let claim = x(d.u32())?;
+        let name = match claim {
+            0 => Some(component(d)?),
+            1 => {
+                let _deleg_type = x(d.u32())?;
+                None
+            }
+            4 => None,
+            2 | 3 | 5 | 6 => return Err(status::NOTSUPP),
+            _ => return Err(status::BADXDR),
+        };
+        if access == 0 {
+            return Err(status::INVAL);
+        }
+        let clientid = cx.clientid()?;
+        let _ = owner_client;
+
+        let (fh, fd, attrset, before, after_dir) = match &name {
+            Some(name) => {
+                let (dir, before) = cur_dir(cx)?;
+                let (fh, fd, set) = match &how {
+                    How::NoCreate => {
+                        let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+                        let wire = io(cx.srv.export.handle_of(pfd.as_fd()))?;
+                        (
+                            Fh {
+                                wire,
+                                fd: Arc::new(pfd),
+                            },
+                            None,
+                            [0; 3],
+                        )
+                    }
+                    h => open_create(cx, &dir, name, h, access)?,
+                };
+                let after = stat_of(&dir)?;
+                (fh, fd, set, before, after)
+            }
+            None => {
+                if !matches!(how, How::NoCreate) {
+                    return Err(status::INVAL);
+                }
+                let fh = cx.cur()?.clone();
+                let st = stat_of(&fh)?;
+                (fh, None, [0; 3], st, st)
+            }
+        };
+        let st = stat_of(&fh)?;
+        if st.is_dir() {
+            return Err(status::ISDIR);
+        }
+        if st.is_symlink() {
+            return Err(status::SYMLINK);
+        }
+        if !st.is_file() {
+            return Err(status::WRONG_TYPE);
+        }
+        let req = OpenRequest {
+            clientid,
+            owner,
+            file: file_key(&st),
+            access,
+            deny,
+        };
+        let sid = cx.srv.state.open(req, |want| match (&fd, want) {
+            (Some(fd), w) if w == access => Ok(fd.clone()),
+            _ => open_for(&fh, want),
+        })?;
+        put_stateid(e, &sid);
+        cinfo(e, &before, &after_dir);
+        e.u32(OPEN4_RESULT_LOCKTYPE_POSIX);
+        attrs::encode_bitmap(e, &attrset);
+        e.u32(0); // OPEN_DELEGATE_NONE
+        cx.cur = Some(fh);
+        cx.cur_sid = Some(sid);
+        Ok(())
+    })
+}
+
+/// OPEN_DOWNGRADE.
+pub fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = cx.stateid(stateid(d)?)?;
+        let _seqid = x(d.u32())?;
+        let access = x(d.u32())? & 3;
+        let deny = x(d.u32())? & 3;
+        cur_file(cx)?;
+        let sid = cx.srv.state.downgrade(&sid, access, deny)?;
+        put_stateid(e, &sid);
+        cx.cur_sid = Some(sid);
+        Ok(())
+    })
+}
+
+/// CLOSE.
+pub fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let _seqid = x(d.u32())?;
+        let sid = cx.stateid(stateid(d)?)?;
+        cx.cur()?;
+        cx.srv.state.close(&sid)?;
+        put_stateid(e, &Stateid::INVALID);
+        Ok(())
+    })
+}
+
+/// The descriptor to do I/O through for `sid` on the current file.
+fn io_fd(cx: &Ctx<'_>, fh: &Fh, st: &Stat, sid: Stateid, write: bool) -> Result<Arc<OwnedFd>, u32> {
+    let sid = cx.stateid(sid)?;
+    if sid.is_special_io() {
+        // Anonymous I/O: the caller's permissions decide.
+        let flags = if write {
+            libc::O_WRONLY
+        } else {
+            libc::O_RDONLY
+        };
+        return io(fs::reopen(fh.fd.as_fd(), flags)).map(Arc::new);
+    }
+    let (fd, access) = cx.srv.state.io_state(&sid, file_key(st))?;
+    if write && access & SHARE_ACCESS_WRITE == 0 {
+        return Err(status::OPENMODE);
+    }
+    Ok(fd)
+}
+
+/// READ.
+pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        let offset = x(d.u64())?;
+        let count = x(d.u32())?.min(MAX_IO) as usize;
+        let (fh, st) = cur_file(cx)?;
+        let fd = io_fd(cx, &fh, &st, sid, false)?;
+        let mut buf = vec![0u8; count];
+        let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
+            Ok(n) => n,
+            // A write-only descriptor: read through a fresh one.
+            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
+                let rfd = cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY));
+                io(fs::read_at(io(rfd)?.as_fd(), &mut buf, offset))?
+            }
+            Err(err) => return io(Err(err)),
+        };
+        let size = io(fs::stat(fd.as_fd()))?.size;
+        let eof = offset.saturating_add(n as u64) >= size;
+        e.bool(eof);
+        e.opaque(&buf[..n]);
+        Ok(())
+    })
+}
+
+/// WRITE.
+pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        let offset = x(d.u64())?;
+        let stable = x(d.u32())?;
+        let data = x(d.opaque(MAX_IO as usize))?;
+        if stable > 2 {
+            return Err(status::BADXDR);
+        }
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
+            return Err(status::FBIG);
+        }
+        let (fh, st) = cur_file(cx)?;
+        let fd = io_fd(cx, &fh, &st, sid, true)?;
+        let n = io(fs::write_at(fd.as_fd(), data, offset))?;
+        match stable {
+            1 => io(fs::sync(fd.as_fd(), false))?,
+            2 => io(fs::sync(fd.as_fd(), true))?,
+            _ => {}
+        }
+        e.u32(n as u32);
+        e.u32(stable);
+        e.opaque_fixed(&cx.srv.write_verifier);
+        Ok(())
+    })
+}
+
+/// COMMIT: flushes the file to stable storage.
+pub fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let offset = x(d.u64())?;
+        let count = x(d.u32())?;
+        if offset.checked_add(count as u64).is_none() {
+            return Err(status::INVAL);
+        }
+        let (fh, _) = cur_file(cx)?;
+        let fd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
+        io(fs::sync(fd.as_fd(), true))?;
+        e.opaque_fixed(&cx.srv.write_verifier);
+        Ok(())
+    })
+}
+
+fn put_denied(e: &mut Encoder, dn: &Denied) {
+    e.u64(dn.offset);
+    e.u64(dn.length);
+    e.u32(if dn.write { 2 } else { 1 });
+    e.u64(dn.clientid);
+    e.opaque(&dn.owner);
+}
+
+fn lock_kind(t: u32) -> Result<bool, u32> {
+    match t {
+        1 | 3 => Ok(false),
+        2 | 4 => Ok(true),
+        _ => Err(status::INVAL),
+    }
+}
+
+/// LOCK.
+pub fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    let mut denied = None;
+    let st = run(|| {
+        let write = lock_kind(x(d.u32())?)?;
+        let _reclaim = x(d.bool())?;
+        let offset = x(d.u64())?;
+        let length = x(d.u64())?;
+        let new_owner = x(d.bool())?;
+        let (fh_st, range) = {
+            let (_, st) = cur_file(cx)?;
+            (st, lock_range(offset, length)?)
+        };
+        let file = file_key(&fh_st);
+        let r = if new_owner {
+            let _open_seqid = x(d.u32())?;
+            let open = cx.stateid(stateid(d)?)?;
+            let _lock_seqid = x(d.u32())?;
+            let _owner_client = x(d.u64())?;
+            let owner = x(d.opaque(OPAQUE_LIMIT))?;
+            let clientid = cx.clientid()?;
+            cx.srv
+                .state
+                .lock_new_owner(&open, clientid, owner, file, range, write)?
+        } else {
+            let sid = cx.stateid(stateid(d)?)?;
+            let _lock_seqid = x(d.u32())?;
+            cx.srv.state.lock_existing(&sid, file, range, write)?
+        };
+        match r {
+            Ok(sid) => {
+                put_stateid(e, &sid);
+                cx.cur_sid = Some(sid);
+                Ok(())
+            }
+            Err(dn) => {
+                denied = Some(dn);
+                Err(status::DENIED)
+            }
+        }
+    });
+    if let Some(dn) = denied {
+        put_denied(e, &dn);
+    }
+    st
+}
+
+/// LOCKT.
+pub fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    let mut denied = None;
+    let st = run(|| {
+        let write = lock_kind(x(d.u32())?)?;
+        let offset = x(d.u64())?;
+        let length = x(d.u64())?;
+        let _client = x(d.u64())?;
+        let owner = x(d.opaque(OPAQUE_LIMIT))?;
+        let (_, st) = cur_file(cx)?;
+        let range = lock_range(offset, length)?;
+        let clientid = cx.clientid()?;
+        match cx
+            .srv
+            .state
+            .test_lock(clientid, owner, file_key(&st), range, write)
+        {
+            None => Ok(()),
+            Some(dn) => {
+                denied = Some(dn);
+                Err(status::DENIED)
+            }
+        }
+    });
+    if let Some(dn) = denied {
+        put_denied(e, &dn);
+    }
+    st
+}
+
+/// LOCKU.
+pub fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        lock_kind(x(d.u32())?)?;
+        let _seqid = x(d.u32())?;
+        let sid = cx.stateid(stateid(d)?)?;
+        let offset = x(d.u64())?;
+        let length = x(d.u64())?;
+        let (_, st) = cur_file(cx)?;
+        let range = lock_range(offset, length)?;
+        let sid = cx.srv.state.unlock(&sid, file_key(&st), range)?;
+        put_stateid(e, &sid);
+        Ok(())
+    })
+}
+
+/// TEST_STATEID.
+pub fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let n = x(d.count(1024, 16))?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let sid = stateid(d)?;
+            out.push(cx.srv.state.test(&sid));
+        }
+        e.u32(out.len() as u32);
+        for s in out {
+            e.u32(s);
+        }
+        Ok(())
+    })
+}
+
+/// FREE_STATEID.
+pub fn free_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        cx.srv.state.free(&sid)
+    })
+}
+
+/// DELEGRETURN: no delegations are granted, so none can be returned.
+pub fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let _sid = stateid(d)?;
+        cx.cur()?;
+        Err(status::BAD_STATEID)
+    })
+}

@@ -1,0 +1,574 @@
+//! Namespace and attribute ops: filehandles, LOOKUP, GETATTR, SETATTR,
+//! ACCESS, READDIR, CREATE, REMOVE, RENAME, LINK, READLINK, SECINFO,
+//! VERIFY/NVERIFY.
+
+use super::attrs::{self, AttrSource};
+use super::compound::{Ctx, Fh, OpStatus};
+use super::errno_status;
+use super::state::Stateid;
+use crate::engine::fs::{self, SetTime, Stat};
+use crate::nfs4::consts::{access, attr, ftype, status, FHSIZE};
+use crate::xdr::{Decoder, Encoder, XdrResult};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+/// Runs an op body written with `?`, turning its error into the status.
+pub fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
+    match f() {
+        Ok(()) => status::OK,
+        Err(st) => st,
+    }
+}
+
+/// Maps a decode failure to NFS4ERR_BADXDR.
+pub fn x<T>(r: XdrResult<T>) -> Result<T, u32> {
+    r.map_err(|_| status::BADXDR)
+}
+
+/// Maps a system error to its status.
+pub fn io<T>(r: io::Result<T>) -> Result<T, u32> {
+    r.map_err(|e| errno_status(&e))
+}
+
+/// Reads a stateid.
+pub fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, u32> {
+    let seqid = x(d.u32())?;
+    let other = x(d.array::<12>())?;
+    Ok(Stateid { seqid, other })
+}
+
+/// Writes a stateid.
+pub fn put_stateid(e: &mut Encoder, s: &Stateid) {
+    e.u32(s.seqid);
+    e.opaque_fixed(&s.other);
+}
+
+/// Reads and checks a component name.
+pub fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
+    let name = x(d.opaque(4096))?;
+    if name.is_empty() {
+        return Err(status::INVAL);
+    }
+    if name.len() > 255 {
+        return Err(status::NAMETOOLONG);
+    }
+    if name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(status::BADNAME);
+    }
+    CString::new(name).map_err(|_| status::BADNAME)
+}
+
+/// Stats the object behind a filehandle.
+pub fn stat_of(fh: &Fh) -> Result<Stat, u32> {
+    io(fs::stat(fh.fd.as_fd()))
+}
+
+/// The current filehandle, which must be a directory.
+pub fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+    let fh = cx.cur()?.clone();
+    let st = stat_of(&fh)?;
+    if st.is_dir() {
+        Ok((fh, st))
+    } else if st.is_symlink() {
+        Err(status::SYMLINK)
+    } else {
+        Err(status::NOTDIR)
+    }
+}
+
+/// Writes a change_info4 from directory states before and after.
+pub fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
+    e.bool(false);
+    e.u64(before.change());
+    e.u64(after.change());
+}
+
+/// Encodes the attributes `req` of `fh`.
+pub fn put_fattr(
+    cx: &Ctx<'_>,
+    e: &mut Encoder,
+    fh_wire: Option<&[u8]>,
+    st: &Stat,
+    req: &[u32],
+    fs_of: &Fh,
+) {
+    let fs = if attrs::wants_fs_stat(req) {
+        fs::statfs(fs_of.fd.as_fd()).ok()
+    } else {
+        None
+    };
+    let src = AttrSource {
+        st,
+        fh: fh_wire,
+        fs,
+        fsid: cx.srv.export.dev(),
+        lease_secs: cx.srv.config.lease.as_secs() as u32,
+    };
+    attrs::encode_fattr(e, req, &src);
+}
+
+/// PUTROOTFH and PUTPUBFH.
+pub fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    let ex = &cx.srv.export;
+    cx.cur = Some(Fh {
+        wire: ex.root_fh().to_vec(),
+        fd: ex.root_fd(),
+    });
+    status::OK
+}
+
+/// PUTFH.
+pub fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let wire = x(d.opaque(FHSIZE))?;
+        cx.cur = Some(cx.resolve(wire)?);
+        Ok(())
+    })
+}
+
+/// GETFH.
+pub fn getfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        e.opaque(&cx.cur()?.wire);
+        Ok(())
+    })
+}
+
+/// SAVEFH.
+pub fn savefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        cx.saved = Some(cx.cur()?.clone());
+        Ok(())
+    })
+}
+
+/// RESTOREFH.
+pub fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        cx.cur = Some(cx.saved.clone().ok_or(status::RESTOREFH)?);
+        Ok(())
+    })
+}
+
+/// Opens `name` in directory `dir` as a new filehandle.
+fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), u32> {
+    let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+    let st = io(fs::stat(fd.as_fd()))?;
+    if st.dev != cx.srv.export.dev() {
+        // Another file system mounted inside the export is not exported.
+        return Err(status::NOENT);
+    }
+    let wire = io(cx.srv.export.handle_of(fd.as_fd()))?;
+    Ok((
+        Fh {
+            wire,
+            fd: Arc::new(fd),
+        },
+        st,
+    ))
+}
+
+/// LOOKUP.
+pub fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let name = component(d)?;
+        let (dir, _) = cur_dir(cx)?;
+        let (fh, _) = child(cx, &dir, &name)?;
+        cx.cur = Some(fh);
+        Ok(())
+    })
+}
+
+/// LOOKUPP: the parent, never above the export root.
+pub fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let (dir, st) = cur_dir(cx)?;
+        if cx.srv.export.is_root(&st) {
+            return Err(status::NOENT);
+        }
+        let (fh, _) = child(cx, &dir, &CString::new("..").expect("no NUL"))?;
+        cx.cur = Some(fh);
+        Ok(())
+    })
+}
+
+/// GETATTR.
+pub fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let req = x(d.bitmap(8))?;
+        let fh = cx.cur()?;
+        let st = stat_of(fh)?;
+        put_fattr(cx, e, Some(&fh.wire), &st, &req, fh);
+        Ok(())
+    })
+}
+
+/// Applies settable attributes to the object behind `fh`. `open_fd` is an
+/// open descriptor to truncate through, when the client gave a stateid.
+pub fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), u32> {
+    let fd = fh.fd.as_fd();
+    if let Some(size) = a.size {
+        if st.is_dir() {
+            return Err(status::ISDIR);
+        }
+        if !st.is_file() {
+            return Err(status::INVAL);
+        }
+        if size != st.size {
+            io(fs::truncate(fd, size))?;
+        } else {
+            // Setting the same size still updates mtime and ctime.
+            io(fs::utimens(fd, SetTime::Keep, SetTime::Now))?;
+        }
+    }
+    if a.uid.is_some() || a.gid.is_some() {
+        let uid = a.uid.unwrap_or(u32::MAX);
+        let gid = a.gid.unwrap_or(u32::MAX);
+        if a.uid.is_some_and(|u| u != st.uid) || a.gid.is_some_and(|g| g != st.gid) {
+            io(fs::chown(fd, uid, gid))?;
+        }
+    }
+    if let Some(mode) = a.mode {
+        if !st.is_symlink() {
+            io(fs::chmod(fd, mode))?;
+        }
+    }
+    if a.atime != SetTime::Keep || a.mtime != SetTime::Keep {
+        if st.is_symlink() {
+            return Ok(());
+        }
+        io(fs::utimens(fd, a.atime, a.mtime))?;
+    }
+    Ok(())
+}
+
+/// SETATTR.
+pub fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    let mut set = [0u32; 3];
+    let st = run(|| {
+        let sid = stateid(d)?;
+        let a = attrs::decode_settable(d)?;
+        let fh = cx.cur()?.clone();
+        let st = stat_of(&fh)?;
+        if a.size.is_some() && st.is_file() {
+            let sid = cx.stateid(sid)?;
+            if !sid.is_special_io() {
+                let (_, acc) = cx.srv.state.io_state(&sid, (st.dev, st.ino))?;
+                if acc & 2 == 0 {
+                    return Err(status::OPENMODE);
+                }
+            }
+        }
+        apply_attrs(&fh, &st, &a)?;
+        set = a.mask;
+        Ok(())
+    });
+    attrs::encode_bitmap(e, &set);
+    st
+}
+
+fn may(st: &Stat, cx: &Ctx<'_>, bit: u32) -> bool {
+    let id = &cx.id;
+    if id.uid == 0 {
+        // Root may do anything but execute files no one may execute.
+        return bit != 0o1 || st.is_dir() || st.mode & 0o111 != 0;
+    }
+    let shift = if st.uid == id.uid {
+        6
+    } else if st.gid == id.gid || id.groups.contains(&st.gid) {
+        3
+    } else {
+        0
+    };
+    st.mode & (bit << shift) != 0
+}
+
+/// ACCESS: what the caller may do, from the mode bits.
+pub fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let want = x(d.u32())?;
+        let fh = cx.cur()?;
+        let st = stat_of(fh)?;
+        let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
+        let mut granted = 0;
+        let supported = want & 0x3f;
+        if r {
+            granted |= access::READ;
+        }
+        if w {
+            granted |= access::MODIFY | access::EXTEND;
+        }
+        if st.is_dir() {
+            if xx {
+                granted |= access::LOOKUP;
+                if w {
+                    granted |= access::DELETE;
+                }
+            }
+        } else if xx {
+            granted |= access::EXECUTE;
+        }
+        e.u32(supported);
+        e.u32(granted & supported);
+        Ok(())
+    })
+}
+
+/// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
+/// directory offsets, which stay valid while the directory changes.
+pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let cookie = x(d.u64())?;
+        let _verf: [u8; 8] = x(d.array())?;
+        let dircount = x(d.u32())? as usize;
+        let maxcount = x(d.u32())? as usize;
+        let req = x(d.bitmap(8))?;
+        let (dir, _) = cur_dir(cx)?;
+        if cookie == 1 || cookie == 2 {
+            return Err(status::BAD_COOKIE);
+        }
+        // Reply overhead: verifier, end-of-list marker and eof flag.
+        let budget = maxcount.saturating_sub(8 + 4 + 4 + 16);
+        let mut reader = io(fs::DirReader::open(dir.fd.as_fd(), cookie))?;
+        let mut list = Encoder::with_capacity(budget.min(64 * 1024));
+        let mut names_bytes = 0usize;
+        let mut n = 0usize;
+        let mut eof = false;
+        let want_fh = attrs::has(&req, attr::FILEHANDLE);
+        let dev = cx.srv.export.dev();
+        loop {
+            let Some(ent) = io(reader.next_entry())? else {
+                eof = true;
+                break;
+            };
+            let Ok(name) = CString::new(ent.name.clone()) else {
+                continue;
+            };
+            let st = match fs::stat_at(dir.fd.as_fd(), &name) {
+                Ok(st) => st,
+                Err(_) => continue, // removed meanwhile
+            };
+            if st.dev != dev {
+                continue;
+            }
+            let wire = if want_fh {
+                cx.srv.export.handle_in(dir.fd.as_fd(), &name).ok()
+            } else {
+                None
+            };
+            let mark = list.len();
+            list.bool(true);
+            list.u64(ent.next);
+            list.opaque(&ent.name);
+            put_fattr(cx, &mut list, wire.as_deref(), &st, &req, &dir);
+            names_bytes += 8 + 4 + ent.name.len().div_ceil(4) * 4;
+            if list.len() > budget || (dircount > 0 && n > 0 && names_bytes > dircount) {
+                list.truncate(mark);
+                break;
+            }
+            n += 1;
+        }
+        if n == 0 && !eof {
+            return Err(status::TOOSMALL);
+        }
+        e.opaque_fixed(&[0u8; 8]);
+        e.raw(list.as_slice());
+        e.bool(false);
+        e.bool(eof);
+        Ok(())
+    })
+}
+
+/// READLINK.
+pub fn readlink(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let fh = cx.cur()?;
+        let st = stat_of(fh)?;
+        if !st.is_symlink() {
+            return Err(if st.is_dir() {
+                status::ISDIR
+            } else {
+                status::INVAL
+            });
+        }
+        let target = io(fs::readlink(fh.fd.as_fd()))?;
+        e.opaque(&target);
+        Ok(())
+    })
+}
+
+/// CREATE: directories, symlinks, device nodes, sockets and FIFOs.
+pub fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let kind = x(d.u32())?;
+        let mut link_target = None;
+        let mut rdev = 0u64;
+        match kind {
+            ftype::LNK => link_target = Some(x(d.opaque(4096))?.to_vec()),
+            ftype::BLK | ftype::CHR => {
+                let ma = x(d.u32())?;
+                let mi = x(d.u32())?;
+                rdev = libc::makedev(ma, mi);
+            }
+            ftype::SOCK | ftype::FIFO | ftype::DIR => {}
+            ftype::REG => return Err(status::BADTYPE),
+            _ => return Err(status::BADTYPE),
+        }
+        let name = component(d)?;
+        let a = attrs::decode_settable(d)?;
+        let (dir, before) = cur_dir(cx)?;
+        let dfd = dir.fd.as_fd();
+        let mode = a
+            .mode
+            .unwrap_or(if kind == ftype::DIR { 0o755 } else { 0o644 });
+        match kind {
+            ftype::DIR => io(fs::mkdir_at(dfd, &name, mode))?,
+            ftype::LNK => {
+                let t = CString::new(link_target.unwrap_or_default()).map_err(|_| status::INVAL)?;
+                io(fs::symlink_at(dfd, &name, &t))?
+            }
+            ftype::BLK => io(fs::mknod_at(dfd, &name, libc::S_IFBLK | mode, rdev))?,
+            ftype::CHR => io(fs::mknod_at(dfd, &name, libc::S_IFCHR | mode, rdev))?,
+            ftype::SOCK => io(fs::mknod_at(dfd, &name, libc::S_IFSOCK | mode, 0))?,
+            _ => io(fs::mknod_at(dfd, &name, libc::S_IFIFO | mode, 0))?,
+        }
+        let (fh, st) = child(cx, &dir, &name)?;
+        let rest = attrs::SetAttrs {
+            mode: None,
+            size: None,
+            ..a.clone()
+        };
+        apply_attrs(&fh, &st, &rest)?;
+        let after = stat_of(&dir)?;
+        cinfo(e, &before, &after);
+        let mut set = a.mask;
+        set[0] &= !(1 << attr::SIZE);
+        attrs::encode_bitmap(e, &set);
+        cx.cur = Some(fh);
+        Ok(())
+    })
+}
+
+/// REMOVE: files and empty directories.
+pub fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let name = component(d)?;
+        let (dir, before) = cur_dir(cx)?;
+        let st = io(fs::stat_at(dir.fd.as_fd(), &name))?;
+        let wire = cx.srv.export.handle_in(dir.fd.as_fd(), &name).ok();
+        io(fs::unlink_at(dir.fd.as_fd(), &name, st.is_dir()))?;
+        if let Some(w) = wire {
+            if st.nlink <= 1 || st.is_dir() {
+                cx.srv.export.forget(&w);
+            }
+        }
+        let after = stat_of(&dir)?;
+        cinfo(e, &before, &after);
+        Ok(())
+    })
+}
+
+/// RENAME: from the saved directory to the current one.
+pub fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let from = component(d)?;
+        let to = component(d)?;
+        let (tdir, tbefore) = cur_dir(cx)?;
+        let sdir = cx.saved()?.clone();
+        let sbefore = stat_of(&sdir)?;
+        if !sbefore.is_dir() {
+            return Err(status::NOTDIR);
+        }
+        // A replaced target loses its name; forget its cached descriptor.
+        let replaced = cx.srv.export.handle_in(tdir.fd.as_fd(), &to).ok();
+        io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
+        if let Some(w) = replaced {
+            cx.srv.export.forget(&w);
+        }
+        let safter = stat_of(&sdir)?;
+        let tafter = stat_of(&tdir)?;
+        cinfo(e, &sbefore, &safter);
+        cinfo(e, &tbefore, &tafter);
+        Ok(())
+    })
+}
+
+/// LINK: a new name in the current directory for the saved object.
+pub fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let name = component(d)?;
+        let (dir, before) = cur_dir(cx)?;
+        let src = cx.saved()?.clone();
+        let st = stat_of(&src)?;
+        if st.is_dir() {
+            return Err(status::ISDIR);
+        }
+        io(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &name))?;
+        let after = stat_of(&dir)?;
+        cinfo(e, &before, &after);
+        Ok(())
+    })
+}
+
+/// SECINFO and SECINFO_NO_NAME: AUTH_SYS and AUTH_NONE. Both consume the
+/// current filehandle.
+pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: bool) -> OpStatus {
+    run(|| {
+        if no_name {
+            let style = x(d.u32())?;
+            if style > 1 {
+                return Err(status::INVAL);
+            }
+            let (dir, st) = cur_dir(cx)?;
+            if style == 1 && cx.srv.export.is_root(&st) {
+                return Err(status::NOENT);
+            }
+            let _ = dir;
+        } else {
+            let name = component(d)?;
+            let (dir, _) = cur_dir(cx)?;
+            io(fs::stat_at(dir.fd.as_fd(), &name))?;
+        }
+        e.u32(2);
+        e.u32(crate::rpc::AUTH_SYS);
+        e.u32(crate::rpc::AUTH_NONE);
+        cx.cur = None;
+        Ok(())
+    })
+}
+
+/// VERIFY (`same` = true) and NVERIFY.
+pub fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: bool) -> OpStatus {
+    run(|| {
+        let (bm, vals) = attrs::decode_raw_fattr(d)?;
+        let sup = attrs::supported();
+        for n in 0..(bm.len() as u32 * 32) {
+            if attrs::has(&bm, n) {
+                if !attrs::has(&sup, n) {
+                    return Err(status::ATTRNOTSUPP);
+                }
+                if n == attr::RDATTR_ERROR
+                    || n == attr::TIME_ACCESS_SET
+                    || n == attr::TIME_MODIFY_SET
+                {
+                    return Err(status::INVAL);
+                }
+            }
+        }
+        let fh = cx.cur()?;
+        let st = stat_of(fh)?;
+        let mut ours = Encoder::new();
+        put_fattr(cx, &mut ours, Some(&fh.wire), &st, &bm, fh);
+        let mut od = Decoder::new(ours.as_slice());
+        let _ = od.bitmap(8);
+        let ours_vals = od.opaque(usize::MAX).unwrap_or_default();
+        let equal = ours_vals == vals;
+        match (same, equal) {
+            (true, true) | (false, false) => Ok(()),
+            (true, false) => Err(status::NOT_SAME),
+            (false, true) => Err(status::SAME),
+        }
+    })
+}

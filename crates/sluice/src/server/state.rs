@@ -1,0 +1,1105 @@
+//! Client, session, open and lock state (RFC 8881 sections 2.4, 2.10, 8, 9).
+//!
+//! All of the NFSv4 state machine lives here: client records created by
+//! EXCHANGE_ID and confirmed by CREATE_SESSION, sessions with their slot
+//! tables and reply cache, open and lock stateids, share reservations and
+//! byte-range locks, and lease expiry. Op handlers call into it and never
+//! touch the tables directly.
+
+use crate::nfs4::consts::{status, LENGTH_TO_EOF, SESSIONID_SIZE};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A stateid: sequence number and 12 opaque bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Stateid {
+    /// Sequence number, bumped on every change of the state.
+    pub seqid: u32,
+    /// Identifies the state.
+    pub other: [u8; 12],
+}
+
+impl Stateid {
+    /// The anonymous stateid (all zeros).
+    pub const ANONYMOUS: Stateid = Stateid {
+        seqid: 0,
+        other: [0; 12],
+    };
+    /// The READ bypass stateid (all ones).
+    pub const BYPASS: Stateid = Stateid {
+        seqid: u32::MAX,
+        other: [0xff; 12],
+    };
+    /// The "current stateid" of a COMPOUND (RFC 8881 section 16.2.3.1.2).
+    pub const CURRENT: Stateid = Stateid {
+        seqid: 1,
+        other: [0; 12],
+    };
+    /// The invalid stateid returned by CLOSE.
+    pub const INVALID: Stateid = Stateid {
+        seqid: u32::MAX,
+        other: [0; 12],
+    };
+
+    /// True for the anonymous and bypass special stateids.
+    pub fn is_special_io(&self) -> bool {
+        *self == Self::ANONYMOUS || *self == Self::BYPASS
+    }
+}
+
+/// Identifies a file across handles: device and inode.
+pub type FileKey = (u64, u64);
+
+/// Fore-channel limits agreed at CREATE_SESSION.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelAttrs {
+    /// Header padding (always 0 here).
+    pub header_pad: u32,
+    /// Largest request.
+    pub max_request: u32,
+    /// Largest response.
+    pub max_response: u32,
+    /// Largest response kept in the reply cache.
+    pub max_response_cached: u32,
+    /// Most operations in one COMPOUND.
+    pub max_ops: u32,
+    /// Number of slots.
+    pub max_requests: u32,
+}
+
+/// A slot of a session's table.
+#[derive(Debug, Default)]
+struct Slot {
+    seqid: u32,
+    busy: bool,
+    reply: Option<Arc<Vec<u8>>>,
+}
+
+/// What SEQUENCE decided for a request.
+#[derive(Debug)]
+pub enum SlotDecision {
+    /// New request: execute it and then call [`Session::finish`].
+    Execute,
+    /// Retransmission with a cached reply: send it again.
+    Replay(Arc<Vec<u8>>),
+    /// Retransmission whose reply was not cached.
+    Uncached,
+}
+
+/// A session (RFC 8881 section 2.10).
+#[derive(Debug)]
+pub struct Session {
+    /// Session id.
+    pub id: [u8; SESSIONID_SIZE],
+    /// Owning client.
+    pub clientid: u64,
+    /// Fore channel limits.
+    pub fore: ChannelAttrs,
+    /// Back channel limits, echoed back to the client.
+    pub back: ChannelAttrs,
+    slots: Mutex<Vec<Slot>>,
+}
+
+impl Session {
+    /// Checks slot and sequence id of a SEQUENCE op.
+    pub fn begin(&self, slot: u32, seqid: u32) -> Result<SlotDecision, u32> {
+        let mut slots = self.slots.lock().map_err(|_| status::SERVERFAULT)?;
+        let s = slots.get_mut(slot as usize).ok_or(status::BADSLOT)?;
+        if seqid == s.seqid.wrapping_add(1) {
+            if s.busy {
+                return Err(status::DELAY);
+            }
+            s.busy = true;
+            s.seqid = seqid;
+            s.reply = None;
+            Ok(SlotDecision::Execute)
+        } else if seqid == s.seqid {
+            if s.busy {
+                return Err(status::DELAY);
+            }
+            match &s.reply {
+                Some(r) => Ok(SlotDecision::Replay(r.clone())),
+                None => Ok(SlotDecision::Uncached),
+            }
+        } else {
+            Err(status::SEQ_MISORDERED)
+        }
+    }
+
+    /// Releases a slot after executing, keeping `reply` for retransmissions.
+    pub fn finish(&self, slot: u32, reply: Option<Arc<Vec<u8>>>) {
+        if let Ok(mut slots) = self.slots.lock() {
+            if let Some(s) = slots.get_mut(slot as usize) {
+                s.busy = false;
+                s.reply = reply;
+            }
+        }
+    }
+
+    /// Highest slot id.
+    pub fn highest_slot(&self) -> u32 {
+        self.fore.max_requests.saturating_sub(1)
+    }
+}
+
+/// A client record (RFC 8881 section 2.4).
+#[derive(Debug)]
+struct Client {
+    owner: Vec<u8>,
+    verifier: [u8; 8],
+    confirmed: bool,
+    /// Sequence id expected by the next CREATE_SESSION.
+    cs_seq: u32,
+    /// The last CREATE_SESSION reply, for its replay.
+    cs_reply: Option<(u32, Vec<u8>)>,
+    last_renew: Instant,
+    sessions: Vec<[u8; SESSIONID_SIZE]>,
+    reclaim_complete: bool,
+}
+
+/// An open of a file by an open-owner.
+#[derive(Debug)]
+pub struct OpenState {
+    /// Owning client.
+    pub clientid: u64,
+    /// Open-owner bytes.
+    pub owner: Vec<u8>,
+    /// The file.
+    pub file: FileKey,
+    /// Current stateid sequence.
+    pub seqid: u32,
+    /// OPEN4_SHARE_ACCESS bits held.
+    pub access: u32,
+    /// OPEN4_SHARE_DENY bits held.
+    pub deny: u32,
+    /// Descriptor opened with the access mode.
+    pub fd: Arc<OwnedFd>,
+}
+
+/// A lock-owner's state on one file, derived from an open.
+#[derive(Debug)]
+pub struct LockState {
+    /// Owning client.
+    pub clientid: u64,
+    /// Lock-owner bytes.
+    pub owner: Vec<u8>,
+    /// The open this lock state came from.
+    pub open: [u8; 12],
+    /// The file.
+    pub file: FileKey,
+    /// Current stateid sequence.
+    pub seqid: u32,
+}
+
+#[derive(Debug)]
+enum StateEntry {
+    Open(OpenState),
+    Lock(LockState),
+}
+
+/// One held byte-range lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRange {
+    /// Lock stateid `other` of the holder.
+    pub holder: [u8; 12],
+    /// Owning client.
+    pub clientid: u64,
+    /// Lock-owner bytes.
+    pub owner: Vec<u8>,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte (u64::MAX = to end of file).
+    pub end: u64,
+    /// Exclusive (write) lock.
+    pub write: bool,
+}
+
+/// The conflicting lock reported with NFS4ERR_DENIED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Offset of the conflicting lock.
+    pub offset: u64,
+    /// Length of the conflicting lock.
+    pub length: u64,
+    /// True for a write lock.
+    pub write: bool,
+    /// Its owner's client.
+    pub clientid: u64,
+    /// Its owner.
+    pub owner: Vec<u8>,
+}
+
+/// Turns an (offset, length) pair into a half-open range, checking it.
+pub fn lock_range(offset: u64, length: u64) -> Result<(u64, u64), u32> {
+    if length == 0 {
+        return Err(status::INVAL);
+    }
+    if length == LENGTH_TO_EOF {
+        return Ok((offset, u64::MAX));
+    }
+    let end = offset.checked_add(length).ok_or(status::INVAL)?;
+    Ok((offset, end))
+}
+
+fn range_length(start: u64, end: u64) -> u64 {
+    if end == u64::MAX {
+        LENGTH_TO_EOF
+    } else {
+        end - start
+    }
+}
+
+/// Results of EXCHANGE_ID.
+#[derive(Debug, Clone, Copy)]
+pub struct ExchangeResult {
+    /// Client id.
+    pub clientid: u64,
+    /// Sequence id for the next CREATE_SESSION.
+    pub seq: u32,
+    /// The record was already confirmed.
+    pub confirmed: bool,
+}
+
+/// All NFSv4 state of the server.
+#[derive(Debug)]
+pub struct StateTable {
+    inner: Mutex<Inner>,
+    lease: Duration,
+    boot: u32,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    counter: u64,
+    clients: HashMap<u64, Client>,
+    sessions: HashMap<[u8; SESSIONID_SIZE], Arc<Session>>,
+    states: HashMap<[u8; 12], StateEntry>,
+    locks: HashMap<FileKey, Vec<LockRange>>,
+}
+
+impl Inner {
+    fn next(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    fn remove_client(&mut self, id: u64) {
+        if let Some(c) = self.clients.remove(&id) {
+            for s in c.sessions {
+                self.sessions.remove(&s);
+            }
+        }
+        self.states.retain(|_, s| match s {
+            StateEntry::Open(o) => o.clientid != id,
+            StateEntry::Lock(l) => l.clientid != id,
+        });
+        for ranges in self.locks.values_mut() {
+            ranges.retain(|r| r.clientid != id);
+        }
+        self.locks.retain(|_, r| !r.is_empty());
+    }
+
+    fn client_has_state(&self, id: u64) -> bool {
+        self.states.values().any(|s| match s {
+            StateEntry::Open(o) => o.clientid == id,
+            StateEntry::Lock(l) => l.clientid == id,
+        })
+    }
+
+    fn remove_lock_state(&mut self, other: &[u8; 12]) {
+        if let Some(StateEntry::Lock(l)) = self.states.remove(other) {
+            if let Some(r) = self.locks.get_mut(&l.file) {
+                r.retain(|x| &x.holder != other);
+            }
+        }
+    }
+}
+
+/// Attributes of a new open, from OPEN's arguments.
+#[derive(Debug)]
+pub struct OpenRequest {
+    /// Client id of the open-owner.
+    pub clientid: u64,
+    /// Open-owner bytes.
+    pub owner: Vec<u8>,
+    /// The file.
+    pub file: FileKey,
+    /// Requested share access (1 read, 2 write, 3 both).
+    pub access: u32,
+    /// Requested share deny.
+    pub deny: u32,
+}
+
+impl StateTable {
+    /// An empty table; `boot` distinguishes this server instance's ids.
+    pub fn new(lease: Duration, boot: u32) -> Self {
+        StateTable {
+            inner: Mutex::new(Inner::default()),
+            lease,
+            boot,
+        }
+    }
+
+    /// The lease period.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock would be a bug; keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn new_other(&self, inner: &mut Inner) -> [u8; 12] {
+        let mut o = [0u8; 12];
+        o[..4].copy_from_slice(&self.boot.to_be_bytes());
+        o[4..].copy_from_slice(&inner.next().to_be_bytes());
+        o
+    }
+
+    /// EXCHANGE_ID (RFC 8881 section 18.35): finds or creates the record of
+    /// the client `owner` with boot `verifier`.
+    pub fn exchange_id(&self, owner: &[u8], verifier: [u8; 8]) -> ExchangeResult {
+        let mut inner = self.lock();
+        let existing = inner
+            .clients
+            .iter()
+            .find(|(_, c)| c.owner == owner)
+            .map(|(id, c)| (*id, c.verifier, c.confirmed, c.cs_seq));
+        if let Some((id, v, confirmed, seq)) = existing {
+            if v == verifier {
+                if let Some(c) = inner.clients.get_mut(&id) {
+                    c.last_renew = Instant::now();
+                }
+                return ExchangeResult {
+                    clientid: id,
+                    seq,
+                    confirmed,
+                };
+            }
+            if !confirmed {
+                inner.remove_client(id);
+            }
+            // A confirmed record with another verifier: the client
+            // rebooted. Its old state goes when the new record is confirmed.
+        }
+        let id = ((self.boot as u64) << 32) | (inner.next() & 0xffff_ffff);
+        inner.clients.insert(
+            id,
+            Client {
+                owner: owner.to_vec(),
+                verifier,
+                confirmed: false,
+                cs_seq: 1,
+                cs_reply: None,
+                last_renew: Instant::now(),
+                sessions: Vec::new(),
+                reclaim_complete: false,
+            },
+        );
+        ExchangeResult {
+            clientid: id,
+            seq: 1,
+            confirmed: false,
+        }
+    }
+
+    /// CREATE_SESSION (RFC 8881 section 18.36). `make_reply` encodes the
+    /// result for the new session so that a replay can return it verbatim.
+    pub fn create_session(
+        &self,
+        clientid: u64,
+        seq: u32,
+        fore: ChannelAttrs,
+        back: ChannelAttrs,
+        make_reply: impl FnOnce(&Session) -> Vec<u8>,
+    ) -> Result<Vec<u8>, u32> {
+        let mut inner = self.lock();
+        let Some(c) = inner.clients.get(&clientid) else {
+            return Err(status::STALE_CLIENTID);
+        };
+        if let Some((s, reply)) = &c.cs_reply {
+            if *s == seq {
+                return Ok(reply.clone());
+            }
+        }
+        if seq != c.cs_seq {
+            return Err(status::SEQ_MISORDERED);
+        }
+        let owner = c.owner.clone();
+        let was_confirmed = c.confirmed;
+        if !was_confirmed {
+            // Confirming a record replaces any older record of the same owner.
+            let old: Vec<u64> = inner
+                .clients
+                .iter()
+                .filter(|(id, o)| **id != clientid && o.owner == owner)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in old {
+                inner.remove_client(id);
+            }
+        }
+        let mut id = [0u8; SESSIONID_SIZE];
+        id[..8].copy_from_slice(&clientid.to_be_bytes());
+        id[8..].copy_from_slice(&inner.next().to_be_bytes());
+        let slots = (0..fore.max_requests).map(|_| Slot::default()).collect();
+        let session = Arc::new(Session {
+            id,
+            clientid,
+            fore,
+            back,
+            slots: Mutex::new(slots),
+        });
+        let reply = make_reply(&session);
+        inner.sessions.insert(id, session);
+        let c = inner
+            .clients
+            .get_mut(&clientid)
+            .ok_or(status::STALE_CLIENTID)?;
+        c.confirmed = true;
+        c.cs_seq = seq.wrapping_add(1);
+        c.cs_reply = Some((seq, reply.clone()));
+        c.sessions.push(id);
+        c.last_renew = Instant::now();
+        Ok(reply)
+    }
+
+    /// Finds a session and renews its client's lease.
+    pub fn session(&self, id: &[u8; SESSIONID_SIZE]) -> Result<Arc<Session>, u32> {
+        let mut inner = self.lock();
+        let s = inner.sessions.get(id).cloned().ok_or(status::BADSESSION)?;
+        if let Some(c) = inner.clients.get_mut(&s.clientid) {
+            c.last_renew = Instant::now();
+        }
+        Ok(s)
+    }
+
+    /// DESTROY_SESSION.
+    pub fn destroy_session(&self, id: &[u8; SESSIONID_SIZE]) -> Result<(), u32> {
+        let mut inner = self.lock();
+        let s = inner.sessions.remove(id).ok_or(status::BADSESSION)?;
+        if let Some(c) = inner.clients.get_mut(&s.clientid) {
+            c.sessions.retain(|x| x != id);
+        }
+        Ok(())
+    }
+
+    /// DESTROY_CLIENTID.
+    pub fn destroy_client(&self, clientid: u64) -> Result<(), u32> {
+        let mut inner = self.lock();
+        let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
+        if !c.sessions.is_empty() || inner.client_has_state(clientid) {
+            return Err(status::CLIENTID_BUSY);
+        }
+        inner.remove_client(clientid);
+        Ok(())
+    }
+
+    /// RECLAIM_COMPLETE.
+    pub fn reclaim_complete(&self, clientid: u64, one_fs: bool) -> Result<(), u32> {
+        let mut inner = self.lock();
+        let c = inner
+            .clients
+            .get_mut(&clientid)
+            .ok_or(status::STALE_CLIENTID)?;
+        if one_fs {
+            return Ok(());
+        }
+        if c.reclaim_complete {
+            return Err(status::COMPLETE_ALREADY);
+        }
+        c.reclaim_complete = true;
+        Ok(())
+    }
+
+    /// Frees the state of clients whose lease ran out; returns how many.
+    pub fn expire(&self) -> usize {
+        self.expire_at(Instant::now())
+    }
+
+    /// Frees the state of clients silent for 1.5 leases before `now`.
+    pub fn expire_at(&self, now: Instant) -> usize {
+        let mut inner = self.lock();
+        let limit = self.lease + self.lease / 2;
+        let dead: Vec<u64> = inner
+            .clients
+            .iter()
+            .filter(|(_, c)| now.saturating_duration_since(c.last_renew) > limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &dead {
+            inner.remove_client(*id);
+        }
+        dead.len()
+    }
+
+    /// Number of client records (for tests and metrics).
+    pub fn client_count(&self) -> usize {
+        self.lock().clients.len()
+    }
+
+    /// OPEN: adds or upgrades the open of `req.owner` on the file. `open_fd`
+    /// is called with the access wanted when a new descriptor is needed.
+    pub fn open(
+        &self,
+        req: OpenRequest,
+        open_fd: impl FnOnce(u32) -> Result<Arc<OwnedFd>, u32>,
+    ) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        // Share reservations of other owners.
+        let mut mine: Option<[u8; 12]> = None;
+        for (other, s) in &inner.states {
+            if let StateEntry::Open(o) = s {
+                if o.file != req.file {
+                    continue;
+                }
+                if o.clientid == req.clientid && o.owner == req.owner {
+                    mine = Some(*other);
+                    continue;
+                }
+                if o.deny & req.access != 0 || o.access & req.deny != 0 {
+                    return Err(status::SHARE_DENIED);
+                }
+            }
+        }
+        if let Some(other) = mine {
+            let Some(StateEntry::Open(o)) = inner.states.get_mut(&other) else {
+                return Err(status::SERVERFAULT);
+            };
+            let want = o.access | req.access;
+            if want != o.access {
+                o.fd = open_fd(want)?;
+            }
+            o.access = want;
+            o.deny |= req.deny;
+            o.seqid = o.seqid.wrapping_add(1);
+            return Ok(Stateid {
+                seqid: o.seqid,
+                other,
+            });
+        }
+        let fd = open_fd(req.access)?;
+        let other = self.new_other(&mut inner);
+        inner.states.insert(
+            other,
+            StateEntry::Open(OpenState {
+                clientid: req.clientid,
+                owner: req.owner,
+                file: req.file,
+                seqid: 1,
+                access: req.access,
+                deny: req.deny,
+                fd,
+            }),
+        );
+        Ok(Stateid { seqid: 1, other })
+    }
+
+    fn check_seqid(held: u32, given: u32) -> Result<(), u32> {
+        if given == 0 || given == held {
+            Ok(())
+        } else if given < held {
+            Err(status::OLD_STATEID)
+        } else {
+            Err(status::BAD_STATEID)
+        }
+    }
+
+    fn check_stale(&self, sid: &Stateid) -> Result<(), u32> {
+        if sid.other[..4] != self.boot.to_be_bytes() {
+            return Err(status::STALE_STATEID);
+        }
+        Ok(())
+    }
+
+    /// For READ/WRITE/SETATTR: the descriptor and access of an open or lock
+    /// stateid on `file`.
+    pub fn io_state(&self, sid: &Stateid, file: FileKey) -> Result<(Arc<OwnedFd>, u32), u32> {
+        let inner = self.lock();
+        let open_other = match inner.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => {
+                Self::check_seqid(o.seqid, sid.seqid)?;
+                sid.other
+            }
+            Some(StateEntry::Lock(l)) => {
+                Self::check_seqid(l.seqid, sid.seqid)?;
+                l.open
+            }
+            None => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        };
+        match inner.states.get(&open_other) {
+            Some(StateEntry::Open(o)) if o.file == file => Ok((o.fd.clone(), o.access)),
+            Some(StateEntry::Open(_)) => Err(status::BAD_STATEID),
+            _ => Err(status::BAD_STATEID),
+        }
+    }
+
+    /// OPEN_DOWNGRADE.
+    pub fn downgrade(&self, sid: &Stateid, access: u32, deny: u32) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        let Some(StateEntry::Open(o)) = inner.states.get_mut(&sid.other) else {
+            self.check_stale(sid)?;
+            return Err(status::BAD_STATEID);
+        };
+        Self::check_seqid(o.seqid, sid.seqid)?;
+        if access & !o.access != 0 || deny & !o.deny != 0 || access == 0 {
+            return Err(status::INVAL);
+        }
+        o.access = access;
+        o.deny = deny;
+        o.seqid = o.seqid.wrapping_add(1);
+        Ok(Stateid {
+            seqid: o.seqid,
+            other: sid.other,
+        })
+    }
+
+    /// CLOSE: drops the open and the lock states derived from it.
+    pub fn close(&self, sid: &Stateid) -> Result<(), u32> {
+        let mut inner = self.lock();
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => Self::check_seqid(o.seqid, sid.seqid)?,
+            _ => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        }
+        let locks: Vec<[u8; 12]> = inner
+            .states
+            .iter()
+            .filter_map(|(k, s)| match s {
+                StateEntry::Lock(l) if l.open == sid.other => Some(*k),
+                _ => None,
+            })
+            .collect();
+        for l in locks {
+            inner.remove_lock_state(&l);
+        }
+        inner.states.remove(&sid.other);
+        Ok(())
+    }
+
+    /// TEST_STATEID for one stateid.
+    pub fn test(&self, sid: &Stateid) -> u32 {
+        let inner = self.lock();
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => Self::check_seqid(o.seqid, sid.seqid)
+                .err()
+                .unwrap_or(status::OK),
+            Some(StateEntry::Lock(l)) => Self::check_seqid(l.seqid, sid.seqid)
+                .err()
+                .unwrap_or(status::OK),
+            None => status::BAD_STATEID,
+        }
+    }
+
+    /// FREE_STATEID.
+    pub fn free(&self, sid: &Stateid) -> Result<(), u32> {
+        let mut inner = self.lock();
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Lock(l)) => {
+                let held = inner
+                    .locks
+                    .get(&l.file)
+                    .is_some_and(|r| r.iter().any(|x| x.holder == sid.other));
+                if held {
+                    return Err(status::LOCKS_HELD);
+                }
+                inner.states.remove(&sid.other);
+                Ok(())
+            }
+            Some(StateEntry::Open(_)) => Err(status::LOCKS_HELD),
+            None => Err(status::BAD_STATEID),
+        }
+    }
+
+    fn find_conflict(
+        ranges: &[LockRange],
+        clientid: u64,
+        owner: &[u8],
+        start: u64,
+        end: u64,
+        write: bool,
+    ) -> Option<Denied> {
+        ranges
+            .iter()
+            .find(|r| {
+                !(r.clientid == clientid && r.owner == owner)
+                    && r.start < end
+                    && start < r.end
+                    && (write || r.write)
+            })
+            .map(|r| Denied {
+                offset: r.start,
+                length: range_length(r.start, r.end),
+                write: r.write,
+                clientid: r.clientid,
+                owner: r.owner.clone(),
+            })
+    }
+
+    /// LOCK with a new lock-owner: creates its lock state from an open.
+    pub fn lock_new_owner(
+        &self,
+        open: &Stateid,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+    ) -> Result<Result<Stateid, Denied>, u32> {
+        let mut inner = self.lock();
+        match inner.states.get(&open.other) {
+            Some(StateEntry::Open(o)) if o.file == file => Self::check_seqid(o.seqid, open.seqid)?,
+            Some(_) => return Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(open)?;
+                return Err(status::BAD_STATEID);
+            }
+        }
+        // Reuse the lock state this owner already has on the file.
+        let existing = inner.states.iter().find_map(|(k, s)| match s {
+            StateEntry::Lock(l) if l.file == file && l.clientid == clientid && l.owner == owner => {
+                Some(*k)
+            }
+            _ => None,
+        });
+        let other = match existing {
+            Some(o) => o,
+            None => {
+                let other = self.new_other(&mut inner);
+                inner.states.insert(
+                    other,
+                    StateEntry::Lock(LockState {
+                        clientid,
+                        owner: owner.to_vec(),
+                        open: open.other,
+                        file,
+                        seqid: 0,
+                    }),
+                );
+                other
+            }
+        };
+        Ok(Self::apply_lock(&mut inner, other, range, write))
+    }
+
+    /// LOCK by an existing lock-owner.
+    pub fn lock_existing(
+        &self,
+        sid: &Stateid,
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+    ) -> Result<Result<Stateid, Denied>, u32> {
+        let mut inner = self.lock();
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Lock(l)) if l.file == file => Self::check_seqid(l.seqid, sid.seqid)?,
+            Some(_) => return Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        }
+        Ok(Self::apply_lock(&mut inner, sid.other, range, write))
+    }
+
+    fn apply_lock(
+        inner: &mut Inner,
+        other: [u8; 12],
+        (start, end): (u64, u64),
+        write: bool,
+    ) -> Result<Stateid, Denied> {
+        let (clientid, owner, file) = match inner.states.get(&other) {
+            Some(StateEntry::Lock(l)) => (l.clientid, l.owner.clone(), l.file),
+            _ => unreachable!("caller checked the lock state"),
+        };
+        let ranges = inner.locks.entry(file).or_default();
+        if let Some(d) = Self::find_conflict(ranges, clientid, &owner, start, end, write) {
+            return Err(d);
+        }
+        Self::subtract(ranges, &other, start, end);
+        ranges.push(LockRange {
+            holder: other,
+            clientid,
+            owner,
+            start,
+            end,
+            write,
+        });
+        let Some(StateEntry::Lock(l)) = inner.states.get_mut(&other) else {
+            unreachable!("checked above");
+        };
+        l.seqid = l.seqid.wrapping_add(1);
+        Ok(Stateid {
+            seqid: l.seqid,
+            other,
+        })
+    }
+
+    /// Removes [start, end) from the ranges held by `holder`, splitting.
+    fn subtract(ranges: &mut Vec<LockRange>, holder: &[u8; 12], start: u64, end: u64) {
+        let mut out = Vec::with_capacity(ranges.len() + 1);
+        for r in ranges.drain(..) {
+            if &r.holder != holder || r.end <= start || end <= r.start {
+                out.push(r);
+                continue;
+            }
+            if r.start < start {
+                out.push(LockRange {
+                    end: start,
+                    ..r.clone()
+                });
+            }
+            if end < r.end {
+                out.push(LockRange { start: end, ..r });
+            }
+        }
+        *ranges = out;
+    }
+
+    /// LOCKT: the conflicting lock, if any.
+    pub fn test_lock(
+        &self,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        (start, end): (u64, u64),
+        write: bool,
+    ) -> Option<Denied> {
+        let inner = self.lock();
+        inner
+            .locks
+            .get(&file)
+            .and_then(|r| Self::find_conflict(r, clientid, owner, start, end, write))
+    }
+
+    /// LOCKU.
+    pub fn unlock(
+        &self,
+        sid: &Stateid,
+        file: FileKey,
+        (start, end): (u64, u64),
+    ) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Lock(l)) if l.file == file => Self::check_seqid(l.seqid, sid.seqid)?,
+            Some(_) => return Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        }
+        if let Some(r) = inner.locks.get_mut(&file) {
+            Self::subtract(r, &sid.other, start, end);
+        }
+        let Some(StateEntry::Lock(l)) = inner.states.get_mut(&sid.other) else {
+            return Err(status::BAD_STATEID);
+        };
+        l.seqid = l.seqid.wrapping_add(1);
+        Ok(Stateid {
+            seqid: l.seqid,
+            other: sid.other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> StateTable {
+        StateTable::new(Duration::from_secs(90), 7)
+    }
+
+    fn attrs(slots: u32) -> ChannelAttrs {
+        ChannelAttrs {
+            max_requests: slots,
+            max_ops: 8,
+            ..Default::default()
+        }
+    }
+
+    fn devnull() -> Result<Arc<OwnedFd>, u32> {
+        Ok(Arc::new(std::fs::File::open("/dev/null").unwrap().into()))
+    }
+
+    #[test]
+    fn exchange_and_create_session_with_replay() {
+        let t = table();
+        let r = t.exchange_id(b"client-a", [1; 8]);
+        assert!(!r.confirmed);
+        assert_eq!(
+            t.create_session(r.clientid, 2, attrs(4), attrs(1), |_| vec![9]),
+            Err(status::SEQ_MISORDERED)
+        );
+        let reply = t
+            .create_session(r.clientid, 1, attrs(4), attrs(1), |s| s.id.to_vec())
+            .unwrap();
+        // Replay of the same sequence returns the same bytes.
+        assert_eq!(
+            t.create_session(r.clientid, 1, attrs(4), attrs(1), |_| vec![0])
+                .unwrap(),
+            reply
+        );
+        let again = t.exchange_id(b"client-a", [1; 8]);
+        assert_eq!(again.clientid, r.clientid);
+        assert!(again.confirmed);
+        // Unknown client id.
+        assert_eq!(
+            t.create_session(12345, 1, attrs(4), attrs(1), |_| vec![]),
+            Err(status::STALE_CLIENTID)
+        );
+    }
+
+    #[test]
+    fn slots_detect_replays_and_misordering() {
+        let t = table();
+        let r = t.exchange_id(b"c", [1; 8]);
+        let reply = t
+            .create_session(r.clientid, 1, attrs(2), attrs(1), |s| s.id.to_vec())
+            .unwrap();
+        let id: [u8; 16] = reply.try_into().unwrap();
+        let s = t.session(&id).unwrap();
+        assert!(matches!(s.begin(0, 1), Ok(SlotDecision::Execute)));
+        assert_eq!(s.begin(0, 1).unwrap_err(), status::DELAY);
+        s.finish(0, Some(Arc::new(vec![42])));
+        match s.begin(0, 1) {
+            Ok(SlotDecision::Replay(r)) => assert_eq!(*r, vec![42]),
+            other => panic!("expected replay, got {other:?}"),
+        }
+        assert_eq!(s.begin(0, 3).unwrap_err(), status::SEQ_MISORDERED);
+        assert_eq!(s.begin(2, 1).unwrap_err(), status::BADSLOT);
+        assert!(matches!(s.begin(1, 1), Ok(SlotDecision::Execute)));
+        s.finish(1, None);
+        assert!(matches!(s.begin(1, 1), Ok(SlotDecision::Uncached)));
+        t.destroy_session(&id).unwrap();
+        assert_eq!(t.session(&id).unwrap_err(), status::BADSESSION);
+    }
+
+    #[test]
+    fn share_reservations_conflict() {
+        let t = table();
+        let req = |owner: &[u8], access, deny| OpenRequest {
+            clientid: 1,
+            owner: owner.to_vec(),
+            file: (1, 2),
+            access,
+            deny,
+        };
+        t.open(req(b"a", 1, 2), |_| devnull()).unwrap();
+        assert_eq!(
+            t.open(req(b"b", 2, 0), |_| devnull()).unwrap_err(),
+            status::SHARE_DENIED
+        );
+        t.open(req(b"b", 1, 0), |_| devnull()).unwrap();
+        // The same owner upgrades its open and bumps the seqid.
+        let s = t.open(req(b"a", 1, 0), |_| devnull()).unwrap();
+        assert_eq!(s.seqid, 2);
+    }
+
+    #[test]
+    fn locks_conflict_split_and_release() {
+        let t = table();
+        let file = (1, 1);
+        let oa = t
+            .open(
+                OpenRequest {
+                    clientid: 1,
+                    owner: b"oa".to_vec(),
+                    file,
+                    access: 3,
+                    deny: 0,
+                },
+                |_| devnull(),
+            )
+            .unwrap();
+        let ob = t
+            .open(
+                OpenRequest {
+                    clientid: 2,
+                    owner: b"ob".to_vec(),
+                    file,
+                    access: 3,
+                    deny: 0,
+                },
+                |_| devnull(),
+            )
+            .unwrap();
+        let la = t
+            .lock_new_owner(&oa, 1, b"la", file, lock_range(0, 100).unwrap(), true)
+            .unwrap()
+            .unwrap();
+        let denied = t
+            .lock_new_owner(&ob, 2, b"lb", file, lock_range(50, 10).unwrap(), false)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!((denied.offset, denied.length, denied.write), (0, 100, true));
+        assert_eq!(denied.owner, b"la");
+        // Unlock the middle; the split leaves [0,40) and [60,100).
+        let la = t.unlock(&la, file, lock_range(40, 20).unwrap()).unwrap();
+        let lb = t
+            .lock_new_owner(&ob, 2, b"lb", file, lock_range(45, 10).unwrap(), false)
+            .unwrap()
+            .unwrap();
+        assert!(t
+            .test_lock(2, b"lb", file, lock_range(0, 1).unwrap(), false)
+            .is_some());
+        assert!(t
+            .test_lock(1, b"la", file, lock_range(0, 1).unwrap(), true)
+            .is_none());
+        assert_eq!(t.free(&lb), Err(status::LOCKS_HELD));
+        t.unlock(&lb, file, lock_range(0, LENGTH_TO_EOF).unwrap())
+            .unwrap();
+        assert_eq!(t.free(&Stateid { seqid: 0, ..lb }), Ok(()));
+        // Closing the open drops the lock state and its locks.
+        t.close(&oa).unwrap();
+        assert!(t
+            .test_lock(2, b"x", file, lock_range(0, LENGTH_TO_EOF).unwrap(), true)
+            .is_none());
+        assert_eq!(t.test(&la), status::BAD_STATEID);
+    }
+
+    #[test]
+    fn ranges_are_checked() {
+        assert_eq!(lock_range(5, 0), Err(status::INVAL));
+        assert_eq!(lock_range(u64::MAX - 1, 5), Err(status::INVAL));
+        assert_eq!(lock_range(10, LENGTH_TO_EOF), Ok((10, u64::MAX)));
+    }
+
+    #[test]
+    fn stale_stateids_from_another_boot() {
+        let t = table();
+        let mut other = [0u8; 12];
+        other[..4].copy_from_slice(&99u32.to_be_bytes());
+        let s = Stateid { seqid: 1, other };
+        assert_eq!(t.io_state(&s, (0, 0)).unwrap_err(), status::STALE_STATEID);
+    }
+
+    #[test]
+    fn silent_clients_expire() {
+        let t = StateTable::new(Duration::from_secs(10), 1);
+        let r = t.exchange_id(b"gone", [0; 8]);
+        t.open(
+            OpenRequest {
+                clientid: r.clientid,
+                owner: b"o".to_vec(),
+                file: (1, 1),
+                access: 1,
+                deny: 0,
+            },
+            |_| devnull(),
+        )
+        .unwrap();
+        assert_eq!(t.client_count(), 1);
+        assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(14)), 0);
+        assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(16)), 1);
+        assert_eq!(t.client_count(), 0);
+    }
+}
