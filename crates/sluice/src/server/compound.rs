@@ -180,7 +180,7 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
     };
 
     if first != op::SEQUENCE {
-        if first > op::LAST_KNOWN || first < op::ACCESS {
+        if !(op::ACCESS..=op::LAST_KNOWN).contains(&first) {
             res.u32(op::ILLEGAL);
             res.u32(status::OP_ILLEGAL);
             return Some(finish(status::OP_ILLEGAL, tag, 1, res.as_slice()));
@@ -268,7 +268,7 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
                 break;
             };
             count += 1;
-            if opnum > op::LAST_KNOWN || opnum < op::ACCESS {
+            if !(op::ACCESS..=op::LAST_KNOWN).contains(&opnum) {
                 res.u32(op::ILLEGAL);
                 res.u32(status::OP_ILLEGAL);
                 last = status::OP_ILLEGAL;

@@ -137,3 +137,6 @@ pub fn errno_status(e: &io::Error) -> u32 {
         _ => status::IO,
     }
 }
+
+#[cfg(test)]
+mod tests;

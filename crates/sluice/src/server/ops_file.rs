@@ -52,6 +52,9 @@ fn open_for(fh: &Fh, access: u32) -> Result<Arc<OwnedFd>, u32> {
     io(r).map(Arc::new)
 }
 
+/// A file OPEN created or found: handle, descriptor if opened, attributes set.
+type Opened = (Fh, Option<Arc<OwnedFd>>, [u32; 3]);
+
 enum How {
     NoCreate,
     Unchecked(attrs::SetAttrs),
@@ -82,7 +85,7 @@ fn open_create(
     name: &CString,
     how: &How,
     access: u32,
-) -> Result<(Fh, Option<Arc<OwnedFd>>, [u32; 3]), u32> {
+) -> Result<Opened, u32> {
     let flags = if access == SHARE_ACCESS_READ {
         libc::O_RDONLY
     } else {

@@ -521,11 +521,14 @@ pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: 
             if style > 1 {
                 return Err(status::INVAL);
             }
-            let (dir, st) = cur_dir(cx)?;
-            if style == 1 && cx.srv.export.is_root(&st) {
-                return Err(status::NOENT);
+            if style == 1 {
+                let (_, st) = cur_dir(cx)?;
+                if cx.srv.export.is_root(&st) {
+                    return Err(status::NOENT);
+                }
+            } else {
+                cx.cur()?;
             }
-            let _ = dir;
         } else {
             let name = component(d)?;
             let (dir, _) = cur_dir(cx)?;

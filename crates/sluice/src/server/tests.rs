@@ -1,0 +1,275 @@
+//! COMPOUND-level tests against a real export in a temporary directory.
+
+use super::{Config, Server};
+use crate::engine::export::Export;
+use crate::engine::handle::HandleKey;
+use crate::nfs4::consts::{attr, op, status};
+use crate::rpc::Cred;
+use crate::xdr::{Decoder, Encoder};
+use proptest::prelude::*;
+use std::path::PathBuf;
+
+fn tempdir(tag: &str) -> PathBuf {
+    let mut r = [0u8; 8];
+    getrandom::getrandom(&mut r).expect("randomness");
+    let p = std::env::temp_dir().join(format!("sluice-test-{tag}-{}", u64::from_le_bytes(r)));
+    std::fs::create_dir_all(&p).expect("temp dir");
+    p
+}
+
+fn server(tag: &str) -> (Server, PathBuf) {
+    let dir = tempdir(tag);
+    let export =
+        Export::open(&dir, 0, HandleKey::new([3; 32])).expect("export (tests run as root)");
+    (Server::new(export, Config::default()).expect("server"), dir)
+}
+
+fn root() -> Cred {
+    Cred {
+        uid: 0,
+        gid: 0,
+        gids: vec![],
+        flavor: crate::rpc::AUTH_SYS,
+    }
+}
+
+fn compound(minor: u32, ops: &[(u32, Vec<u8>)]) -> Vec<u8> {
+    let mut e = Encoder::new();
+    e.opaque(b"t");
+    e.u32(minor);
+    e.u32(ops.len() as u32);
+    for (n, a) in ops {
+        e.u32(*n);
+        e.raw(a);
+    }
+    e.into_inner()
+}
+
+struct Reply {
+    status: u32,
+    results: Vec<(u32, u32)>,
+    body: Vec<u8>,
+}
+
+/// Parses status and the (op, status) of the first result, keeping the body.
+fn parse(body: Vec<u8>) -> Reply {
+    let mut d = Decoder::new(&body);
+    let status = d.u32().unwrap();
+    d.opaque(1024).unwrap();
+    let n = d.u32().unwrap();
+    let mut results = Vec::new();
+    if n > 0 {
+        results.push((d.u32().unwrap(), d.u32().unwrap()));
+    }
+    Reply {
+        status,
+        results,
+        body,
+    }
+}
+
+fn session(srv: &Server) -> [u8; 16] {
+    let mut a = Encoder::new();
+    a.opaque_fixed(&[1; 8]);
+    a.opaque(b"test-client");
+    a.u32(0);
+    a.u32(0);
+    a.u32(0);
+    let r = process_compound_ok(srv, &compound(1, &[(op::EXCHANGE_ID, a.into_inner())]));
+    let mut d = Decoder::new(&r.body);
+    d.u32().unwrap();
+    d.opaque(10).unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    let clientid = d.u64().unwrap();
+    let seq = d.u32().unwrap();
+    let mut a = Encoder::new();
+    a.u64(clientid);
+    a.u32(seq);
+    a.u32(0);
+    for _ in 0..2 {
+        for v in [0, 1 << 20, 1 << 20, 4096, 16, 8] {
+            a.u32(v);
+        }
+        a.u32(0);
+    }
+    a.u32(0x40000000);
+    a.u32(1);
+    a.u32(0);
+    let r = process_compound_ok(srv, &compound(1, &[(op::CREATE_SESSION, a.into_inner())]));
+    let mut d = Decoder::new(&r.body);
+    d.u32().unwrap();
+    d.opaque(10).unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    d.array::<16>().unwrap()
+}
+
+fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {
+    let r = parse(super::process_compound(srv, &root(), args).expect("framed"));
+    assert_eq!(r.status, status::OK, "compound failed: {:?}", r.results);
+    r
+}
+
+fn sequence(sid: &[u8; 16], seq: u32, slot: u32, cache: bool) -> (u32, Vec<u8>) {
+    let mut a = Encoder::new();
+    a.opaque_fixed(sid);
+    a.u32(seq);
+    a.u32(slot);
+    a.u32(slot);
+    a.bool(cache);
+    (op::SEQUENCE, a.into_inner())
+}
+
+#[test]
+fn session_ops_and_replay_cache() {
+    let (srv, _dir) = server("session");
+    let sid = session(&srv);
+    let mut getattr = Encoder::new();
+    getattr.bitmap(&[(1 << attr::TYPE) | (1 << attr::SIZE)]);
+    let ops = [
+        sequence(&sid, 1, 0, true),
+        (op::PUTROOTFH, vec![]),
+        (op::GETATTR, getattr.into_inner()),
+    ];
+    let first = process_compound_ok(&srv, &compound(1, &ops));
+    let again = process_compound_ok(&srv, &compound(1, &ops));
+    assert_eq!(
+        first.body, again.body,
+        "a retransmission gets the cached reply"
+    );
+    let skip = parse(
+        super::process_compound(&srv, &root(), &compound(1, &[sequence(&sid, 3, 0, false)]))
+            .unwrap(),
+    );
+    assert_eq!(skip.status, status::SEQ_MISORDERED);
+    let bad = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(1, &[sequence(&[9; 16], 1, 0, false)]),
+        )
+        .unwrap(),
+    );
+    assert_eq!(bad.status, status::BADSESSION);
+}
+
+#[test]
+fn sessionless_and_unknown_ops() {
+    let (srv, _dir) = server("ops");
+    let r = parse(
+        super::process_compound(&srv, &root(), &compound(0, &[(op::PUTROOTFH, vec![])])).unwrap(),
+    );
+    assert_eq!(
+        (r.status, r.results.len()),
+        (status::MINOR_VERS_MISMATCH, 0)
+    );
+    let r = parse(
+        super::process_compound(&srv, &root(), &compound(1, &[(op::PUTROOTFH, vec![])])).unwrap(),
+    );
+    assert_eq!(r.status, status::OP_NOT_IN_SESSION);
+    let sid = session(&srv);
+    let r = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(2, &[sequence(&sid, 1, 0, false), (op::COPY, vec![])]),
+        )
+        .unwrap(),
+    );
+    assert_eq!(r.status, status::NOTSUPP);
+    let r = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(2, &[sequence(&sid, 2, 0, false), (9999, vec![])]),
+        )
+        .unwrap(),
+    );
+    assert_eq!(r.status, status::OP_ILLEGAL);
+    // A LOOKUP whose name length runs past the end of the request.
+    let r = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(
+                1,
+                &[
+                    sequence(&sid, 3, 0, false),
+                    (op::PUTROOTFH, vec![]),
+                    (op::LOOKUP, vec![0, 0, 1, 0, b'a']),
+                ],
+            ),
+        )
+        .unwrap(),
+    );
+    assert_eq!(r.status, status::BADXDR);
+}
+
+#[test]
+fn lookup_refuses_dot_dot_and_stops_at_root() {
+    let (srv, _dir) = server("escape");
+    let sid = session(&srv);
+    let mut name = Encoder::new();
+    name.opaque(b"..");
+    let r = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(
+                1,
+                &[
+                    sequence(&sid, 1, 0, false),
+                    (op::PUTROOTFH, vec![]),
+                    (op::LOOKUP, name.into_inner()),
+                ],
+            ),
+        )
+        .unwrap(),
+    );
+    assert_eq!(r.status, status::BADNAME);
+    let r = parse(
+        super::process_compound(
+            &srv,
+            &root(),
+            &compound(
+                1,
+                &[
+                    sequence(&sid, 2, 0, false),
+                    (op::PUTROOTFH, vec![]),
+                    (op::LOOKUPP, vec![]),
+                ],
+            ),
+        )
+        .unwrap(),
+    );
+    assert_eq!(r.status, status::NOENT);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn arbitrary_records_never_panic(buf in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let (srv, _dir) = SHARED.with(|s| (s.0.clone(), ()));
+        let _ = srv.handle_record(&buf);
+    }
+
+    #[test]
+    fn truncated_compounds_get_errors_not_panics(cut in 0usize..200) {
+        let (srv, _dir) = SHARED.with(|s| (s.0.clone(), ()));
+        let mut name = Encoder::new();
+        name.opaque(b"nothing-here");
+        let args = compound(1, &[(op::PUTROOTFH, vec![]), (op::LOOKUP, name.into_inner()), (op::GETFH, vec![])]);
+        let cut = cut.min(args.len());
+        let _ = super::process_compound(&srv, &root(), &args[..cut]);
+    }
+}
+
+thread_local! {
+    static SHARED: (std::sync::Arc<Server>, PathBuf) = {
+        let (s, d) = server("prop");
+        (std::sync::Arc::new(s), d)
+    };
+}
