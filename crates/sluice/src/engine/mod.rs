@@ -3,5 +3,7 @@
 
 pub mod cred;
 pub mod export;
+pub mod extents;
 pub mod fs;
 pub mod handle;
+pub mod locks;

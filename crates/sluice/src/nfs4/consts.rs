@@ -83,6 +83,7 @@ pub mod status {
     pub const NOT_ONLY_OP: u32 = 10081;
     pub const WRONG_CRED: u32 = 10082;
     pub const WRONG_TYPE: u32 = 10083;
+    pub const UNION_NOTSUPP: u32 = 10090;
 }
 
 /// nfs_opnum4 values.

@@ -2,7 +2,7 @@
 //! SEQUENCE and the reply cache, and the per-request context.
 
 use super::state::{SlotDecision, Stateid};
-use super::{ops_file, ops_fs, ops_session, Server};
+use super::{ops_file, ops_fs, ops_session, ops_sparse, Server};
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
 use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
@@ -121,6 +121,10 @@ fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) ->
         op::TEST_STATEID => ops_file::test_stateid(cx, d, e),
         op::DESTROY_CLIENTID => ops_session::destroy_clientid(cx, d, e),
         op::RECLAIM_COMPLETE => ops_session::reclaim_complete(cx, d, e),
+        op::READ_PLUS => ops_sparse::read_plus(cx, d, e),
+        op::SEEK => ops_sparse::seek(cx, d, e),
+        op::ALLOCATE => ops_sparse::allocate(cx, d, e, false),
+        op::DEALLOCATE => ops_sparse::allocate(cx, d, e, true),
         op::SEQUENCE => status::SEQUENCE_POS,
         // NFSv4.0-only ops are not for sessions (RFC 8881 section 18).
         op::OPEN_CONFIRM

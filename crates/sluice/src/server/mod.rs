@@ -6,6 +6,7 @@ mod compound;
 mod ops_file;
 mod ops_fs;
 mod ops_session;
+mod ops_sparse;
 pub mod state;
 
 use crate::engine::export::Export;
@@ -45,6 +46,10 @@ pub struct Server {
     pub owner: Vec<u8>,
     /// Settings.
     pub config: Config,
+    /// Per-file locks held around backing I/O.
+    pub locks: crate::engine::locks::FileLocks,
+    /// Cached data/hole maps.
+    pub extents: crate::engine::extents::ExtentCache,
 }
 
 impl Server {
@@ -64,6 +69,8 @@ impl Server {
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             config,
+            locks: Default::default(),
+            extents: Default::default(),
         })
     }
 

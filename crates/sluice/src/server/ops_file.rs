@@ -19,12 +19,13 @@ const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
 const SHARE_ACCESS_READ: u32 = 1;
 const SHARE_ACCESS_WRITE: u32 = 2;
 
-fn file_key(st: &Stat) -> FileKey {
+/// The (device, inode) key of a file.
+pub fn file_key(st: &Stat) -> FileKey {
     (st.dev, st.ino)
 }
 
 /// The current filehandle, which must be a regular file.
-fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+pub fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_file() {
@@ -296,7 +297,13 @@ pub fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
 }
 
 /// The descriptor to do I/O through for `sid` on the current file.
-fn io_fd(cx: &Ctx<'_>, fh: &Fh, st: &Stat, sid: Stateid, write: bool) -> Result<Arc<OwnedFd>, u32> {
+pub fn io_fd(
+    cx: &Ctx<'_>,
+    fh: &Fh,
+    st: &Stat,
+    sid: Stateid,
+    write: bool,
+) -> Result<Arc<OwnedFd>, u32> {
     let sid = cx.stateid(sid)?;
     if sid.is_special_io() {
         // Anonymous I/O: the caller's permissions decide.
@@ -323,6 +330,7 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let mut buf = vec![0u8; count];
+        let _shared = cx.srv.locks.read(file_key(&st));
         let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
             Ok(n) => n,
             // A write-only descriptor: read through a fresh one.
@@ -358,7 +366,12 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         }
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
-        let n = io(fs::write_at(fd.as_fd(), data, offset))?;
+        let n = {
+            let _exclusive = cx.srv.locks.write(file_key(&st));
+            let n = io(fs::write_at(fd.as_fd(), data, offset))?;
+            cx.srv.extents.invalidate(file_key(&st));
+            n
+        };
         match stable {
             1 => io(fs::sync(fd.as_fd(), false))?,
             2 => io(fs::sync(fd.as_fd(), true))?,

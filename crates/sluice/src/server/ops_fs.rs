@@ -261,7 +261,12 @@ pub fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
                 }
             }
         }
-        apply_attrs(&fh, &st, &a)?;
+        {
+            let key = (st.dev, st.ino);
+            let _exclusive = a.size.map(|_| cx.srv.locks.write(key));
+            apply_attrs(&fh, &st, &a)?;
+            cx.srv.extents.invalidate(key);
+        }
         set = a.mask;
         Ok(())
     });

@@ -1,0 +1,160 @@
+//! NFSv4.2 sparse file ops (RFC 7862): READ_PLUS, SEEK, ALLOCATE and
+//! DEALLOCATE.
+
+use super::attrs::MAX_IO;
+use super::compound::{Ctx, OpStatus};
+use super::ops_file::{cur_file, file_key, io_fd};
+use super::ops_fs::{io, run, stateid, x};
+use crate::engine::extents::{self, Segment};
+use crate::engine::fs;
+use crate::nfs4::consts::status;
+use crate::xdr::{Decoder, Encoder};
+use std::io as stdio;
+use std::os::fd::{AsFd, AsRawFd};
+
+/// Holes shorter than this are sent as data: a hole segment saves wire
+/// bytes only when it replaces enough zeros, and fewer segments keep the
+/// client's reply budget for data.
+pub const MIN_HOLE: u64 = 32 * 1024;
+
+const CONTENT_DATA: u32 = 0;
+const CONTENT_HOLE: u32 = 1;
+/// Encoded size of a data segment header (type, offset, length).
+const DATA_HEADER: usize = 4 + 8 + 4;
+/// Encoded size of a hole segment (type, offset, length).
+const HOLE_SIZE: usize = 4 + 8 + 8;
+
+/// READ_PLUS: data and hole segments in ascending, contiguous order. The
+/// encoded segments never take more than `count` bytes plus one segment
+/// header, which is what the Linux client budgets for.
+pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        let offset = x(d.u64())?;
+        let count = x(d.u32())?.min(MAX_IO) as u64;
+        let (fh, st) = cur_file(cx)?;
+        let fd = io_fd(cx, &fh, &st, sid, false)?;
+        let key = file_key(&st);
+        let _shared = cx.srv.locks.read(key);
+        // Size and layout are read under the lock, with the data.
+        let st = io(fs::stat(fd.as_fd()))?;
+        let end = offset.saturating_add(count).min(st.size);
+        if offset >= end {
+            e.bool(offset >= st.size);
+            e.u32(0);
+            return Ok(());
+        }
+        // One read of the whole range keeps the kernel's readahead going.
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
+            Ok(n) => n,
+            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
+                let rfd =
+                    crate::engine::cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY));
+                io(fs::read_at(io(rfd)?.as_fd(), &mut buf, offset))?
+            }
+            Err(err) => return io(Err(err)),
+        };
+        let end = offset + n as u64;
+        let data = io(cx.srv.extents.data_extents(fd.as_fd(), &st, offset, end))?;
+        let segs = extents::segments(&data, offset, end, MIN_HOLE);
+        let mut budget = count as usize + DATA_HEADER;
+        let mut body = Encoder::with_capacity(n + 64);
+        let mut nsegs = 0u32;
+        let mut covered = offset;
+        for s in segs {
+            match s {
+                Segment::Data(o, l) => {
+                    if budget < DATA_HEADER + 4 {
+                        break;
+                    }
+                    let room = ((budget - DATA_HEADER) & !3) as u64;
+                    let l = l.min(room);
+                    let from = (o - offset) as usize;
+                    body.u32(CONTENT_DATA);
+                    body.u64(o);
+                    body.opaque(&buf[from..from + l as usize]);
+                    budget -= DATA_HEADER + (l as usize).div_ceil(4) * 4;
+                    covered = o + l;
+                    nsegs += 1;
+                    if o + l < s.offset() + s.len() {
+                        break;
+                    }
+                }
+                Segment::Hole(o, l) => {
+                    if budget < HOLE_SIZE {
+                        break;
+                    }
+                    body.u32(CONTENT_HOLE);
+                    body.u64(o);
+                    body.u64(l);
+                    budget -= HOLE_SIZE;
+                    covered = o + l;
+                    nsegs += 1;
+                }
+            }
+        }
+        e.bool(covered >= st.size);
+        e.u32(nsegs);
+        e.raw(body.as_slice());
+        Ok(())
+    })
+}
+
+/// SEEK: the next data or hole at or after an offset.
+pub fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        let offset = x(d.u64())?;
+        let what = x(d.u32())?;
+        if what > CONTENT_HOLE {
+            return Err(status::UNION_NOTSUPP);
+        }
+        let (fh, st) = cur_file(cx)?;
+        let fd = io_fd(cx, &fh, &st, sid, false)?;
+        let _shared = cx.srv.locks.read(file_key(&st));
+        let st = io(fs::stat(fd.as_fd()))?;
+        if offset >= st.size {
+            return Err(status::NXIO);
+        }
+        let found = io(extents::seek(fd.as_fd(), offset, what == CONTENT_DATA))?;
+        let Some(pos) = found else {
+            return Err(status::NXIO);
+        };
+        e.bool(pos >= st.size);
+        e.u64(pos);
+        Ok(())
+    })
+}
+
+/// ALLOCATE (`punch` false) and DEALLOCATE (`punch` true).
+pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: bool) -> OpStatus {
+    run(|| {
+        let sid = stateid(d)?;
+        let offset = x(d.u64())?;
+        let length = x(d.u64())?;
+        if length == 0 {
+            return Err(status::INVAL);
+        }
+        let end = offset.checked_add(length).ok_or(status::INVAL)?;
+        if end > i64::MAX as u64 {
+            return Err(if punch { status::INVAL } else { status::FBIG });
+        }
+        let (fh, st) = cur_file(cx)?;
+        let fd = io_fd(cx, &fh, &st, sid, true)?;
+        let key = file_key(&st);
+        let _exclusive = cx.srv.locks.write(key);
+        let mode = if punch {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            0
+        };
+        // SAFETY: valid descriptor; fallocate has no memory arguments.
+        let r = unsafe { libc::fallocate64(fd.as_raw_fd(), mode, offset as i64, length as i64) };
+        cx.srv.extents.invalidate(key);
+        if r != 0 {
+            return io(Err(stdio::Error::last_os_error()));
+        }
+        Ok(())
+    })
+}
