@@ -1,0 +1,101 @@
+"""Shared fixtures for interop tests: build and run the real `sluice` binary."""
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BINARY = REPO / "target" / "release" / "sluice"
+
+
+def build_binary() -> Path:
+    """Build the release binary once per session (cargo is a no-op when fresh)."""
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "-p", "sluice"],
+        cwd=REPO,
+        check=True,
+    )
+    return BINARY
+
+
+class SluiceServer:
+    """One `sluice serve` process on 127.0.0.1, restartable on the same port."""
+
+    def __init__(self, binary: Path, export: Path, state: Path, extra_args=()):
+        self.binary = binary
+        self.export = export
+        self.state = state
+        self.extra_args = list(extra_args)
+        self.port = 0
+        self.proc = None
+        self.log_path = state / "server.log"
+
+    def start(self):
+        listen = f"127.0.0.1:{self.port}"
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [
+                str(self.binary),
+                "serve",
+                str(self.export),
+                "--listen",
+                listen,
+                "--state-dir",
+                str(self.state),
+                *self.extra_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+        )
+        log.close()
+        # The server prints exactly one line "listening on ADDR:PORT" once the
+        # socket is bound; reading it is the readiness signal.
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            raise RuntimeError(
+                f"sluice did not start (got {line!r}); log:\n{self.log_path.read_text()}"
+            )
+        self.port = int(line.strip().rsplit(":", 1)[1])
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self, sig=signal.SIGKILL):
+        """Stop (by default abruptly, like a crash) and start on the same port."""
+        self.stop(sig)
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture(scope="session")
+def sluice_binary() -> Path:
+    return build_binary()
+
+
+@pytest.fixture
+def sluice_server(sluice_binary, tmp_path):
+    export = tmp_path / "export"
+    state = tmp_path / "state"
+    export.mkdir()
+    state.mkdir()
+    server = SluiceServer(sluice_binary, export, state)
+    server.start()
+    yield server
+    assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text()}"
+    server.stop()
