@@ -32,6 +32,10 @@ enum Cmd {
         /// Lease time in seconds given to clients.
         #[arg(long, default_value_t = 90)]
         lease_time: u64,
+        /// Test only: serve without byte-range locks around I/O, so reads
+        /// can see half-done writes (used to show the torn-read detector works).
+        #[arg(long, hide = true)]
+        unsafe_no_range_locks: bool,
     },
 }
 
@@ -70,12 +74,22 @@ fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
     Ok(HandleKey::new(k))
 }
 
-async fn serve(dir: PathBuf, listen: String, state_dir: PathBuf, lease: u64) -> Result<(), String> {
+async fn serve(
+    dir: PathBuf,
+    listen: String,
+    state_dir: PathBuf,
+    lease: u64,
+    range_locks: bool,
+) -> Result<(), String> {
     let key = load_key(&state_dir)?;
     let export =
         Export::open(&dir, 0, key).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    if !range_locks {
+        tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
+    }
     let config = Config {
         lease: Duration::from_secs(lease.max(1)),
+        range_locks,
     };
     let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -135,11 +149,20 @@ fn main() {
             listen,
             state_dir,
             lease_time,
+            unsafe_no_range_locks,
         } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the runtime: {e}"))
-            .and_then(|rt| rt.block_on(serve(dir, listen, state_dir, lease_time))),
+            .and_then(|rt| {
+                rt.block_on(serve(
+                    dir,
+                    listen,
+                    state_dir,
+                    lease_time,
+                    !unsafe_no_range_locks,
+                ))
+            }),
     };
     if let Err(e) = result {
         eprintln!("sluice: {e}");

@@ -6,4 +6,4 @@ pub mod export;
 pub mod extents;
 pub mod fs;
 pub mod handle;
-pub mod locks;
+pub mod rangelock;

@@ -23,12 +23,16 @@ pub use compound::process_compound;
 pub struct Config {
     /// Lease period handed to clients.
     pub lease: Duration,
+    /// Byte-range locks around backing I/O; switched off only by tests
+    /// that show what torn reads look like.
+    pub range_locks: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             lease: Duration::from_secs(90),
+            range_locks: true,
         }
     }
 }
@@ -46,8 +50,8 @@ pub struct Server {
     pub owner: Vec<u8>,
     /// Settings.
     pub config: Config,
-    /// Per-file locks held around backing I/O.
-    pub locks: crate::engine::locks::FileLocks,
+    /// Byte-range locks held around backing I/O.
+    pub locks: crate::engine::rangelock::RangeLocks,
     /// Cached data/hole maps.
     pub extents: crate::engine::extents::ExtentCache,
 }
@@ -68,8 +72,8 @@ impl Server {
             state: StateTable::new(config.lease, boot_id),
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
+            locks: crate::engine::rangelock::RangeLocks::new(config.range_locks),
             config,
-            locks: Default::default(),
             extents: Default::default(),
         })
     }

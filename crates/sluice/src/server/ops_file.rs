@@ -330,7 +330,10 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let mut buf = vec![0u8; count];
-        let _shared = cx.srv.locks.read(file_key(&st));
+        let _shared = cx
+            .srv
+            .locks
+            .read(file_key(&st), offset, offset.saturating_add(count as u64));
         let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
             Ok(n) => n,
             // A write-only descriptor: read through a fresh one.
@@ -367,7 +370,10 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
         let n = {
-            let _exclusive = cx.srv.locks.write(file_key(&st));
+            let _exclusive = cx
+                .srv
+                .locks
+                .write(file_key(&st), offset, offset + data.len() as u64);
             let n = io(fs::write_at(fd.as_fd(), data, offset))?;
             cx.srv.extents.invalidate(file_key(&st));
             n

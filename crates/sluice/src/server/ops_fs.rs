@@ -263,7 +263,9 @@ pub fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
         }
         {
             let key = (st.dev, st.ino);
-            let _exclusive = a.size.map(|_| cx.srv.locks.write(key));
+            let _exclusive = a
+                .size
+                .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
             apply_attrs(&fh, &st, &a)?;
             cx.srv.extents.invalidate(key);
         }

@@ -35,7 +35,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);
-        let _shared = cx.srv.locks.read(key);
+        let _shared = cx.srv.locks.read(key, offset, offset.saturating_add(count));
         // Size and layout are read under the lock, with the data.
         let st = io(fs::stat(fd.as_fd()))?;
         let end = offset.saturating_add(count).min(st.size);
@@ -112,7 +112,7 @@ pub fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         }
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let _shared = cx.srv.locks.read(file_key(&st));
+        let _shared = cx.srv.locks.read(file_key(&st), offset, u64::MAX);
         let st = io(fs::stat(fd.as_fd()))?;
         if offset >= st.size {
             return Err(status::NXIO);
@@ -143,7 +143,7 @@ pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: 
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
         let key = file_key(&st);
-        let _exclusive = cx.srv.locks.write(key);
+        let _exclusive = cx.srv.locks.write(key, offset, end);
         let mode = if punch {
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
         } else {
