@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod engine;
 pub mod net;
 pub mod nfs4;

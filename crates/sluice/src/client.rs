@@ -1,0 +1,510 @@
+//! A small NFSv4.1/4.2 client on the project's own XDR and protocol code,
+//! for the load generator and tests: one TCP connection, one session,
+//! many requests in flight over the session's slots.
+
+use crate::nfs4::consts::{op, status};
+use crate::rpc;
+use crate::xdr::{Decoder, Encoder};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Semaphore};
+
+type Pending = Arc<Mutex<HashMap<u32, oneshot::Sender<Vec<u8>>>>>;
+
+/// An error from the server or the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The connection failed.
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+    /// An op failed with this NFS status.
+    #[error("op {op} failed with NFS status {status}")]
+    Status {
+        /// The op number.
+        op: u32,
+        /// The nfsstat4.
+        status: u32,
+    },
+    /// The reply could not be parsed.
+    #[error("malformed reply")]
+    Malformed,
+}
+
+/// Result type of client calls.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+fn bad<T>(_: T) -> ClientError {
+    ClientError::Malformed
+}
+
+struct Conn {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Pending,
+    xid: AtomicU32,
+}
+
+impl Conn {
+    async fn connect(addr: &str) -> Result<Arc<Conn>> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (mut rd, wr) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let p2 = pending.clone();
+        tokio::spawn(async move {
+            let mut rec = Vec::new();
+            loop {
+                let mut mark = [0u8; 4];
+                if rd.read_exact(&mut mark).await.is_err() {
+                    break;
+                }
+                let h = rpc::FragmentHeader::parse(mark);
+                let at = rec.len();
+                rec.resize(at + h.len, 0);
+                if rd.read_exact(&mut rec[at..]).await.is_err() {
+                    break;
+                }
+                if !h.last {
+                    continue;
+                }
+                let r = std::mem::take(&mut rec);
+                if r.len() < 4 {
+                    continue;
+                }
+                let xid = u32::from_be_bytes([r[0], r[1], r[2], r[3]]);
+                let tx = p2.lock().ok().and_then(|mut p| p.remove(&xid));
+                if let Some(tx) = tx {
+                    let _ = tx.send(r);
+                }
+            }
+            // Connection gone: fail everything still waiting.
+            if let Ok(mut p) = p2.lock() {
+                p.clear();
+            }
+        });
+        Ok(Arc::new(Conn {
+            writer: tokio::sync::Mutex::new(wr),
+            pending,
+            xid: AtomicU32::new(1),
+        }))
+    }
+
+    /// Sends an NFSv4 COMPOUND (procedure 1) and returns the reply body
+    /// after the RPC header.
+    async fn call(&self, args: &[u8]) -> Result<Vec<u8>> {
+        let xid = self.xid.fetch_add(1, Ordering::Relaxed);
+        let mut e = Encoder::with_capacity(args.len() + 64);
+        e.u32(xid);
+        e.u32(rpc::MSG_CALL);
+        e.u32(2);
+        e.u32(rpc::NFS_PROGRAM);
+        e.u32(4);
+        e.u32(1);
+        // AUTH_SYS as root.
+        let mut cred = Encoder::new();
+        cred.u32(0);
+        cred.string("sluice-load");
+        cred.u32(0);
+        cred.u32(0);
+        cred.u32(0);
+        e.u32(rpc::AUTH_SYS);
+        e.opaque(cred.as_slice());
+        e.u32(rpc::AUTH_NONE);
+        e.u32(0);
+        e.raw(args);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().map_err(bad)?.insert(xid, tx);
+        {
+            let mut w = self.writer.lock().await;
+            let body = e.into_inner();
+            w.write_all(&rpc::record_mark(body.len())).await?;
+            w.write_all(&body).await?;
+        }
+        let reply = rx
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "connection closed"))?;
+        let mut d = Decoder::new(&reply);
+        d.u32().map_err(bad)?;
+        if d.u32().map_err(bad)? != rpc::MSG_REPLY || d.u32().map_err(bad)? != 0 {
+            return Err(ClientError::Malformed);
+        }
+        d.u32().map_err(bad)?;
+        d.opaque(400).map_err(bad)?;
+        if d.u32().map_err(bad)? != 0 {
+            return Err(ClientError::Malformed);
+        }
+        let at = d.position();
+        Ok(reply[at..].to_vec())
+    }
+}
+
+/// Results of a COMPOUND: a decoder positioned after the per-op header of
+/// each successful op is handed to the caller's parser.
+pub struct Reply {
+    body: Vec<u8>,
+}
+
+impl Reply {
+    /// Walks the results: calls `f(opnum, decoder)` for each op in order.
+    /// `f` must consume the op's result body.
+    pub fn walk(&self, mut f: impl FnMut(u32, &mut Decoder<'_>) -> Result<()>) -> Result<()> {
+        let mut d = Decoder::new(&self.body);
+        let _status = d.u32().map_err(bad)?;
+        d.opaque(1024).map_err(bad)?;
+        let n = d.u32().map_err(bad)?;
+        for _ in 0..n {
+            let opnum = d.u32().map_err(bad)?;
+            let st = d.u32().map_err(bad)?;
+            if st != status::OK {
+                return Err(ClientError::Status {
+                    op: opnum,
+                    status: st,
+                });
+            }
+            f(opnum, &mut d)?;
+        }
+        Ok(())
+    }
+}
+
+struct Slots {
+    seq: Mutex<Vec<(bool, u32)>>,
+    free: Semaphore,
+}
+
+/// An NFSv4.1 session over one connection.
+pub struct Client {
+    conn: Arc<Conn>,
+    session: [u8; 16],
+    slots: Slots,
+    minor: u32,
+    /// Client id from EXCHANGE_ID.
+    pub clientid: u64,
+}
+
+/// A stateid as sent on the wire.
+pub type Sid = (u32, [u8; 12]);
+
+/// An open file.
+#[derive(Debug, Clone)]
+pub struct OpenFile {
+    /// Its handle.
+    pub fh: Vec<u8>,
+    /// Open stateid.
+    pub sid: Sid,
+    /// Size when opened.
+    pub size: u64,
+}
+
+fn channel(e: &mut Encoder, slots: u32) {
+    for v in [0, 2 << 20, 2 << 20, 64 * 1024, 32, slots] {
+        e.u32(v);
+    }
+    e.u32(0);
+}
+
+impl Client {
+    /// Connects, creates a client record and a session with `slots` slots.
+    pub async fn connect(addr: &str, minor: u32, slots: u32) -> Result<Client> {
+        let conn = Conn::connect(addr).await?;
+        let mut owner = [0u8; 16];
+        getrandom::getrandom(&mut owner).map_err(bad)?;
+        let mut a = Encoder::new();
+        a.opaque(b"");
+        a.u32(minor);
+        a.u32(1);
+        a.u32(op::EXCHANGE_ID);
+        a.opaque_fixed(&owner[..8]);
+        a.opaque(&owner);
+        a.u32(0);
+        a.u32(0);
+        a.u32(0);
+        let r = Reply {
+            body: conn.call(a.as_slice()).await?,
+        };
+        let (mut clientid, mut seq) = (0, 0);
+        r.walk(|_, d| {
+            clientid = d.u64().map_err(bad)?;
+            seq = d.u32().map_err(bad)?;
+            Ok(())
+        })?;
+        let mut a = Encoder::new();
+        a.opaque(b"");
+        a.u32(minor);
+        a.u32(1);
+        a.u32(op::CREATE_SESSION);
+        a.u64(clientid);
+        a.u32(seq);
+        a.u32(0);
+        channel(&mut a, slots);
+        channel(&mut a, 1);
+        a.u32(0x4000_0000);
+        a.u32(1);
+        a.u32(0);
+        let r = Reply {
+            body: conn.call(a.as_slice()).await?,
+        };
+        let mut session = [0u8; 16];
+        let mut granted = slots;
+        r.walk(|_, d| {
+            session = d.array().map_err(bad)?;
+            d.u32().map_err(bad)?;
+            d.u32().map_err(bad)?;
+            for _ in 0..5 {
+                d.u32().map_err(bad)?;
+            }
+            granted = d.u32().map_err(bad)?;
+            d.bitmap(1).map_err(bad)?;
+            for _ in 0..6 {
+                d.u32().map_err(bad)?;
+            }
+            d.bitmap(1).map_err(bad)?;
+            Ok(())
+        })?;
+        let granted = granted.clamp(1, slots.max(1));
+        let c = Client {
+            conn,
+            session,
+            slots: Slots {
+                seq: Mutex::new(vec![(false, 0); granted as usize]),
+                free: Semaphore::new(granted as usize),
+            },
+            minor,
+            clientid,
+        };
+        // RECLAIM_COMPLETE so that opens are allowed.
+        c.compound(1, |e| {
+            e.u32(op::RECLAIM_COMPLETE);
+            e.bool(false);
+        })
+        .await?;
+        Ok(c)
+    }
+
+    /// Runs SEQUENCE plus the `nops` ops written by `ops` and returns the
+    /// reply positioned after SEQUENCE's result.
+    pub async fn compound(&self, nops: u32, ops: impl FnOnce(&mut Encoder)) -> Result<Reply> {
+        let _permit = self.slots.free.acquire().await.map_err(bad)?;
+        let (slot, seqid) = {
+            let mut s = self.slots.seq.lock().map_err(bad)?;
+            let i = s
+                .iter()
+                .position(|(busy, _)| !busy)
+                .ok_or(ClientError::Malformed)?;
+            s[i].0 = true;
+            s[i].1 = s[i].1.wrapping_add(1);
+            (i as u32, s[i].1)
+        };
+        let mut e = Encoder::with_capacity(256);
+        e.opaque(b"");
+        e.u32(self.minor);
+        e.u32(nops + 1);
+        e.u32(op::SEQUENCE);
+        e.opaque_fixed(&self.session);
+        e.u32(seqid);
+        e.u32(slot);
+        e.u32(slot);
+        e.bool(false);
+        ops(&mut e);
+        let r = self.conn.call(e.as_slice()).await;
+        if let Ok(mut s) = self.slots.seq.lock() {
+            s[slot as usize].0 = false;
+        }
+        let body = r?;
+        // Strip the SEQUENCE result so callers see only their ops.
+        let mut d = Decoder::new(&body);
+        let status_ = d.u32().map_err(bad)?;
+        d.opaque(1024).map_err(bad)?;
+        let n = d.u32().map_err(bad)?;
+        let sop = d.u32().map_err(bad)?;
+        let sst = d.u32().map_err(bad)?;
+        if sst != status::OK {
+            return Err(ClientError::Status {
+                op: sop,
+                status: sst,
+            });
+        }
+        d.opaque_fixed(16).map_err(bad)?;
+        for _ in 0..5 {
+            d.u32().map_err(bad)?;
+        }
+        let mut rest = Encoder::with_capacity(body.len());
+        rest.u32(status_);
+        rest.opaque(b"");
+        rest.u32(n - 1);
+        rest.raw(&body[d.position()..]);
+        Ok(Reply {
+            body: rest.into_inner(),
+        })
+    }
+
+    /// Opens `path` (slash-separated from the root), creating it if asked.
+    pub async fn open(&self, path: &str, write: bool, create: bool) -> Result<OpenFile> {
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        let (name, dirs) = parts.split_last().ok_or(ClientError::Malformed)?;
+        let nops = 1 + dirs.len() as u32 + 3;
+        let r = self
+            .compound(nops, |e| {
+                e.u32(op::PUTROOTFH);
+                for d in dirs {
+                    e.u32(op::LOOKUP);
+                    e.string(d);
+                }
+                e.u32(op::OPEN);
+                e.u32(0);
+                e.u32(if write { 3 } else { 1 });
+                e.u32(0);
+                e.u64(self.clientid);
+                e.opaque(b"sluice-load");
+                if create {
+                    e.u32(1);
+                    e.u32(0); // UNCHECKED
+                    e.bitmap(&[]);
+                    e.opaque(&[]);
+                } else {
+                    e.u32(0);
+                }
+                e.u32(0); // CLAIM_NULL
+                e.string(name);
+                e.u32(op::GETFH);
+                e.u32(op::GETATTR);
+                e.bitmap(&[1 << crate::nfs4::consts::attr::SIZE]);
+            })
+            .await?;
+        let mut f = OpenFile {
+            fh: Vec::new(),
+            sid: (0, [0; 12]),
+            size: 0,
+        };
+        r.walk(|opnum, d| {
+            match opnum {
+                op::OPEN => {
+                    f.sid = (d.u32().map_err(bad)?, d.array().map_err(bad)?);
+                    d.bool().map_err(bad)?;
+                    d.u64().map_err(bad)?;
+                    d.u64().map_err(bad)?;
+                    d.u32().map_err(bad)?;
+                    d.bitmap(8).map_err(bad)?;
+                    if d.u32().map_err(bad)? != 0 {
+                        return Err(ClientError::Malformed);
+                    }
+                }
+                op::GETFH => f.fh = d.opaque(128).map_err(bad)?.to_vec(),
+                op::GETATTR => {
+                    d.bitmap(8).map_err(bad)?;
+                    let v = d.opaque(64).map_err(bad)?;
+                    f.size = Decoder::new(v).u64().map_err(bad)?;
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        Ok(f)
+    }
+
+    /// READ (or READ_PLUS with `plus`): returns (bytes of file covered,
+    /// bytes of data received, eof).
+    pub async fn read(
+        &self,
+        f: &OpenFile,
+        offset: u64,
+        count: u32,
+        plus: bool,
+    ) -> Result<(u64, u64, bool)> {
+        let r = self
+            .compound(2, |e| {
+                e.u32(op::PUTFH);
+                e.opaque(&f.fh);
+                e.u32(if plus { op::READ_PLUS } else { op::READ });
+                e.u32(f.sid.0);
+                e.opaque_fixed(&f.sid.1);
+                e.u64(offset);
+                e.u32(count);
+            })
+            .await?;
+        let mut out = (0, 0, false);
+        r.walk(|opnum, d| {
+            if opnum == op::READ {
+                out.2 = d.bool().map_err(bad)?;
+                let n = d.opaque(usize::MAX).map_err(bad)?.len() as u64;
+                out = (n, n, out.2);
+            } else if opnum == op::READ_PLUS {
+                out.2 = d.bool().map_err(bad)?;
+                let n = d.u32().map_err(bad)?;
+                let mut end = offset;
+                for _ in 0..n {
+                    match d.u32().map_err(bad)? {
+                        0 => {
+                            let o = d.u64().map_err(bad)?;
+                            let l = d.opaque(usize::MAX).map_err(bad)?.len() as u64;
+                            out.1 += l;
+                            end = o + l;
+                        }
+                        1 => {
+                            let o = d.u64().map_err(bad)?;
+                            end = o + d.u64().map_err(bad)?;
+                        }
+                        _ => return Err(ClientError::Malformed),
+                    }
+                }
+                out.0 = end - offset;
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// READ returning the bytes themselves.
+    pub async fn read_bytes(&self, f: &OpenFile, offset: u64, count: u32) -> Result<Vec<u8>> {
+        let r = self
+            .compound(2, |e| {
+                e.u32(op::PUTFH);
+                e.opaque(&f.fh);
+                e.u32(op::READ);
+                e.u32(f.sid.0);
+                e.opaque_fixed(&f.sid.1);
+                e.u64(offset);
+                e.u32(count);
+            })
+            .await?;
+        let mut out = Vec::new();
+        r.walk(|opnum, d| {
+            if opnum == op::READ {
+                d.bool().map_err(bad)?;
+                out = d.opaque(usize::MAX).map_err(bad)?.to_vec();
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// WRITE (FILE_SYNC when `sync`, else UNSTABLE).
+    pub async fn write(&self, f: &OpenFile, offset: u64, data: &[u8], sync: bool) -> Result<u32> {
+        let r = self
+            .compound(2, |e| {
+                e.u32(op::PUTFH);
+                e.opaque(&f.fh);
+                e.u32(op::WRITE);
+                e.u32(f.sid.0);
+                e.opaque_fixed(&f.sid.1);
+                e.u64(offset);
+                e.u32(if sync { 2 } else { 0 });
+                e.opaque(data);
+            })
+            .await?;
+        let mut n = 0;
+        r.walk(|opnum, d| {
+            if opnum == op::WRITE {
+                n = d.u32().map_err(bad)?;
+                d.u32().map_err(bad)?;
+                d.opaque_fixed(8).map_err(bad)?;
+            }
+            Ok(())
+        })?;
+        Ok(n)
+    }
+}
