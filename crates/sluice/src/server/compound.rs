@@ -157,9 +157,19 @@ fn finish(status_: u32, tag: &[u8], count: u32, results: &[u8]) -> Vec<u8> {
     e.into_inner()
 }
 
+/// Bytes of an accepted RPC reply header in front of the COMPOUND4res.
+const REPLY_HEADER: usize = 24;
+
 /// Runs one COMPOUND and returns the encoded COMPOUND4res, or None when the
-/// arguments cannot even be framed (GARBAGE_ARGS).
-pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Vec<u8>> {
+/// arguments cannot even be framed (GARBAGE_ARGS). `rpc_header` is the size
+/// of the call's RPC header, which counts against the session's request
+/// size limit.
+pub fn process_compound(
+    srv: &Server,
+    rpc_cred: &Cred,
+    args: &[u8],
+    rpc_header: usize,
+) -> Option<Vec<u8>> {
     let mut d = Decoder::new(args);
     let tag = d.opaque(MAX_TAG).ok()?;
     let minor = d.u32().ok()?;
@@ -233,7 +243,7 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
         res.u32(status::TOO_MANY_OPS);
         return Some(finish(status::TOO_MANY_OPS, tag, 1, res.as_slice()));
     }
-    if args.len() > session.fore.max_request as usize {
+    if args.len() + rpc_header > session.fore.max_request as usize {
         res.u32(status::REQ_TOO_BIG);
         return Some(finish(status::REQ_TOO_BIG, tag, 1, res.as_slice()));
     }
@@ -260,6 +270,12 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
 
     let mut count = 1u32;
     let mut last = status::OK;
+    // Reply size limits (RFC 8881 section 18.36.3): the whole reply must
+    // fit max_response, and one the client asked to cache must fit
+    // max_response_cached.
+    let fixed = REPLY_HEADER + 12 + tag.len().div_ceil(4) * 4;
+    let max_reply = session.fore.max_response as usize;
+    let max_cached = session.fore.max_response_cached as usize;
     {
         let _as_caller = cred::assume(&cx.id);
         for _ in 1..nops {
@@ -281,7 +297,16 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
             res.u32(opnum);
             let at = res.len();
             res.u32(0);
-            let st = run_op(&mut cx, opnum, &mut d, &mut res);
+            let mut st = run_op(&mut cx, opnum, &mut d, &mut res);
+            let size = fixed + res.len();
+            if size > max_reply || (cachethis && size > max_cached) {
+                res.truncate(at + 4);
+                st = if size > max_reply {
+                    status::REP_TOO_BIG
+                } else {
+                    status::REP_TOO_BIG_TO_CACHE
+                };
+            }
             res.patch_u32(at, st);
             if st != status::OK {
                 tracing::debug!(op = opnum, status = st, "op failed");
@@ -291,10 +316,8 @@ pub fn process_compound(srv: &Server, rpc_cred: &Cred, args: &[u8]) -> Option<Ve
         }
     }
     let body = finish(last, tag, count, res.as_slice());
-    let cached = if cachethis && body.len() <= session.fore.max_response_cached as usize {
+    let cached = if cachethis {
         Some(Arc::new(body.clone()))
-    } else if cachethis {
-        None
     } else {
         // Not asked to cache: keep small replies anyway so a retransmission
         // after a lost connection gets the real answer.

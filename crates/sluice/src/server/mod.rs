@@ -100,7 +100,7 @@ impl Server {
             }
             1 => {
                 let mut reply = rpc::accepted_reply(call.xid, AcceptStat::Success);
-                match process_compound(self, &call.cred, args) {
+                match process_compound(self, &call.cred, args, call.args_at) {
                     Some(body) => {
                         reply.raw(&body);
                         Some(reply.into_inner())

@@ -107,8 +107,13 @@ fn session(srv: &Server) -> [u8; 16] {
     d.array::<16>().unwrap()
 }
 
+/// Runs a COMPOUND as if its RPC header were empty.
+fn pc(srv: &Server, cred: &Cred, args: &[u8]) -> Option<Vec<u8>> {
+    super::process_compound(srv, cred, args, 0)
+}
+
 fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {
-    let r = parse(super::process_compound(srv, &root(), args).expect("framed"));
+    let r = parse(pc(srv, &root(), args).expect("framed"));
     assert_eq!(r.status, status::OK, "compound failed: {:?}", r.results);
     r
 }
@@ -140,13 +145,10 @@ fn session_ops_and_replay_cache() {
         first.body, again.body,
         "a retransmission gets the cached reply"
     );
-    let skip = parse(
-        super::process_compound(&srv, &root(), &compound(1, &[sequence(&sid, 3, 0, false)]))
-            .unwrap(),
-    );
+    let skip = parse(pc(&srv, &root(), &compound(1, &[sequence(&sid, 3, 0, false)])).unwrap());
     assert_eq!(skip.status, status::SEQ_MISORDERED);
     let bad = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(1, &[sequence(&[9; 16], 1, 0, false)]),
@@ -159,20 +161,16 @@ fn session_ops_and_replay_cache() {
 #[test]
 fn sessionless_and_unknown_ops() {
     let (srv, _dir) = server("ops");
-    let r = parse(
-        super::process_compound(&srv, &root(), &compound(0, &[(op::PUTROOTFH, vec![])])).unwrap(),
-    );
+    let r = parse(pc(&srv, &root(), &compound(0, &[(op::PUTROOTFH, vec![])])).unwrap());
     assert_eq!(
         (r.status, r.results.len()),
         (status::MINOR_VERS_MISMATCH, 0)
     );
-    let r = parse(
-        super::process_compound(&srv, &root(), &compound(1, &[(op::PUTROOTFH, vec![])])).unwrap(),
-    );
+    let r = parse(pc(&srv, &root(), &compound(1, &[(op::PUTROOTFH, vec![])])).unwrap());
     assert_eq!(r.status, status::OP_NOT_IN_SESSION);
     let sid = session(&srv);
     let r = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(2, &[sequence(&sid, 1, 0, false), (op::COPY, vec![])]),
@@ -181,7 +179,7 @@ fn sessionless_and_unknown_ops() {
     );
     assert_eq!(r.status, status::NOTSUPP);
     let r = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(2, &[sequence(&sid, 2, 0, false), (9999, vec![])]),
@@ -191,7 +189,7 @@ fn sessionless_and_unknown_ops() {
     assert_eq!(r.status, status::OP_ILLEGAL);
     // A LOOKUP whose name length runs past the end of the request.
     let r = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(
@@ -215,7 +213,7 @@ fn lookup_refuses_dot_dot_and_stops_at_root() {
     let mut name = Encoder::new();
     name.opaque(b"..");
     let r = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(
@@ -231,7 +229,7 @@ fn lookup_refuses_dot_dot_and_stops_at_root() {
     );
     assert_eq!(r.status, status::BADNAME);
     let r = parse(
-        super::process_compound(
+        pc(
             &srv,
             &root(),
             &compound(
@@ -263,7 +261,7 @@ proptest! {
         name.opaque(b"nothing-here");
         let args = compound(1, &[(op::PUTROOTFH, vec![]), (op::LOOKUP, name.into_inner()), (op::GETFH, vec![])]);
         let cut = cut.min(args.len());
-        let _ = super::process_compound(&srv, &root(), &args[..cut]);
+        let _ = pc(&srv, &root(), &args[..cut]);
     }
 }
 

@@ -1,0 +1,676 @@
+"""A tiny raw ONC RPC (RFC 5531) / NFSv4.1 (RFC 8881) client for tests.
+
+Pure Python, no dependencies. It exists to send requests a real NFS client
+never would (wrong versions, truncated arguments, forged handles, replays,
+garbage), so every layer is exposed:
+
+* ``Packer`` / ``Unpacker``: XDR (RFC 4506) primitives.
+* ``frame()``: record marking (RFC 5531 section 11), optionally split into
+  several fragments.
+* ``call_header()`` / ``auth_sys()``: RPC call headers and AUTH_SYS creds.
+* ``RpcReply``: decoded reply header (accepted or denied).
+* ``compound_args()`` and ``op_*()`` builders; ``CompoundReply`` decodes the
+  results of the ops used by the tests.
+* ``Conn``: one TCP connection (send records, receive records, match xids).
+* ``Session``: EXCHANGE_ID + CREATE_SESSION and SEQUENCE-prefixed COMPOUNDs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import struct
+import threading
+
+# --- constants ---------------------------------------------------------------
+
+NFS_PROGRAM = 100003
+NFS_V4 = 4
+PROC_NULL = 0
+PROC_COMPOUND = 1
+
+MSG_CALL = 0
+MSG_REPLY = 1
+MSG_ACCEPTED = 0
+MSG_DENIED = 1
+
+# accept_stat
+SUCCESS = 0
+PROG_UNAVAIL = 1
+PROG_MISMATCH = 2
+PROC_UNAVAIL = 3
+GARBAGE_ARGS = 4
+SYSTEM_ERR = 5
+
+# reject_stat
+RPC_MISMATCH = 0
+AUTH_ERROR = 1
+
+# auth flavors
+AUTH_NONE = 0
+AUTH_SYS = 1
+RPCSEC_GSS = 6
+
+LAST_FRAGMENT = 0x8000_0000
+
+
+class Op:
+    """nfs_opnum4 values (RFC 8881, RFC 7862)."""
+
+    ACCESS = 3
+    GETATTR = 9
+    GETFH = 10
+    LOOKUP = 15
+    LOOKUPP = 16
+    PUTFH = 22
+    PUTROOTFH = 24
+    READ = 25
+    READDIR = 26
+    SAVEFH = 32
+    RESTOREFH = 31
+    EXCHANGE_ID = 42
+    CREATE_SESSION = 43
+    DESTROY_SESSION = 44
+    LAYOUTGET = 50
+    SECINFO_NO_NAME = 52
+    SEQUENCE = 53
+    RECLAIM_COMPLETE = 58
+    COPY = 60
+    READ_PLUS = 68
+    ILLEGAL = 10044
+
+
+class St:
+    """nfsstat4 values used by the tests."""
+
+    OK = 0
+    NOENT = 2
+    BADHANDLE = 10001
+    NOTSUPP = 10004
+    MINOR_VERS_MISMATCH = 10021
+    BADXDR = 10036
+    BADNAME = 10041
+    OP_ILLEGAL = 10044
+    BADSESSION = 10052
+    BADSLOT = 10053
+    SEQ_MISORDERED = 10063
+    SEQUENCE_POS = 10064
+    REQ_TOO_BIG = 10065
+    REP_TOO_BIG = 10066
+    REP_TOO_BIG_TO_CACHE = 10067
+    RETRY_UNCACHED_REP = 10068
+    TOO_MANY_OPS = 10070
+    OP_NOT_IN_SESSION = 10071
+    NOT_ONLY_OP = 10081
+
+
+# --- XDR ---------------------------------------------------------------------
+
+
+def _pad(n: int) -> bytes:
+    return b"\0" * ((4 - n % 4) % 4)
+
+
+class Packer:
+    """Builds XDR data; every method returns self so calls chain."""
+
+    def __init__(self):
+        self._parts: list[bytes] = []
+
+    def u32(self, v: int) -> "Packer":
+        self._parts.append(struct.pack(">I", v & 0xFFFFFFFF))
+        return self
+
+    def i32(self, v: int) -> "Packer":
+        self._parts.append(struct.pack(">i", v))
+        return self
+
+    def u64(self, v: int) -> "Packer":
+        self._parts.append(struct.pack(">Q", v & 0xFFFFFFFFFFFFFFFF))
+        return self
+
+    def i64(self, v: int) -> "Packer":
+        self._parts.append(struct.pack(">q", v))
+        return self
+
+    def bool(self, v: bool) -> "Packer":
+        return self.u32(1 if v else 0)
+
+    def fixed(self, b: bytes) -> "Packer":
+        """Fixed-length opaque: the bytes plus padding, no length."""
+        self._parts.append(bytes(b) + _pad(len(b)))
+        return self
+
+    def opaque(self, b: bytes) -> "Packer":
+        """Variable-length opaque: length, bytes, padding."""
+        self.u32(len(b))
+        return self.fixed(b)
+
+    def string(self, s: str) -> "Packer":
+        return self.opaque(s.encode())
+
+    def raw(self, b: bytes) -> "Packer":
+        """Appends bytes as they are (no length, no padding)."""
+        self._parts.append(bytes(b))
+        return self
+
+    def bitmap(self, words) -> "Packer":
+        self.u32(len(words))
+        for w in words:
+            self.u32(w)
+        return self
+
+    def bytes(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class XdrError(Exception):
+    """The data ended early or held a value XDR does not allow."""
+
+
+class Unpacker:
+    def __init__(self, data: bytes):
+        self.data = bytes(data)
+        self.pos = 0
+
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    def _take(self, n: int) -> bytes:
+        if n < 0 or self.remaining() < n:
+            raise XdrError(f"need {n} bytes at {self.pos}, have {self.remaining()}")
+        b = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def u32(self) -> int:
+        return struct.unpack(">I", self._take(4))[0]
+
+    def i32(self) -> int:
+        return struct.unpack(">i", self._take(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack(">Q", self._take(8))[0]
+
+    def i64(self) -> int:
+        return struct.unpack(">q", self._take(8))[0]
+
+    def bool(self) -> bool:
+        v = self.u32()
+        if v not in (0, 1):
+            raise XdrError(f"bad bool {v}")
+        return v == 1
+
+    def fixed(self, n: int) -> bytes:
+        b = self._take(n)
+        self._take((4 - n % 4) % 4)
+        return b
+
+    def opaque(self) -> bytes:
+        return self.fixed(self.u32())
+
+    def bitmap(self) -> list[int]:
+        return [self.u32() for _ in range(self.u32())]
+
+    def rest(self) -> bytes:
+        b = self.data[self.pos :]
+        self.pos = len(self.data)
+        return b
+
+    def done(self):
+        if self.remaining():
+            raise XdrError(f"{self.remaining()} trailing bytes")
+
+
+# --- RPC ---------------------------------------------------------------------
+
+
+def frame(record: bytes, fragments: int | list[int] = 1) -> bytes:
+    """Record-marks `record`.
+
+    `fragments` is either a number of (roughly equal) fragments or an explicit
+    list of fragment sizes summing to len(record); only the last fragment
+    carries the last-fragment bit.
+    """
+    if isinstance(fragments, int):
+        n = max(1, fragments)
+        step = -(-len(record) // n) if record else 0
+        sizes = [step] * (n - 1) + [len(record) - step * (n - 1)]
+    else:
+        sizes = list(fragments)
+    if sum(sizes) != len(record) or any(s < 0 for s in sizes):
+        raise ValueError(f"fragment sizes {sizes} do not cover {len(record)} bytes")
+    out = []
+    pos = 0
+    for i, size in enumerate(sizes):
+        mark = size | (LAST_FRAGMENT if i == len(sizes) - 1 else 0)
+        out.append(struct.pack(">I", mark) + record[pos : pos + size])
+        pos += size
+    return b"".join(out)
+
+
+def auth_sys(uid: int = 0, gid: int = 0, gids=(), machine: str = "rpcclient", stamp: int = 0) -> bytes:
+    """An authsys_parms body (RFC 5531 appendix A)."""
+    p = Packer().u32(stamp).string(machine).u32(uid).u32(gid)
+    return p.bitmap(list(gids)).bytes()
+
+
+def call_header(
+    xid: int,
+    prog: int = NFS_PROGRAM,
+    vers: int = NFS_V4,
+    proc: int = PROC_NULL,
+    cred_flavor: int = AUTH_SYS,
+    cred_body: bytes | None = None,
+    verf_flavor: int = AUTH_NONE,
+    verf_body: bytes = b"",
+    rpcvers: int = 2,
+    mtype: int = MSG_CALL,
+) -> bytes:
+    """The call header up to (not including) the procedure arguments."""
+    if cred_body is None:
+        cred_body = auth_sys() if cred_flavor == AUTH_SYS else b""
+    p = Packer().u32(xid).u32(mtype).u32(rpcvers).u32(prog).u32(vers).u32(proc)
+    p.u32(cred_flavor).opaque(cred_body).u32(verf_flavor).opaque(verf_body)
+    return p.bytes()
+
+
+class RpcReply:
+    """A decoded reply message header.
+
+    Attributes: xid, reply_stat (MSG_ACCEPTED/MSG_DENIED); for accepted
+    replies verf, accept_stat, body (procedure results for SUCCESS) and
+    low/high for PROG_MISMATCH; for denied replies reject_stat and low/high
+    (RPC_MISMATCH) or auth_stat (AUTH_ERROR).
+    """
+
+    def __init__(self, record: bytes):
+        self.record = record
+        u = Unpacker(record)
+        self.xid = u.u32()
+        mtype = u.u32()
+        if mtype != MSG_REPLY:
+            raise XdrError(f"message type {mtype} is not a reply")
+        self.reply_stat = u.u32()
+        self.accept_stat = self.reject_stat = self.auth_stat = None
+        self.low = self.high = None
+        self.body = b""
+        if self.reply_stat == MSG_ACCEPTED:
+            self.verf = (u.u32(), u.opaque())
+            self.accept_stat = u.u32()
+            if self.accept_stat == SUCCESS:
+                self.body = u.rest()
+            elif self.accept_stat == PROG_MISMATCH:
+                self.low, self.high = u.u32(), u.u32()
+            u.done()
+        elif self.reply_stat == MSG_DENIED:
+            self.reject_stat = u.u32()
+            if self.reject_stat == RPC_MISMATCH:
+                self.low, self.high = u.u32(), u.u32()
+            elif self.reject_stat == AUTH_ERROR:
+                self.auth_stat = u.u32()
+            else:
+                raise XdrError(f"bad reject_stat {self.reject_stat}")
+            u.done()
+        else:
+            raise XdrError(f"bad reply_stat {self.reply_stat}")
+
+    def __repr__(self):
+        return (
+            f"RpcReply(xid={self.xid:#x}, reply_stat={self.reply_stat}, "
+            f"accept_stat={self.accept_stat}, reject_stat={self.reject_stat}, "
+            f"auth_stat={self.auth_stat}, low={self.low}, high={self.high}, body={len(self.body)}B)"
+        )
+
+
+_xids = itertools.count((os.getpid() << 12) & 0x7FFFFFFF)
+
+
+def next_xid() -> int:
+    return next(_xids) & 0xFFFFFFFF
+
+
+class ConnectionClosed(Exception):
+    """The server closed the connection."""
+
+
+class Conn:
+    """One TCP connection to the server."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(timeout)
+        self._stash: dict[int, RpcReply] = {}
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data: bytes):
+        self.sock.sendall(data)
+
+    def send_record(self, record: bytes, fragments: int | list[int] = 1):
+        self.send(frame(record, fragments))
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionClosed(f"EOF after {len(buf)} of {n} bytes")
+            buf += chunk
+        return bytes(buf)
+
+    def recv_record(self) -> bytes:
+        """One whole record (fragments reassembled). Raises socket.timeout."""
+        out = bytearray()
+        while True:
+            (mark,) = struct.unpack(">I", self._read_exact(4))
+            out += self._read_exact(mark & ~LAST_FRAGMENT)
+            if mark & LAST_FRAGMENT:
+                return bytes(out)
+
+    def recv_reply(self) -> RpcReply:
+        return RpcReply(self.recv_record())
+
+    def wait_for(self, xid: int) -> RpcReply:
+        """The reply to `xid`, keeping replies to other xids for later."""
+        while xid not in self._stash:
+            r = self.recv_reply()
+            self._stash[r.xid] = r
+        return self._stash.pop(xid)
+
+    def call(self, proc: int, args: bytes = b"", xid: int | None = None, fragments=1, **hdr) -> RpcReply:
+        xid = next_xid() if xid is None else xid
+        self.send_record(call_header(xid, proc=proc, **hdr) + args, fragments)
+        return self.wait_for(xid)
+
+    def null(self, **hdr) -> RpcReply:
+        return self.call(PROC_NULL, **hdr)
+
+    def compound(self, ops, minor: int = 1, tag: bytes = b"", **kw) -> "CompoundReply":
+        r = self.call(PROC_COMPOUND, compound_args(ops, minor, tag), **kw)
+        if r.reply_stat != MSG_ACCEPTED or r.accept_stat != SUCCESS:
+            raise AssertionError(f"COMPOUND not accepted: {r!r}")
+        return CompoundReply(r.body)
+
+    def pipeline(self, records: list[tuple[int, bytes]]) -> dict[int, RpcReply]:
+        """Sends all (xid, record) pairs without waiting (from a second
+        thread, so neither side can block on a full socket buffer) and
+        returns the replies by xid. Every xid must be answered."""
+        err: list[BaseException] = []
+
+        def sender():
+            try:
+                for _, rec in records:
+                    self.send_record(rec)
+            except BaseException as e:  # reported below
+                err.append(e)
+
+        t = threading.Thread(target=sender, daemon=True)
+        t.start()
+        want = {x for x, _ in records}
+        got: dict[int, RpcReply] = {}
+        try:
+            while want - got.keys():
+                r = self.recv_reply()
+                got[r.xid] = r
+        finally:
+            t.join(timeout=10)
+        if err:
+            raise err[0]
+        return got
+
+
+# --- NFSv4 COMPOUND ----------------------------------------------------------
+
+
+def compound_args(ops, minor: int = 1, tag: bytes = b"") -> bytes:
+    """COMPOUND4args; `ops` is a list of (opnum, encoded args) pairs."""
+    p = Packer().opaque(tag).u32(minor).u32(len(ops))
+    for opnum, args in ops:
+        p.u32(opnum).raw(args)
+    return p.bytes()
+
+
+def op_sequence(sessionid: bytes, seqid: int, slot: int = 0, highest: int = 0, cachethis: bool = False):
+    assert len(sessionid) == 16
+    return (Op.SEQUENCE, Packer().fixed(sessionid).u32(seqid).u32(slot).u32(highest).bool(cachethis).bytes())
+
+
+def op_putrootfh():
+    return (Op.PUTROOTFH, b"")
+
+
+def op_getfh():
+    return (Op.GETFH, b"")
+
+
+def op_putfh(fh: bytes):
+    return (Op.PUTFH, Packer().opaque(fh).bytes())
+
+
+def op_lookup(name: bytes | str):
+    if isinstance(name, str):
+        name = name.encode()
+    return (Op.LOOKUP, Packer().opaque(name).bytes())
+
+
+def op_lookupp():
+    return (Op.LOOKUPP, b"")
+
+
+def op_getattr(words=(0x0010011A, 0x00B0A23A)):
+    """GETATTR; the default asks for type, change, size, fsid, fileid, mode,
+    numlinks, owner, owner_group, rawdev, space_used, times and
+    mounted_on_fileid."""
+    return (Op.GETATTR, Packer().bitmap(list(words)).bytes())
+
+
+def op_readdir(cookie: int = 0, verifier: bytes = b"\0" * 8, dircount: int = 4096, maxcount: int = 8192, words=(0x0010011A, 0x00B0A23A)):
+    p = Packer().u64(cookie).fixed(verifier).u32(dircount).u32(maxcount).bitmap(list(words))
+    return (Op.READDIR, p.bytes())
+
+
+ANONYMOUS_STATEID = b"\0" * 16
+
+
+def op_read(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATEID):
+    return (Op.READ, Packer().fixed(stateid).u64(offset).u32(count).bytes())
+
+
+def op_read_plus(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATEID):
+    return (Op.READ_PLUS, Packer().fixed(stateid).u64(offset).u32(count).bytes())
+
+
+def op_exchange_id(owner: bytes, verifier: bytes = b"rpcclnt\0", flags: int = 0):
+    p = Packer().fixed(verifier).opaque(owner).u32(flags)
+    p.u32(0)  # state_protect4_a: SP4_NONE
+    p.u32(0)  # client_impl_id<1>: none
+    return (Op.EXCHANGE_ID, p.bytes())
+
+
+def _channel_attrs(p: Packer, headerpad, maxreq, maxresp, maxcached, maxops, maxreqs):
+    p.u32(headerpad).u32(maxreq).u32(maxresp).u32(maxcached).u32(maxops).u32(maxreqs)
+    p.u32(0)  # ca_rdma_ird<1>: none
+
+
+def op_create_session(clientid: int, seq: int, flags: int = 0, fore=(0, 1 << 20, 1 << 20, 64 << 10, 16, 8), back=(0, 4096, 4096, 0, 2, 1)):
+    p = Packer().u64(clientid).u32(seq).u32(flags)
+    _channel_attrs(p, *fore)
+    _channel_attrs(p, *back)
+    p.u32(0x40000000)  # cb_program
+    p.u32(1).u32(AUTH_NONE)  # csa_sec_parms: one entry, AUTH_NONE
+    return (Op.CREATE_SESSION, p.bytes())
+
+
+def op_destroy_session(sessionid: bytes):
+    return (Op.DESTROY_SESSION, Packer().fixed(sessionid).bytes())
+
+
+def op_raw(opnum: int, args: bytes = b""):
+    return (opnum, args)
+
+
+class OpResult:
+    def __init__(self, opnum: int, status: int, **fields):
+        self.opnum = opnum
+        self.status = status
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        extra = {k: v for k, v in self.__dict__.items() if k not in ("opnum", "status")}
+        return f"OpResult(op={self.opnum}, status={self.status}{', ' if extra else ''}{extra if extra else ''})"
+
+
+def _channel(u: Unpacker) -> dict:
+    keys = ("headerpad", "maxreq", "maxresp", "maxcached", "maxops", "maxreqs")
+    c = {k: u.u32() for k in keys}
+    c["rdma_ird"] = [u.u32() for _ in range(u.u32())]
+    return c
+
+
+def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
+    """Decodes a successful result body; None when the op is unknown here."""
+    if opnum in (Op.PUTFH, Op.PUTROOTFH, Op.LOOKUP, Op.LOOKUPP, Op.SAVEFH, Op.RESTOREFH, Op.DESTROY_SESSION, Op.RECLAIM_COMPLETE):
+        return {}
+    if opnum == Op.GETFH:
+        return {"fh": u.opaque()}
+    if opnum == Op.GETATTR:
+        return {"attrmask": u.bitmap(), "attrvals": u.opaque()}
+    if opnum == Op.READ:
+        return {"eof": u.bool(), "data": u.opaque()}
+    if opnum == Op.SEQUENCE:
+        return {
+            "sessionid": u.fixed(16),
+            "seqid": u.u32(),
+            "slot": u.u32(),
+            "highest_slot": u.u32(),
+            "target_highest_slot": u.u32(),
+            "status_flags": u.u32(),
+        }
+    if opnum == Op.EXCHANGE_ID:
+        r = {"clientid": u.u64(), "seqid": u.u32(), "flags": u.u32()}
+        how = u.u32()
+        r["state_protect"] = how
+        if how == 1:
+            u.bitmap()
+            u.bitmap()
+        elif how != 0:
+            return None
+        r["owner_minor"] = u.u64()
+        r["owner_major"] = u.opaque()
+        r["scope"] = u.opaque()
+        impl = []
+        for _ in range(u.u32()):
+            impl.append((u.opaque(), u.opaque(), u.i64(), u.u32()))
+        r["impl_id"] = impl
+        return r
+    if opnum == Op.CREATE_SESSION:
+        return {
+            "sessionid": u.fixed(16),
+            "seq": u.u32(),
+            "flags": u.u32(),
+            "fore": _channel(u),
+            "back": _channel(u),
+        }
+    return None
+
+
+class CompoundReply:
+    """COMPOUND4res: status, tag and the op results decoded so far.
+
+    Results of ops this module cannot decode stop decoding; their bytes and
+    everything after are kept in `undecoded`.
+    """
+
+    def __init__(self, body: bytes):
+        self.body = body
+        u = Unpacker(body)
+        self.status = u.u32()
+        self.tag = u.opaque()
+        self.count = u.u32()
+        self.results: list[OpResult] = []
+        self.undecoded = b""
+        for _ in range(self.count):
+            opnum, status = u.u32(), u.u32()
+            if status != St.OK:
+                # A failed op ends the COMPOUND (RFC 8881 section 16.2.3).
+                # Most failed results have no body; the few that do (LOCK
+                # denied, SETATTR attrsset, ...) are left in `undecoded`.
+                self.results.append(OpResult(opnum, status))
+                self.undecoded = u.rest()
+                return
+            start = u.pos
+            fields = _decode_ok(opnum, u)
+            if fields is None:
+                u.pos = start
+                self.results.append(OpResult(opnum, status))
+                self.undecoded = u.rest()
+                return
+            self.results.append(OpResult(opnum, status, **fields))
+        u.done()
+
+    def __getitem__(self, i) -> OpResult:
+        return self.results[i]
+
+    def __len__(self):
+        return len(self.results)
+
+    def __repr__(self):
+        return f"CompoundReply(status={self.status}, tag={self.tag!r}, results={self.results})"
+
+
+# --- sessions ----------------------------------------------------------------
+
+_owners = itertools.count()
+
+
+class Session:
+    """A client id and a session on `conn`, with slot 0 driven by `compound`."""
+
+    def __init__(self, conn: Conn, owner: bytes | None = None, slots: int = 8, fore=None):
+        """`fore` overrides the fore channel attributes asked for: (headerpad,
+        maxrequestsize, maxresponsesize, maxresponsesize_cached, maxoperations,
+        maxrequests)."""
+        self.conn = conn
+        if owner is None:
+            owner = f"rpcclient-{os.getpid()}-{next(_owners)}".encode()
+        self.owner = owner
+        r = conn.compound([op_exchange_id(owner)])
+        if r.status != St.OK:
+            raise AssertionError(f"EXCHANGE_ID failed: {r!r}")
+        self.clientid = r[0].clientid
+        if fore is None:
+            fore = (0, 1 << 20, 1 << 20, 64 << 10, 16, slots)
+        r = conn.compound([op_create_session(self.clientid, r[0].seqid, fore=fore)])
+        if r.status != St.OK:
+            raise AssertionError(f"CREATE_SESSION failed: {r!r}")
+        self.sessionid = r[0].sessionid
+        self.fore = r[0].fore
+        # Next sequence id per slot: slots start at 1 in a new session.
+        self.next_seq = {}
+
+    def seq_op(self, slot: int = 0, cachethis: bool = False, seqid: int | None = None):
+        """A SEQUENCE op for `slot`, consuming the slot's next sequence id
+        unless `seqid` is given."""
+        if seqid is None:
+            seqid = self.next_seq.get(slot, 1)
+            self.next_seq[slot] = seqid + 1
+        return op_sequence(self.sessionid, seqid, slot, max(self.next_seq.keys(), default=0), cachethis)
+
+    def compound(self, ops, slot: int = 0, cachethis: bool = False, minor: int = 1) -> CompoundReply:
+        return self.conn.compound([self.seq_op(slot, cachethis)] + list(ops), minor=minor)
+
+    def root_fh(self) -> bytes:
+        r = self.compound([op_putrootfh(), op_getfh()])
+        if r.status != St.OK:
+            raise AssertionError(f"PUTROOTFH+GETFH failed: {r!r}")
+        return r[2].fh
