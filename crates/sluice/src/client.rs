@@ -406,6 +406,19 @@ impl Client {
         Ok(f)
     }
 
+    async fn read_call(&self, f: &OpenFile, offset: u64, count: u32, opnum: u32) -> Result<Reply> {
+        self.compound(2, |e| {
+            e.u32(op::PUTFH);
+            e.opaque(&f.fh);
+            e.u32(opnum);
+            e.u32(f.sid.0);
+            e.opaque_fixed(&f.sid.1);
+            e.u64(offset);
+            e.u32(count);
+        })
+        .await
+    }
+
     /// READ (or READ_PLUS with `plus`): returns (bytes of file covered,
     /// bytes of data received, eof).
     pub async fn read(
@@ -415,17 +428,8 @@ impl Client {
         count: u32,
         plus: bool,
     ) -> Result<(u64, u64, bool)> {
-        let r = self
-            .compound(2, |e| {
-                e.u32(op::PUTFH);
-                e.opaque(&f.fh);
-                e.u32(if plus { op::READ_PLUS } else { op::READ });
-                e.u32(f.sid.0);
-                e.opaque_fixed(&f.sid.1);
-                e.u64(offset);
-                e.u32(count);
-            })
-            .await?;
+        let opnum = if plus { op::READ_PLUS } else { op::READ };
+        let r = self.read_call(f, offset, count, opnum).await?;
         let mut out = (0, 0, false);
         r.walk(|opnum, d| {
             if opnum == op::READ {
@@ -460,17 +464,7 @@ impl Client {
 
     /// READ returning the bytes themselves.
     pub async fn read_bytes(&self, f: &OpenFile, offset: u64, count: u32) -> Result<Vec<u8>> {
-        let r = self
-            .compound(2, |e| {
-                e.u32(op::PUTFH);
-                e.opaque(&f.fh);
-                e.u32(op::READ);
-                e.u32(f.sid.0);
-                e.opaque_fixed(&f.sid.1);
-                e.u64(offset);
-                e.u32(count);
-            })
-            .await?;
+        let r = self.read_call(f, offset, count, op::READ).await?;
         let mut out = Vec::new();
         r.walk(|opnum, d| {
             if opnum == op::READ {

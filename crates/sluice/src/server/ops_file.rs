@@ -321,6 +321,19 @@ pub fn io_fd(
     Ok(fd)
 }
 
+/// Reads at `offset` through the open's descriptor; a write-only open
+/// (writers may read to fill partial pages) reads through a fresh one.
+pub fn read_through(fh: &Fh, fd: &OwnedFd, buf: &mut [u8], offset: u64) -> Result<usize, u32> {
+    match fs::read_at(fd.as_fd(), buf, offset) {
+        Ok(n) => Ok(n),
+        Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
+            let rfd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
+            io(fs::read_at(rfd.as_fd(), buf, offset))
+        }
+        Err(err) => io(Err(err)),
+    }
+}
+
 /// READ.
 pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
@@ -334,15 +347,7 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
             .srv
             .locks
             .read(file_key(&st), offset, offset.saturating_add(count as u64));
-        let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
-            Ok(n) => n,
-            // A write-only descriptor: read through a fresh one.
-            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
-                let rfd = cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY));
-                io(fs::read_at(io(rfd)?.as_fd(), &mut buf, offset))?
-            }
-            Err(err) => return io(Err(err)),
-        };
+        let n = read_through(&fh, &fd, &mut buf, offset)?;
         let size = io(fs::stat(fd.as_fd()))?.size;
         let eof = offset.saturating_add(n as u64) >= size;
         e.bool(eof);

@@ -3,7 +3,7 @@
 
 use super::attrs::MAX_IO;
 use super::compound::{Ctx, OpStatus};
-use super::ops_file::{cur_file, file_key, io_fd};
+use super::ops_file::{cur_file, file_key, io_fd, read_through};
 use super::ops_fs::{io, run, stateid, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
@@ -46,15 +46,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         }
         // One read of the whole range keeps the kernel's readahead going.
         let mut buf = vec![0u8; (end - offset) as usize];
-        let n = match fs::read_at(fd.as_fd(), &mut buf, offset) {
-            Ok(n) => n,
-            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
-                let rfd =
-                    crate::engine::cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY));
-                io(fs::read_at(io(rfd)?.as_fd(), &mut buf, offset))?
-            }
-            Err(err) => return io(Err(err)),
-        };
+        let n = read_through(&fh, &fd, &mut buf, offset)?;
         let end = offset + n as u64;
         let data = io(cx.srv.extents.data_extents(fd.as_fd(), &st, offset, end))?;
         let segs = extents::segments(&data, offset, end, MIN_HOLE);

@@ -608,6 +608,30 @@ impl StateTable {
         }
     }
 
+    /// Checks that `sid` names a current open state (or with `lock`, a
+    /// lock state) on `file`.
+    fn check_on_file(
+        &self,
+        inner: &Inner,
+        sid: &Stateid,
+        file: FileKey,
+        lock: bool,
+    ) -> Result<(), u32> {
+        match inner.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) if !lock && o.file == file => {
+                Self::check_seqid(o.seqid, sid.seqid)
+            }
+            Some(StateEntry::Lock(l)) if lock && l.file == file => {
+                Self::check_seqid(l.seqid, sid.seqid)
+            }
+            Some(_) => Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(sid)?;
+                Err(status::BAD_STATEID)
+            }
+        }
+    }
+
     fn check_stale(&self, sid: &Stateid) -> Result<(), u32> {
         if sid.other[..4] != self.boot.to_be_bytes() {
             return Err(status::STALE_STATEID);
@@ -755,14 +779,7 @@ impl StateTable {
         write: bool,
     ) -> Result<Result<Stateid, Denied>, u32> {
         let mut inner = self.lock();
-        match inner.states.get(&open.other) {
-            Some(StateEntry::Open(o)) if o.file == file => Self::check_seqid(o.seqid, open.seqid)?,
-            Some(_) => return Err(status::BAD_STATEID),
-            None => {
-                self.check_stale(open)?;
-                return Err(status::BAD_STATEID);
-            }
-        }
+        self.check_on_file(&inner, open, file, false)?;
         // Reuse the lock state this owner already has on the file.
         let existing = inner.states.iter().find_map(|(k, s)| match s {
             StateEntry::Lock(l) if l.file == file && l.clientid == clientid && l.owner == owner => {
@@ -799,14 +816,7 @@ impl StateTable {
         write: bool,
     ) -> Result<Result<Stateid, Denied>, u32> {
         let mut inner = self.lock();
-        match inner.states.get(&sid.other) {
-            Some(StateEntry::Lock(l)) if l.file == file => Self::check_seqid(l.seqid, sid.seqid)?,
-            Some(_) => return Err(status::BAD_STATEID),
-            None => {
-                self.check_stale(sid)?;
-                return Err(status::BAD_STATEID);
-            }
-        }
+        self.check_on_file(&inner, sid, file, true)?;
         Ok(Self::apply_lock(&mut inner, sid.other, range, write))
     }
 
@@ -888,14 +898,7 @@ impl StateTable {
         (start, end): (u64, u64),
     ) -> Result<Stateid, u32> {
         let mut inner = self.lock();
-        match inner.states.get(&sid.other) {
-            Some(StateEntry::Lock(l)) if l.file == file => Self::check_seqid(l.seqid, sid.seqid)?,
-            Some(_) => return Err(status::BAD_STATEID),
-            None => {
-                self.check_stale(sid)?;
-                return Err(status::BAD_STATEID);
-            }
-        }
+        self.check_on_file(&inner, sid, file, true)?;
         if let Some(r) = inner.locks.get_mut(&file) {
             Self::subtract(r, &sid.other, start, end);
         }
