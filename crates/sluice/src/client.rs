@@ -440,20 +440,33 @@ impl Client {
                 out.2 = d.bool().map_err(bad)?;
                 let n = d.u32().map_err(bad)?;
                 let mut end = offset;
+                let mut expect = offset;
                 for _ in 0..n {
                     match d.u32().map_err(bad)? {
                         0 => {
                             let o = d.u64().map_err(bad)?;
+                            if o != expect {
+                                return Err(ClientError::Malformed);
+                            }
                             let l = d.opaque(usize::MAX).map_err(bad)?.len() as u64;
+                            expect = o + l;
                             out.1 += l;
                             end = o + l;
                         }
                         1 => {
                             let o = d.u64().map_err(bad)?;
-                            end = o + d.u64().map_err(bad)?;
+                            if o != expect {
+                                return Err(ClientError::Malformed);
+                            }
+                            end = o.saturating_add(d.u64().map_err(bad)?);
+                            expect = end;
                         }
                         _ => return Err(ClientError::Malformed),
                     }
+                }
+                if end == offset && !out.2 {
+                    // Nothing covered and not at EOF: no progress possible.
+                    return Err(ClientError::Malformed);
                 }
                 out.0 = end - offset;
             }

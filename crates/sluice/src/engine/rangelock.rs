@@ -127,15 +127,17 @@ impl RangeLocks {
                 end,
             };
         }
-        let ticket = self
-            .tickets
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let table = {
             let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
             files.entry(key).or_default().clone()
         };
         let e = Entry { end, exclusive };
         let mut r = table.ranges.lock().unwrap_or_else(|e| e.into_inner());
+        // The ticket is taken under the table's mutex, so ticket order is
+        // insertion order and every earlier ticket is already visible.
+        let ticket = self
+            .tickets
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         r.insert(ticket, start, e);
         while r.blocked(ticket, start, e) {
             r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());

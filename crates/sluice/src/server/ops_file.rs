@@ -138,6 +138,10 @@ fn open_create(
             ..a.clone()
         };
         let rest = if let How::Exclusive(verf, _) = how {
+            // The verifier lives in atime and mtime: say so in attrset, so
+            // the client sets the real times afterwards (RFC 8881 18.16.3).
+            set[1] |= (1 << (crate::nfs4::consts::attr::TIME_ACCESS_SET - 32))
+                | (1 << (crate::nfs4::consts::attr::TIME_MODIFY_SET - 32));
             let (at, mt) = verifier_times(verf);
             attrs::SetAttrs {
                 atime: SetTime::At(at),

@@ -1,0 +1,92 @@
+"""The clients that produce figures: sluice-load (the project's own load
+generator), nfs-rs (an independent NFSv4.1 client, for cross-checks) and
+`dd iflag=direct` on the local file system (the device's read limit)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NFSRS_READER = Path(__file__).with_name("nfsrs_read.py")
+# A sequential pass ends when the file is read; this only bounds a hung one.
+SEQ_PASS_LIMIT = 1800
+
+
+@dataclass
+class LoadSpec:
+    """One sluice-load invocation."""
+
+    mode: str  # read, read-plus, write, mix
+    pattern: str  # seq, random
+    bs: int
+    inflight: int
+    streams: int = 1
+    duration: float = SEQ_PASS_LIMIT
+    write_pct: int = 50
+    minor: int = 2
+
+    def describe(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if not (k == "duration" and self.pattern == "seq")}
+
+
+def sluice_load(binary: Path, address: str, path: str, spec: LoadSpec) -> dict:
+    """Runs sluice-load; returns its JSON figures plus 'error' when it failed
+    or reported failed requests."""
+    cmd = [
+        str(binary), "--server", address, "--file", path,
+        "--mode", spec.mode, "--pattern", spec.pattern,
+        "--bs", str(spec.bs), "--inflight", str(spec.inflight), "--streams", str(spec.streams),
+        "--duration", str(spec.duration), "--write-pct", str(spec.write_pct),
+        "--minor", str(spec.minor), "--json",
+    ]  # fmt: skip
+    timeout = spec.duration + 120
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"sluice-load did not finish within {timeout:.0f} s", "command": cmd}
+    result: dict = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+    if not result:
+        return {"error": (p.stderr.strip() or f"sluice-load exited {p.returncode}")[-1000:], "command": cmd}
+    if result.get("errors"):
+        result["error"] = f"{result['errors']} requests failed: {p.stderr.strip()[-500:]}"
+    return result
+
+
+def nfsrs_read(port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
+    """One sequential pass over `path` with nfs-rs (in a child process so a
+    hung client cannot hang the harness)."""
+    cmd = [sys.executable, str(NFSRS_READER), "--port", str(port), "--file", path]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"nfs-rs read did not finish within {timeout:.0f} s"}
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (p.stderr.strip() or f"nfs-rs reader exited {p.returncode}")[-1000:]}
+
+
+_DD_SUMMARY = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)
+
+
+def dd_direct(path: Path, bs: int = 1 << 20) -> dict:
+    """`dd if=FILE of=/dev/null bs=1M iflag=direct`: the device's sequential
+    read rate through the local file system, bypassing the page cache."""
+    cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=direct"]
+    started = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+    wall = time.monotonic() - started
+    m = _DD_SUMMARY.search(p.stderr)
+    if p.returncode != 0 or not m:
+        return {"error": p.stderr.strip()[-1000:], "command": cmd}
+    nbytes, secs = int(m.group(1)), float(m.group(2))
+    secs = secs or wall
+    return {"bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / secs / 1e6, "command": " ".join(cmd)}

@@ -1,0 +1,69 @@
+"""Installs what the harness needs, idempotently: Debian packages for the
+file systems and nfs-ganesha, Python packages for plots and the independent
+client, and the release binaries."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .util import log, run
+
+# Debian packages per need; e2fsprogs (mkfs.ext4) and util-linux (losetup)
+# are part of every Debian system.
+GANESHA_PACKAGES = ["nfs-ganesha", "nfs-ganesha-vfs"]
+FS_PACKAGES = {"ext4": ["e2fsprogs"], "xfs": ["xfsprogs"], "btrfs": ["btrfs-progs"]}
+PYTHON_PACKAGES = {"matplotlib": "matplotlib", "nfs_rs": "nfs-rs"}
+
+
+def _installed(package: str) -> bool:
+    p = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True)
+    return p.returncode == 0 and p.stdout.strip().endswith("ok installed")
+
+
+def ensure_debian(packages: list[str]) -> None:
+    missing = [p for p in packages if not _installed(p)]
+    if not missing:
+        return
+    log(f"installing Debian packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], env=env, timeout=600)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env, timeout=1200)
+
+
+def ensure_python(modules: list[str]) -> None:
+    missing = [PYTHON_PACKAGES[m] for m in modules if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    log(f"installing Python packages: {' '.join(missing)}")
+    base = [sys.executable, "-m", "pip", "install", "-q", *missing]
+    if subprocess.run(base, capture_output=True).returncode != 0:
+        # Debian's system Python refuses plain pip installs (PEP 668).
+        run(base + ["--break-system-packages"], timeout=1200)
+    importlib.invalidate_caches()
+
+
+def ensure_all(file_systems: list[str]) -> None:
+    packages = list(GANESHA_PACKAGES)
+    for fs in file_systems:
+        packages += FS_PACKAGES.get(fs, [])
+    ensure_debian(packages)
+    ensure_python(list(PYTHON_PACKAGES))
+
+
+def build_binaries(repo: Path) -> dict[str, Path]:
+    """Builds sluice and sluice-load in release mode (a no-op when fresh)."""
+    log("building sluice and sluice-load (cargo build --release)")
+    run(["cargo", "build", "--release", "--quiet", "-p", "sluice", "--bins"], cwd=repo, timeout=1800)
+    return binaries(repo)
+
+
+def binaries(repo: Path) -> dict[str, Path]:
+    found = {name: repo / "target" / "release" / name for name in ("sluice", "sluice-load")}
+    for path in found.values():
+        if not path.is_file():
+            raise RuntimeError(f"{path} is missing: build it with 'cargo build --release' or drop --no-build")
+    return found

@@ -1,0 +1,259 @@
+"""The experiments. Each is planned as a list of rounds; a round measures
+every variant of one case (both servers, READ and READ_PLUS, the local
+limit) back to back in the same cache state, so that ratios between them are
+taken within one round (the records' `run`), then summarised as
+min/median/max over rounds.
+
+sparse  READ vs READ_PLUS over data, hole and mixed layouts (seed 001).
+stream  sequential streaming (1 and 4 streams) and random 8 KiB reads
+        against the device's direct-read rate (seed 000), cross-checked
+        with nfs-rs.
+mix     16 threads of 8 KiB random reads and writes, 50/50, on one
+        preallocated file, and a readers-only baseline (seed 002).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import clients
+from .clients import LoadSpec
+from .fs import TestFs
+from .layouts import LAYOUTS
+from .servers import Server
+from .util import MiB, Progress, log
+
+EXPERIMENTS = ["sparse", "stream", "mix"]
+CACHES = ["cold", "warm"]
+
+SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
+STREAM_FILE = "data"  # the sparse experiment's fully written file
+MIX_FILE = "mixfile"
+
+
+@dataclass
+class Config:
+    runs: int
+    size: int  # bytes per sparse/stream file
+    mix_size: int
+    duration: float  # seconds per random or mixed measurement
+    smoke: bool
+
+
+@dataclass
+class Context:
+    """What a measurement needs for one file system."""
+
+    fs: TestFs
+    servers: dict[str, Server]
+    sluice_load: Path
+    config: Config
+    progress: Progress
+    records: list[dict]
+
+    def local(self, name: str) -> Path:
+        return self.fs.mountpoint / name
+
+    def check_servers(self) -> None:
+        for s in self.servers.values():
+            s.check_alive()
+
+
+# Rough cost of a measurement, for the progress estimate only (it is
+# rescaled by the measured pace as the run goes): a fixed part (starting
+# the client, dropping caches) and a sequential pass at this rate.
+ASSUMED_MB_PER_S = 400e6
+FIXED_SECONDS = 0.5
+
+
+@dataclass
+class Variant:
+    """One measured thing within a round: who serves, which client, which op."""
+
+    server: str  # sluice, ganesha, local
+    client: str  # sluice-load, nfs-rs, dd
+    op: str  # read, read_plus, mix, ...
+    measure: Callable[[Context], dict]
+    warmup: Callable[[Context], object] | None = None
+    seconds: float = 1.0  # expected time of the measurement
+    warmup_seconds: float = 0.0  # and of the warm-up pass
+
+
+@dataclass
+class Round:
+    """Every variant of one case, back to back, in one cache state."""
+
+    experiment: str
+    case: str
+    cache: str
+    run: int
+    variants: list[Variant]
+    file_bytes: int
+
+    def cost(self) -> float:
+        return sum(self.step_cost(v) for v in self.variants)
+
+    def step_cost(self, v: "Variant") -> float:
+        warming = self.cache == "warm" and v.warmup is not None
+        return FIXED_SECONDS + v.seconds + (v.warmup_seconds if warming else 0)
+
+
+def _load(server: str, path: str, spec: LoadSpec) -> Callable[[Context], dict]:
+    def measure(ctx: Context) -> dict:
+        r = clients.sluice_load(ctx.sluice_load, ctx.servers[server].address, path, spec)
+        r["spec"] = spec.describe()
+        if spec.pattern == "seq":
+            _check_whole_file(ctx, path, r)
+        return r
+
+    return measure
+
+
+def _load_variant(
+    server: str, op: str, path: str, spec: LoadSpec, cfg: Config, warm: LoadSpec | None = None
+) -> Variant:
+    """sluice-load runs `spec`; the warm-up is one pass of `warm` (default:
+    the same as the measurement, which must then be a sequential pass)."""
+    warm = warm or spec
+    pass_seconds = cfg.size / ASSUMED_MB_PER_S
+    seconds = pass_seconds if spec.pattern == "seq" else spec.duration
+    return Variant(
+        server, "sluice-load", op, _load(server, path, spec), _load(server, path, warm), seconds, pass_seconds
+    )
+
+
+def _nfsrs(server: str, path: str) -> Callable[[Context], dict]:
+    def measure(ctx: Context) -> dict:
+        return _check_whole_file(ctx, path, clients.nfsrs_read(ctx.servers[server].port, path))
+
+    return measure
+
+
+def _check_whole_file(ctx: Context, path: str, result: dict) -> dict:
+    """A sequential pass must cover the file exactly once; anything else (a
+    pass cut short, a reply claiming more than was asked) is no figure."""
+    size = ctx.local(path.lstrip("/")).stat().st_size
+    if "error" not in result and result.get("bytes") != size:
+        result["error"] = f"the pass covered {result.get('bytes')} bytes of a {size}-byte file"
+    return result
+
+
+def _dd(name: str) -> Callable[[Context], dict]:
+    return lambda ctx: clients.dd_direct(ctx.local(name))
+
+
+def run_round(ctx: Context, rnd: Round) -> None:
+    for v in rnd.variants:
+        label = f"{ctx.fs.name} {rnd.experiment} {rnd.case} {rnd.cache} run {rnd.run}: {v.server} {v.client} {v.op}"
+        ctx.progress.step(label, rnd.step_cost(v))
+        if rnd.cache == "cold":
+            ctx.fs.drop_caches()
+        elif v.warmup is not None:
+            v.warmup(ctx)  # one untimed pass
+        result = v.measure(ctx)
+        ctx.check_servers()
+        ctx.records.append(
+            {
+                "fs": ctx.fs.name,
+                "experiment": rnd.experiment,
+                "case": rnd.case,
+                "cache": rnd.cache,
+                "run": rnd.run,
+                "server": v.server,
+                "client": v.client,
+                "op": v.op,
+                "file_bytes": rnd.file_bytes,
+                "result": result,
+            }
+        )
+        log(f"    -> {_headline(result)}")
+
+
+def _headline(r: dict) -> str:
+    if "error" in r:
+        return f"ERROR {r['error'][:300]}"
+    parts = [f"{r.get('mb_per_s', 0):.1f} MB/s"]
+    if "iops" in r:
+        parts.append(f"{r['iops']:.0f} IOPS")
+    for kind in ("read", "write"):
+        lat = r.get(kind)
+        if isinstance(lat, dict):
+            parts.append(f"{kind} p50 {lat['p50_us']} us p99 {lat['p99_us']} us")
+    return ", ".join(parts)
+
+
+def _rounds(
+    experiment: str, cfg: Config, cases: dict[str, list[Variant]], caches: list[str], file_bytes: int
+) -> list[Round]:
+    return [
+        Round(experiment, case, cache, run, variants, file_bytes)
+        for case, variants in cases.items()
+        for cache in caches
+        for run in range(1, cfg.runs + 1)
+    ]
+
+
+# --- sparse -----------------------------------------------------------------
+
+
+def plan_sparse(cfg: Config) -> list[Round]:
+    plus = LoadSpec(mode="read-plus", pattern="seq", bs=MiB, inflight=8)
+    cases = {
+        layout.name: [
+            _load_variant("sluice", "read", "/" + layout.name, SEQ_1M, cfg),
+            _load_variant("sluice", "read_plus", "/" + layout.name, plus, cfg),
+            # nfs-ganesha's VFS backend has no usable READ_PLUS (see the notes): READ only.
+            _load_variant("ganesha", "read", "/" + layout.name, SEQ_1M, cfg),
+        ]
+        for layout in LAYOUTS
+    }
+    return _rounds("sparse", cfg, cases, CACHES, cfg.size)
+
+
+# --- stream -----------------------------------------------------------------
+
+
+def plan_stream(cfg: Config) -> list[Round]:
+    path = "/" + STREAM_FILE
+    four = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8, streams=4)
+    rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration)
+    pass_seconds = cfg.size / ASSUMED_MB_PER_S
+    both = ("sluice", "ganesha")
+    cases = {
+        "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds)]
+        + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in both],
+        "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in both],
+        # Warm for random reads means the whole file is cached: one
+        # sequential READ pass first.
+        "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=SEQ_1M) for s in both],
+        "nfs-rs-seq-1-stream": [
+            Variant(s, "nfs-rs", "read", _nfsrs(s, path), _nfsrs(s, path), pass_seconds, pass_seconds)
+            for s in both
+        ],
+    }
+    return _rounds("stream", cfg, cases, CACHES, cfg.size)
+
+
+# --- mix --------------------------------------------------------------------
+
+MIX_STREAMS = 16
+MIX_CACHES = ["cold"]
+
+
+def plan_mix(cfg: Config) -> list[Round]:
+    path = "/" + MIX_FILE
+    # 16 clients with one request each, like fio's 16 psync threads.
+    common = dict(pattern="random", bs=8192, inflight=1, streams=MIX_STREAMS, duration=cfg.duration)
+    mixed = LoadSpec(mode="mix", write_pct=50, **common)
+    readers = LoadSpec(mode="read", **common)
+    both = ("sluice", "ganesha")
+    cases = {
+        "randrw-50": [_load_variant(s, "mix", path, mixed, cfg, warm=SEQ_1M) for s in both],
+        "randread-only": [_load_variant(s, "read", path, readers, cfg, warm=SEQ_1M) for s in both],
+    }
+    return _rounds("mix", cfg, cases, MIX_CACHES, cfg.mix_size)
+
+
+PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix}

@@ -1,0 +1,592 @@
+"""Turns raw records into summaries (min/median/max over runs), ratios taken
+within a run, markdown tables, PNG plots and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from .layouts import LAYOUTS
+
+# --- numbers ------------------------------------------------------------------
+
+GROUP_KEYS = ("fs", "experiment", "case", "cache", "server", "client", "op")
+
+# The measured variants, as (server, client, op).
+SLUICE_READ = ("sluice", "sluice-load", "read")
+SLUICE_READ_PLUS = ("sluice", "sluice-load", "read_plus")
+SLUICE_MIX = ("sluice", "sluice-load", "mix")
+GANESHA_READ = ("ganesha", "sluice-load", "read")
+GANESHA_MIX = ("ganesha", "sluice-load", "mix")
+SLUICE_NFSRS = ("sluice", "nfs-rs", "read")
+GANESHA_NFSRS = ("ganesha", "nfs-rs", "read")
+DIRECT_READ = ("local", "dd", "direct_read")
+
+LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
+
+
+def metric_of(result: dict, metric: str) -> float | None:
+    """A figure from one result: a top-level number (mb_per_s, iops,
+    wire_data_bytes, bytes) or a latency such as read_p99_us."""
+    kind, _, field = metric.partition("_")
+    if kind in ("read", "write") and field in LATENCY_FIELDS:
+        return (result.get(kind) or {}).get(field)
+    return result.get(metric)
+
+
+METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes"] + [
+    f"{kind}_{field}" for kind in ("read", "write") for field in LATENCY_FIELDS
+]
+
+
+def stats(values: list[float | None]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "n": len(values)}
+
+
+def ok(record: dict) -> bool:
+    return "error" not in record["result"]
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    """One entry per (fs, experiment, case, cache, server, client, op) with
+    min/median/max of every metric over the successful runs."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for rec in records:
+        groups[tuple(rec[k] for k in GROUP_KEYS)].append(rec)
+    out = []
+    for key, recs in groups.items():
+        good = [r["result"] for r in recs if ok(r)]
+        metrics = {m: stats([metric_of(r, m) for r in good]) for m in METRICS}
+        out.append(
+            {
+                **dict(zip(GROUP_KEYS, key, strict=True)),
+                "runs": len(recs),
+                "failed_runs": len(recs) - len(good),
+                "metrics": {m: s for m, s in metrics.items() if s is not None},
+            }
+        )
+    return out
+
+
+# Ratios per experiment: (name, numerator variant, denominator variant,
+# metric), each taken between two results of the same fs, case, cache and run.
+RATIOS = {
+    "sparse": [
+        ("read_plus/read (sluice)", SLUICE_READ_PLUS, SLUICE_READ, "mb_per_s"),
+        ("sluice READ/ganesha READ", SLUICE_READ, GANESHA_READ, "mb_per_s"),
+        ("sluice READ_PLUS/ganesha READ", SLUICE_READ_PLUS, GANESHA_READ, "mb_per_s"),
+    ],
+    "stream": [
+        ("sluice/ganesha", SLUICE_READ, GANESHA_READ, "mb_per_s"),
+        ("sluice/ganesha (nfs-rs)", SLUICE_NFSRS, GANESHA_NFSRS, "mb_per_s"),
+        ("sluice/direct read", SLUICE_READ, DIRECT_READ, "mb_per_s"),
+        ("ganesha/direct read", GANESHA_READ, DIRECT_READ, "mb_per_s"),
+    ],
+    "mix": [
+        ("IOPS sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "iops"),
+        ("IOPS sluice/ganesha", SLUICE_READ, GANESHA_READ, "iops"),
+        ("read p99 sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "read_p99_us"),
+        ("read p99 sluice/ganesha", SLUICE_READ, GANESHA_READ, "read_p99_us"),
+        ("write p99 sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "write_p99_us"),
+    ],
+}
+
+
+def ratios(records: list[dict]) -> list[dict]:
+    rounds: dict[tuple, dict[tuple, dict]] = defaultdict(dict)
+    for rec in records:
+        if ok(rec):
+            round_key = (rec["fs"], rec["experiment"], rec["case"], rec["cache"], rec["run"])
+            rounds[round_key][(rec["server"], rec["client"], rec["op"])] = rec["result"]
+    per_group: dict[tuple, list[float]] = defaultdict(list)
+    for (fs, exp, case, cache, _run), results in rounds.items():
+        for name, num, den, metric in RATIOS.get(exp, []):
+            if num in results and den in results:
+                a, b = metric_of(results[num], metric), metric_of(results[den], metric)
+                if a is not None and b:
+                    per_group[(fs, exp, case, cache, name)].append(a / b)
+    return [
+        {"fs": fs, "experiment": exp, "case": case, "cache": cache, "ratio": name, **stats(values)}
+        for (fs, exp, case, cache, name), values in per_group.items()
+    ]
+
+
+def errors(records: list[dict]) -> list[dict]:
+    return [
+        {k: rec[k] for k in GROUP_KEYS + ("run",)} | {"error": rec["result"]["error"]}
+        for rec in records
+        if not ok(rec)
+    ]
+
+
+class Index:
+    """Look-ups into the summaries and ratios of one result set."""
+
+    def __init__(self, results: dict):
+        self.summary = {tuple(e[k] for k in GROUP_KEYS): e for e in results["summary"]}
+        self.ratios = {
+            (r["fs"], r["experiment"], r["case"], r["cache"], r["ratio"]): r for r in results["ratios"]
+        }
+
+    def metric(self, where: tuple, variant: tuple, metric: str = "mb_per_s") -> dict | None:
+        """Stats of `metric` for `variant` at `where` = (fs, experiment, case, cache)."""
+        entry = self.summary.get(where + variant)
+        return entry["metrics"].get(metric) if entry else None
+
+    def ratio(self, where: tuple, name: str) -> dict | None:
+        return self.ratios.get(where + (name,))
+
+
+def file_systems(results: dict, experiment: str) -> list[str]:
+    """File systems with results for `experiment`, in run order."""
+    return list(dict.fromkeys(e["fs"] for e in results["summary"] if e["experiment"] == experiment))
+
+
+# --- markdown -----------------------------------------------------------------
+
+STREAM_CASES = ["seq-1-stream", "seq-4-streams", "random-8k", "nfs-rs-seq-1-stream"]
+MIX_CASES = [("randrw-50", SLUICE_MIX, GANESHA_MIX), ("randread-only", SLUICE_READ, GANESHA_READ)]
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2g}"
+
+
+def cell(s: dict | None) -> str:
+    """'median (min–max)', or just the value when the runs agree."""
+    if not s:
+        return "–"
+    if s["min"] == s["max"]:
+        return _num(s["median"])
+    return f"{_num(s['median'])} ({_num(s['min'])}–{_num(s['max'])})"
+
+
+def ratio_cell(s: dict | None) -> str:
+    if not s:
+        return "–"
+    if s["min"] == s["max"]:
+        return f"{s['median']:.2f}×"
+    return f"{s['median']:.2f}× ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def bytes_cell(s: dict | None) -> str:
+    if not s:
+        return "–"
+    v = s["median"]
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
+
+
+def _sparse_tables(ix: Index, fs: str) -> list[str]:
+    rows = []
+    for layout in LAYOUTS:
+        for cache in ("cold", "warm"):
+            at = (fs, "sparse", layout.name, cache)
+            if ix.metric(at, SLUICE_READ) is None and ix.metric(at, GANESHA_READ) is None:
+                continue
+            rows.append(
+                [
+                    layout.name,
+                    cache,
+                    cell(ix.metric(at, SLUICE_READ)),
+                    cell(ix.metric(at, SLUICE_READ_PLUS)),
+                    ratio_cell(ix.ratio(at, "read_plus/read (sluice)")),
+                    cell(ix.metric(at, GANESHA_READ)),
+                    ratio_cell(ix.ratio(at, "sluice READ_PLUS/ganesha READ")),
+                    bytes_cell(ix.metric(at, SLUICE_READ, "wire_data_bytes")),
+                    bytes_cell(ix.metric(at, SLUICE_READ_PLUS, "wire_data_bytes")),
+                ]
+            )
+    header = ["file", "cache", "sluice READ MB/s", "sluice READ_PLUS MB/s", "READ_PLUS/READ",
+              "ganesha READ MB/s", "sluice READ_PLUS/ganesha READ", "wire data READ", "wire data READ_PLUS"]  # fmt: skip
+    return _table(header, rows)
+
+
+def _stream_tables(ix: Index, fs: str) -> list[str]:
+    rows = []
+    for case in STREAM_CASES:
+        nfsrs = case.startswith("nfs-rs")
+        sluice, ganesha = (SLUICE_NFSRS, GANESHA_NFSRS) if nfsrs else (SLUICE_READ, GANESHA_READ)
+        for cache in ("cold", "warm"):
+            at = (fs, "stream", case, cache)
+            if ix.metric(at, sluice) is None and ix.metric(at, ganesha) is None:
+                continue
+            random = case == "random-8k"
+            rows.append(
+                [
+                    case,
+                    cache,
+                    cell(ix.metric(at, sluice)),
+                    cell(ix.metric(at, ganesha)),
+                    ratio_cell(ix.ratio(at, "sluice/ganesha (nfs-rs)" if nfsrs else "sluice/ganesha")),
+                    cell(ix.metric(at, DIRECT_READ)) if ix.metric(at, DIRECT_READ) else "",
+                    ratio_cell(ix.ratio(at, "sluice/direct read")) if ix.metric(at, DIRECT_READ) else "",
+                    cell(ix.metric(at, sluice, "iops")) if random else "",
+                    cell(ix.metric(at, ganesha, "iops")) if random else "",
+                ]
+            )
+    header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct read MB/s",
+              "sluice/direct", "sluice IOPS", "ganesha IOPS"]  # fmt: skip
+    return _table(header, rows)
+
+
+def _mix_tables(ix: Index, fs: str) -> list[str]:
+    rows, ratio_rows = [], []
+    for case, *variants in MIX_CASES:
+        at = (fs, "mix", case, "cold")
+        for variant in variants:
+            if ix.metric(at, variant, "iops") is None:
+                continue
+            latencies = [
+                ix.metric(at, variant, f"{kind}_{f}") for kind in ("read", "write") for f in LATENCY_FIELDS
+            ]
+            rows.append(
+                [case, variant[0], cell(ix.metric(at, variant, "iops"))] + [cell(s) for s in latencies]
+            )
+        for name in ("IOPS sluice/ganesha", "read p99 sluice/ganesha", "write p99 sluice/ganesha"):
+            if r := ix.ratio(at, name):
+                ratio_rows.append([case, name, ratio_cell(r)])
+    header = ["case", "server", "IOPS", "read avg", "read p50", "read p99", "read max",
+              "write avg", "write p50", "write p99", "write max"]  # fmt: skip
+    return _table(header, rows) + _table(["case", "ratio", "value"], ratio_rows)
+
+
+SECTIONS = [
+    (
+        "sparse",
+        "### sparse: READ vs READ_PLUS",
+        "One sequential pass over each file (sluice-load, 1 stream, 1 MiB requests, 8 in flight). "
+        "Layouts: `data`, `hole`, and `mixed-Nd`/`mixed-Nh`: alternating N KiB data and hole segments "
+        "starting with data or hole. nfs-ganesha: READ only (see the notes). Wire data: bytes of file "
+        "data on the wire (READ_PLUS sends holes as segment headers).",
+        _sparse_tables,
+    ),
+    (
+        "stream",
+        "### stream: streaming and random reads against the device limit",
+        "`seq-1-stream`: one sequential pass, 1 MiB requests, 8 in flight; `seq-4-streams`: four "
+        "connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
+        "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
+        "file (NFSv4.1, up to 8 reads in flight). Direct read: `dd iflag=direct bs=1M` on the server's "
+        "file system, in the same rounds as `seq-1-stream`.",
+        _stream_tables,
+    ),
+    (
+        "mix",
+        "### mix: random 8 KiB reads and writes on one file",
+        "16 connections with one request each (like 16 psync threads), 8 KiB random requests over one "
+        "preallocated file, cache dropped before each run: `randrw-50` is 50% writes (UNSTABLE), "
+        "`randread-only` the readers-only baseline. Latencies in microseconds; for latency ratios "
+        "lower is better.",
+        _mix_tables,
+    ),
+]
+
+
+def markdown_results(results: dict, image_prefix: str) -> str:
+    """The result tables and plot links; `image_prefix` is the plots'
+    directory relative to the markdown file."""
+    ix = Index(results)
+    out = [
+        f"Each cell is the median over {results['config']['runs']} run(s), with (min–max) when they "
+        "differ. Ratios are taken within each run, then summarised the same way. MB/s is 10^6 bytes "
+        "of file covered per second.",
+        "",
+    ]
+    for experiment, heading, intro, tables in SECTIONS:
+        systems = file_systems(results, experiment)
+        if not systems:
+            continue
+        out += [heading, "", intro, ""]
+        for fs in systems:
+            out += (
+                [f"#### {fs}", ""]
+                + tables(ix, fs)
+                + [f"![{experiment} {fs}]({image_prefix}{experiment}-{fs}.png)", ""]
+            )
+
+    if results.get("errors"):
+        rows = [
+            [e["fs"], e["experiment"], e["case"], e["cache"], e["server"], e["op"], str(e["run"]),
+             e["error"].replace("|", "/").replace("\n", " ")[:200]]
+            for e in results["errors"]
+        ]  # fmt: skip
+        out += ["### Failed measurements", ""]
+        out += _table(["fs", "experiment", "case", "cache", "server", "op", "run", "error"], rows)
+    if results.get("failures"):
+        out += ["### Aborted file systems", ""]
+        out += [f"- {f['fs']}: {f['error'].splitlines()[0][:300]}" for f in results["failures"]] + [""]
+    if results.get("notes"):
+        out += ["### Notes", ""] + [f"- {n}" for n in results["notes"]] + [""]
+    return "\n".join(out)
+
+
+def markdown_environment(results: dict) -> str:
+    env = results["environment"]
+
+    def show(key, value) -> str:
+        if isinstance(value, list):
+            return " ".join(map(str, value))
+        if isinstance(value, dict):
+            return "; ".join(f"{k}: {v}" for k, v in value.items())
+        return f"`{value}`" if key == "command" else str(value)
+
+    rows = [[k.replace("_", " "), show(k, v)] for k, v in env.items() if k != "file_systems"]
+    lines = _table(["", ""], rows)
+    for fs, d in env.get("file_systems", {}).items():
+        lines.append(f"- **{fs}**: " + ", ".join(f"{k} `{v}`" for k, v in d.items() if k != "files"))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def results_json(results: dict) -> str:
+    """JSON with the long lists (records, summary, ratios, errors) one item
+    per line, so that the file stays readable and diffs stay small."""
+    parts = []
+    for key, value in results.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            items = ",\n  ".join(json.dumps(v, separators=(",", ":")) for v in value)
+            parts.append(f"{json.dumps(key)}: [\n  {items}\n ]")
+        else:
+            parts.append(f"{json.dumps(key)}: " + json.dumps(value, indent=1).replace("\n", "\n "))
+    return "{\n " + ",\n ".join(parts) + "\n}\n"
+
+
+def write_results(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(results_json(results))
+    md = [
+        "# sluice benchmark results",
+        "",
+        f"Command: `{results['environment']['command']}`",
+        "",
+        "## Environment",
+        "",
+        markdown_environment(results),
+        "## Results",
+        "",
+        markdown_results(results, ""),
+    ]
+    (out / "results.md").write_text("\n".join(md))
+
+
+DOC_HEAD = """\
+# Benchmarks
+
+`bench/run` measures sluice against nfs-ganesha (Debian packages, VFS backend)
+exporting the same directory, on fresh ext4, xfs and btrfs file systems on
+loop devices (`losetup --direct-io=on`), with the local direct-read rate as
+the physical limit. It installs what it needs, sets everything up, runs the
+experiments, tears everything down (also on failure or Ctrl-C) and writes
+this page, `results.json` (every raw figure and the environment),
+`results.md` and the plots. Run it as root:
+
+```sh
+bench/run                                  # everything: ext4, xfs, btrfs; 3 runs; 2 GiB files
+bench/run --fs xfs --experiments mix       # a subset
+bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds (the test suite does this)
+```
+
+Options: `--fs`, `--experiments sparse,stream,mix`, `--runs N` (at least 3
+for published figures), `--size` (per test file), `--mix-size`,
+`--duration` (seconds per random or mixed measurement), `--out DIR`
+(default `docs/bench/`), `--docs FILE` (this page; written by default only
+when `--out` is the default), `--no-build`. A run that was killed outright
+(SIGKILL) cannot tear down; `bench/run --clean-stale` removes what it left
+(its servers, mounts, loop devices and images under `/var/tmp/sluice-bench-*`).
+
+Cache states: **cold** = `sync; echo 3 > /proc/sys/vm/drop_caches` and
+`blockdev --flushbufs` on the loop device before the measurement; **warm** =
+one untimed identical pass first. Servers keep running between
+measurements, so their own caches (sluice's extent maps, ganesha's metadata
+cache) stay warm in both states. The experiments come from the design
+brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
+(001), mixed random reads and writes on one file (002).
+
+"""
+
+
+def write_docs(results: dict, doc: Path, out: Path) -> None:
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    prefix = os.path.relpath(out, doc.parent) + "/"
+    env = results["environment"]
+    lines = [DOC_HEAD]
+    if results["config"].get("smoke"):
+        lines += [
+            "> **Smoke run.** These figures come from `--smoke` (tiny files, one run, short "
+            "durations): they prove the pipeline, they are not measurements.",
+            "",
+        ]
+    lines += [
+        "## Latest run",
+        "",
+        f"Command: `{env['command']}`  ",
+        f"Date: {env['date']}  ",
+        f"Raw figures: [{prefix}results.json]({prefix}results.json)",
+        "",
+        "### Environment",
+        "",
+        markdown_environment(results),
+        "## Results",
+        "",
+        markdown_results(results, prefix),
+    ]
+    doc.write_text("\n".join(lines))
+
+
+# --- plots --------------------------------------------------------------------
+
+COLORS = {"sluice": "#1f77b4", "sluice READ_PLUS": "#2ca02c", "ganesha": "#d62728"}
+
+
+def _bars(
+    ax, groups: list[str], series: dict[str, list[dict | None]], ylabel: str, log: bool = False
+) -> None:
+    """Grouped bars of medians with min–max error bars."""
+    import numpy as np
+
+    x = np.arange(len(groups))
+    width = 0.8 / max(len(series), 1)
+    for i, (name, values) in enumerate(series.items()):
+        med = [v["median"] if v else 0 for v in values]
+        lo = [v["median"] - v["min"] if v else 0 for v in values]
+        hi = [v["max"] - v["median"] if v else 0 for v in values]
+        color = COLORS.get(name, COLORS.get(name.split()[0]))
+        offset = (i - (len(series) - 1) / 2) * width
+        ax.bar(x + offset, med, width, yerr=[lo, hi], capsize=2, label=name, color=color)
+    ax.set_xticks(x, groups, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _plot_sparse(plt, ix: Index, fs: str):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    names = [layout.name for layout in LAYOUTS]
+    for ax, cache in zip(axes, ("cold", "warm"), strict=True):
+        bars = {
+            label: [ix.metric((fs, "sparse", name, cache), variant) for name in names]
+            for label, variant in (
+                ("sluice READ", SLUICE_READ),
+                ("sluice READ_PLUS", SLUICE_READ_PLUS),
+                ("ganesha READ", GANESHA_READ),
+            )
+        }
+        _bars(ax, names, bars, "MB/s of file covered (log)", log=True)
+        ax.set_title(f"{fs}, {cache} cache")
+    fig.suptitle("sparse files: READ vs READ_PLUS (median, min–max)")
+    return fig
+
+
+def _plot_stream(plt, ix: Index, fs: str):
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    groups, sluice, ganesha = [], [], []
+    for case in STREAM_CASES:
+        nfsrs = case.startswith("nfs-rs")
+        for cache in ("cold", "warm"):
+            at = (fs, "stream", case, cache)
+            groups.append(f"{case}\n{cache}")
+            sluice.append(ix.metric(at, SLUICE_NFSRS if nfsrs else SLUICE_READ))
+            ganesha.append(ix.metric(at, GANESHA_NFSRS if nfsrs else GANESHA_READ))
+    _bars(ax, groups, {"sluice": sluice, "ganesha": ganesha}, "MB/s")
+    direct = ix.metric((fs, "stream", "seq-1-stream", "cold"), DIRECT_READ)
+    if direct:
+        ax.axhline(direct["median"], color="k", linestyle="--", linewidth=1, label="direct read (dd)")
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{fs}: streaming and random reads (median, min–max)")
+    return fig
+
+
+def _plot_mix(plt, ix: Index, fs: str, records: list[dict]):
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    iops = {
+        server: [ix.metric((fs, "mix", case, "cold"), variants[i], "iops") for case, *variants in MIX_CASES]
+        for i, server in enumerate(("sluice", "ganesha"))
+    }
+    _bars(ax1, [case for case, *_ in MIX_CASES], iops, "IOPS")
+    ax1.set_title(f"{fs}: IOPS, 16 clients, 8 KiB")
+    # sluice-load reports p50, p99 and max: plot them as points of the
+    # complementary CDF (fraction of requests slower than x; the max is the
+    # slowest one of `count`), which shows the tail on log scales.
+    styles = {("randrw-50", "read"): "-", ("randrw-50", "write"): ":", ("randread-only", "read"): "--"}
+    for case, *variants in MIX_CASES:
+        at = (fs, "mix", case, "cold")
+        for kind in ("read", "write"):
+            if (case, kind) not in styles:
+                continue
+            for variant in variants:
+                points = [ix.metric(at, variant, f"{kind}_{q}") for q in ("p50_us", "p99_us", "max_us")]
+                count = _median_count(records, at, variant, kind)
+                if not all(points) or not count:
+                    continue
+                ax2.plot(
+                    [max(p["median"], 1) for p in points],
+                    [0.5, 0.01, 1 / count],
+                    styles[(case, kind)],
+                    marker="o",
+                    color=COLORS[variant[0]],
+                    label=f"{variant[0]} {kind} ({case})",
+                )
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("latency (us)")
+    ax2.set_ylabel("fraction of requests slower")
+    ax2.set_title("latency tail: p50, p99, max (median run)")
+    ax2.grid(alpha=0.3, which="both")
+    ax2.legend(fontsize=7)
+    return fig
+
+
+def _median_count(records: list[dict], at: tuple, variant: tuple, kind: str) -> float | None:
+    """Median number of `kind` requests per run at `at` = (fs, experiment, case, cache)."""
+    counts = [
+        (r["result"].get(kind) or {}).get("count")
+        for r in records
+        if ok(r)
+        and (r["fs"], r["experiment"], r["case"], r["cache"]) == at
+        and (r["server"], r["client"], r["op"]) == variant
+    ]
+    s = stats(counts)
+    return s["median"] if s else None
+
+
+def plot_all(results: dict, out: Path) -> list[str]:
+    """Writes the PNG plots into `out` (replacing an earlier run's) and
+    returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for old in [*out.glob("sparse-*.png"), *out.glob("stream-*.png"), *out.glob("mix-*.png")]:
+        old.unlink()
+    ix = Index(results)
+    written = []
+    for experiment, draw in (
+        ("sparse", lambda fs: _plot_sparse(plt, ix, fs)),
+        ("stream", lambda fs: _plot_stream(plt, ix, fs)),
+        ("mix", lambda fs: _plot_mix(plt, ix, fs, results["records"])),
+    ):
+        for fs in file_systems(results, experiment):
+            fig = draw(fs)
+            fig.tight_layout()
+            name = f"{experiment}-{fs}.png"
+            fig.savefig(out / name, dpi=100)
+            plt.close(fig)
+            written.append(name)
+    return written

@@ -1,0 +1,369 @@
+#!/bin/sh
+# Guest side of tests/interop/test_linux_client.py: drive the Linux kernel NFS
+# client against the server on $SERVER:$PORT (mounted with NFS minor version
+# $VERS) and check what it sees. Runs under busybox sh inside
+# tests/vm/linux-client and needs /usr/bin/flock and /usr/bin/perl there
+# (--bin). The host side must have created big/f00000..big/f19999 (content:
+# the name and a newline) in the export, and must answer on $CTL_PORT:
+#   "restart"     -> restart the server, reply "ok" once it listens again
+#   "mkfile PATH" -> create PATH (relative to the export) containing "host\n"
+#
+# Every check that fails stops the script with a non-zero status and says
+# which step it was in. Lines "MANIFEST <path> <md5> <size>" at the end list
+# the files written here, for the host to compare with the export.
+
+set -eu
+set -o pipefail
+
+: "${SERVER:?}" "${PORT:?}" "${CTL_PORT:?}" "${VERS:?}"
+M=/mnt
+OPTS="vers=$VERS,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
+SUMS=/tmp/sums            # "md5  path" of everything written, for md5sum -c
+STEP=setup
+: > "$SUMS"
+umask 022
+
+step() {
+  STEP=$1
+  echo "---- step: $STEP (guest uptime $(cut -d' ' -f1 /proc/uptime)s)"
+}
+fail() {
+  echo "FAIL in step '$STEP': $*"
+  exit 1
+}
+on_exit() {
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "GUEST SUITE FAILED in step '$STEP' (exit status $rc)"
+    grep " $M " /proc/mounts || true
+  fi
+}
+trap on_exit EXIT
+
+eq() { # actual expected what
+  [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"
+}
+expect_rc() { # wanted-status command...
+  want=$1
+  shift
+  set +e
+  "$@"
+  got=$?
+  set -e
+  [ "$got" = "$want" ] || fail "'$*' exited $got, expected $want"
+}
+md5() { md5sum "$1" | cut -d' ' -f1; }
+zeros_md5() { head -c "$1" /dev/zero | md5sum | cut -d' ' -f1; }
+fsize() { stat -c %s "$1"; }
+drop_caches() {
+  sync
+  echo 3 > /proc/sys/vm/drop_caches
+}
+do_mount() {
+  mount -t nfs4 -o "$OPTS" "$SERVER:/" "$M" || fail "mount -t nfs4 -o $OPTS $SERVER:/ $M"
+  grep " $M nfs4 " /proc/mounts > /tmp/mountline || fail "no nfs4 mount on $M after mount"
+  grep -q "vers=$VERS" /tmp/mountline || fail "mounted, but not as NFS $VERS: $(cat /tmp/mountline)"
+}
+remount() {
+  cd /
+  umount "$M" || fail "umount $M"
+  do_mount
+}
+ctl() { # ask the host; it answers "ok"
+  reply=$(echo "$*" | nc "$SERVER" "$CTL_PORT") || fail "control request '$*': nc failed"
+  eq "$reply" ok "reply to control request '$*'"
+}
+new_random() { # path size: write random bytes, remember their md5
+  s=$(head -c "$2" /dev/urandom | tee "$1" | md5sum | cut -d' ' -f1)
+  echo "$s  $1" >> "$SUMS"
+}
+verify_all() { # what
+  drop_caches
+  md5sum -c "$SUMS" > /tmp/md5check 2>&1 || {
+    grep -v ': OK$' /tmp/md5check
+    fail "$1: file contents differ from what was written"
+  }
+}
+# fcntl() byte-range locks through perl (no modules needed). struct flock on
+# x86_64: short type, short whence, (pad), off_t start, off_t len, pid_t pid.
+# F_SETLK=6, F_SETLKW=7; F_RDLCK=0, F_WRLCK=1.
+try_lock() { # file type start len -> 0 granted, 3 conflict, 1 other error
+  perl -e '
+    open(F, "+<", $ARGV[0]) or exit 1;
+    fcntl(F, 6, pack("s s x4 q q i x4", $ARGV[1], 0, $ARGV[2], $ARGV[3], 0)) and exit 0;
+    exit(($! + 0 == 11 || $! + 0 == 13) ? 3 : 1);' "$@"
+}
+hold_lock() { # file type start len ready-fifo release-fifo (run in background)
+  perl -e '
+    open(F, "+<", $ARGV[0]) or die "open $ARGV[0]: $!";
+    $ok = fcntl(F, 7, pack("s s x4 q q i x4", $ARGV[1], 0, $ARGV[2], $ARGV[3], 0));
+    open(R, ">", $ARGV[4]) or die; print R ($ok ? "held\n" : "error $!\n"); close R;
+    exit 1 unless $ok;
+    open(W, "<", $ARGV[5]) or die; $x = <W>; exit 0;' "$@"
+}
+excl_create() { # path -> 0 created, 17 EEXIST, 1 other error
+  perl -e 'sysopen(F, $ARGV[0], 0301, 0644) and exit 0; exit($! + 0 == 17 ? 17 : 1);' "$1"
+}
+
+command -v perl > /dev/null || fail "perl is missing in the guest (--bin /usr/bin/perl)"
+command -v flock > /dev/null || fail "flock is missing in the guest (--bin /usr/bin/flock)"
+mkfifo /tmp/ready /tmp/release
+
+step "mount (NFS $VERS, kernel $(uname -r))"
+do_mount
+grep " $M " /proc/mounts
+
+SIZES=${SIZES:-tiny:1 page:4095 mib:1048583 m64:67108864 m256:268435456}
+step "write random files: $SIZES"
+mkdir "$M/data"
+for spec in $SIZES; do
+  name=${spec%%:*}
+  n=${spec#*:}
+  new_random "$M/data/$name" "$n"
+  eq "$(fsize "$M/data/$name")" "$n" "size of data/$name"
+done
+
+step "read the files back after umount and mount"
+remount
+verify_all "after remount"
+for spec in $SIZES; do
+  eq "$(fsize "$M/data/${spec%%:*}")" "${spec#*:}" "size of data/${spec%%:*} after remount"
+done
+
+step "append"
+mkdir "$M/app"
+printf 'line1\n' > "$M/app/log"
+printf 'line2\n' >> "$M/app/log"
+head -c 5000 /dev/urandom > /tmp/chunk
+cat /tmp/chunk >> "$M/app/log"
+printf 'tail\n' >> "$M/app/log"
+{ printf 'line1\nline2\n'; cat /tmp/chunk; printf 'tail\n'; } > /tmp/expect
+drop_caches
+eq "$(fsize "$M/app/log")" "$(fsize /tmp/expect)" "size after appends"
+eq "$(md5 "$M/app/log")" "$(md5 /tmp/expect)" "content after appends"
+echo "$(md5 /tmp/expect)  $M/app/log" >> "$SUMS"
+
+step "truncate up and down"
+mkdir "$M/trunc"
+head -c 10000 /dev/urandom > /tmp/orig
+cp /tmp/orig "$M/trunc/f"
+truncate -s 20000 "$M/trunc/f"
+eq "$(fsize "$M/trunc/f")" 20000 "size after truncate up"
+drop_caches
+eq "$(head -c 10000 "$M/trunc/f" | md5sum)" "$(md5sum < /tmp/orig)" "old data after truncate up"
+eq "$(tail -c 10000 "$M/trunc/f" | md5sum | cut -d' ' -f1)" "$(zeros_md5 10000)" "extended area after truncate up"
+truncate -s 3000 "$M/trunc/f"
+eq "$(fsize "$M/trunc/f")" 3000 "size after truncate down"
+drop_caches
+eq "$(md5sum < "$M/trunc/f")" "$(head -c 3000 /tmp/orig | md5sum)" "data after truncate down"
+truncate -s 5000 "$M/trunc/f"
+drop_caches
+eq "$(fsize "$M/trunc/f")" 5000 "size after truncate down then up"
+eq "$(head -c 3000 "$M/trunc/f" | md5sum)" "$(head -c 3000 /tmp/orig | md5sum)" "data kept after down+up"
+eq "$(tail -c 2000 "$M/trunc/f" | md5sum | cut -d' ' -f1)" "$(zeros_md5 2000)" \
+  "bytes 3000..4999 after shrinking to 3000 and growing to 5000 (old data must not reappear)"
+{ head -c 3000 /tmp/orig; head -c 2000 /dev/zero; } | md5sum | sed "s|-\$|$M/trunc/f|" >> "$SUMS"
+# Write far past the end: the gap must read as zeros (a hole on the server).
+dd if=/tmp/chunk of="$M/trunc/sparse" bs=4096 seek=1000 2> /dev/null
+drop_caches
+eq "$(fsize "$M/trunc/sparse")" $((4096 * 1000 + 5000)) "size of a file written at 4000 KiB"
+eq "$(head -c 4096000 "$M/trunc/sparse" | md5sum | cut -d' ' -f1)" "$(zeros_md5 4096000)" "hole before data"
+eq "$(tail -c 5000 "$M/trunc/sparse" | md5sum)" "$(md5sum < /tmp/chunk)" "data after the hole"
+: > "$M/trunc/f0"
+printf 'xyz' > "$M/trunc/f0"
+: > "$M/trunc/f0"
+eq "$(fsize "$M/trunc/f0")" 0 "size after O_TRUNC open"
+
+step "deep tree: mkdir -p 30 levels, find"
+p=$M/deep
+for i in $(seq -w 1 30); do p=$p/d$i; done
+mkdir -p "$p"
+echo bottom > "$p/leaf"
+eq "$(find "$M/deep" -type d | wc -l)" 31 "directories found under deep/"
+eq "$(find "$M/deep" -name leaf)" "$p/leaf" "find -name leaf"
+drop_caches
+eq "$(cat "$p/leaf")" bottom "content of the deepest file"
+
+step "list a directory of 20000 entries"
+[ -d "$M/big" ] || fail "big/ (created by the host before boot) is missing"
+ls "$M/big" > /tmp/biglist
+eq "$(wc -l < /tmp/biglist)" 20000 "entries in big/"
+eq "$(sort -u /tmp/biglist | wc -l)" 20000 "distinct entries in big/"
+for f in f00000 f00001 f09999 f12345 f19998 f19999; do
+  grep -qx "$f" /tmp/biglist || fail "big/$f missing from the listing"
+done
+eq "$(head -n 1 /tmp/biglist)" f00000 "first name"
+eq "$(tail -n 1 /tmp/biglist)" f19999 "last name"
+eq "$(cat "$M/big/f12345")" f12345 "content of big/f12345"
+eq "$(ls -l "$M/big" | grep -c '^-')" 20000 "regular files in ls -l big/"
+
+step "rename files and a directory across directories"
+mkdir -p "$M/ren/a/sub" "$M/ren/b"
+echo one > "$M/ren/a/file1"
+echo two > "$M/ren/a/sub/inner"
+echo victim > "$M/ren/b/victim"
+echo replacement > "$M/ren/a/repl"
+mv "$M/ren/a/file1" "$M/ren/b/file1-moved"
+mv "$M/ren/a/sub" "$M/ren/b/sub-moved"
+mv "$M/ren/a/repl" "$M/ren/b/victim"
+drop_caches
+for gone in a/file1 a/sub a/repl; do
+  [ ! -e "$M/ren/$gone" ] || fail "ren/$gone still exists after rename"
+done
+eq "$(ls -A "$M/ren/a" | wc -l)" 0 "entries left in ren/a"
+eq "$(cat "$M/ren/b/file1-moved")" one "renamed file"
+eq "$(cat "$M/ren/b/sub-moved/inner")" two "file inside the renamed directory"
+eq "$(cat "$M/ren/b/victim")" replacement "file renamed over an existing one"
+eq "$(ls "$M/ren/b" | tr '\n' ' ')" "file1-moved sub-moved victim " "ren/b listing"
+
+step "hard link and symlink"
+mkdir "$M/links"
+echo content > "$M/links/orig"
+ln "$M/links/orig" "$M/links/hard"
+eq "$(stat -c %h "$M/links/orig")" 2 "link count of orig"
+eq "$(stat -c %h "$M/links/hard")" 2 "link count of hard"
+eq "$(ls -i "$M/links/hard" | awk '{print $1}')" "$(ls -i "$M/links/orig" | awk '{print $1}')" "inode of hard vs orig"
+echo more >> "$M/links/hard"
+drop_caches
+eq "$(cat "$M/links/orig" | tr '\n' ' ')" "content more " "orig after appending through hard"
+ln -s orig "$M/links/sym"
+eq "$(readlink "$M/links/sym")" orig "readlink sym"
+eq "$(stat -c %F "$M/links/sym")" "symbolic link" "type of sym"
+eq "$(head -n 1 "$M/links/sym")" content "reading through sym"
+ln -s "../data/does-not-exist" "$M/links/dangling"
+eq "$(readlink "$M/links/dangling")" "../data/does-not-exist" "readlink dangling"
+
+step "chmod, chown, touch -d"
+mkdir "$M/attrs" "$M/attrs/d"
+echo x > "$M/attrs/f"
+chmod 0640 "$M/attrs/f"
+chmod 0751 "$M/attrs/d"
+chown 1234:5678 "$M/attrs/f"
+chown 4321:8765 "$M/attrs/d"
+touch -d '2001-02-03 04:05:06' "$M/attrs/f"
+eq "$(stat -c '%a %u %g %Y' "$M/attrs/f")" "640 1234 5678 981173106" "attrs/f before remount"
+remount
+eq "$(stat -c '%a %u %g %Y' "$M/attrs/f")" "640 1234 5678 981173106" "attrs/f after remount"
+eq "$(stat -c '%a %u %g' "$M/attrs/d")" "751 4321 8765" "attrs/d after remount"
+eq "$(cat "$M/attrs/f")" x "attrs/f content"
+
+step "rm -r of a tree, and removing an open file"
+mkdir -p "$M/rmtree/x/y/z"
+for d in "$M/rmtree" "$M/rmtree/x" "$M/rmtree/x/y" "$M/rmtree/x/y/z"; do
+  for i in $(seq 1 25); do echo "$i" > "$d/file$i"; done
+  ln -s file1 "$d/link"
+done
+rm -r "$M/rmtree"
+[ ! -e "$M/rmtree" ] || fail "rmtree still exists after rm -r"
+drop_caches
+ls "$M" > /tmp/rootlist
+if grep -qx rmtree /tmp/rootlist; then fail "rmtree still listed after rm -r"; fi
+mkdir "$M/silly"
+echo still-readable > "$M/silly/f"
+exec 4< "$M/silly/f"
+rm "$M/silly/f"
+[ ! -e "$M/silly/f" ] || fail "silly/f visible after rm"
+eq "$(cat <&4)" still-readable "reading an open file after rm"
+exec 4<&-
+# The client removes its .nfsXXXX placeholder once the file is closed.
+n=0
+while [ -n "$(ls -A "$M/silly")" ]; do
+  n=$((n + 1))
+  [ "$n" -le 300 ] || fail "silly/ still holds $(ls -A "$M/silly") 30 s after close"
+  sleep 0.1
+done
+
+step "exclusive create"
+mkdir "$M/excl"
+expect_rc 0 excl_create "$M/excl/new"
+eq "$(stat -c '%s %a' "$M/excl/new")" "0 644" "size and mode of an O_EXCL-created file"
+now=$(date +%s)
+mt=$(stat -c %Y "$M/excl/new")
+[ "$mt" -ge $((now - 3600)) ] && [ "$mt" -le $((now + 3600)) ] ||
+  fail "mtime of an O_EXCL-created file is $mt, guest time is $now (create verifier leaked?)"
+expect_rc 17 excl_create "$M/excl/new"
+(set -C; echo first > "$M/excl/noclobber") || fail "set -C: creating a new file failed"
+if (set -C; echo second > "$M/excl/noclobber") 2> /dev/null; then
+  fail "set -C: writing over an existing file succeeded"
+fi
+eq "$(cat "$M/excl/noclobber")" first "content after the refused overwrite"
+# The client has just seen that excl/hostmade does not exist; the host then
+# creates it behind the client's back, so the O_EXCL open has to be refused
+# by the server.
+[ ! -e "$M/excl/hostmade" ] || fail "excl/hostmade exists before the host made it"
+ctl mkfile excl/hostmade
+expect_rc 17 excl_create "$M/excl/hostmade"
+eq "$(cat "$M/excl/hostmade")" host "excl/hostmade after the refused O_EXCL open"
+
+step "flock between two processes"
+mkdir "$M/locks"
+echo data > "$M/locks/f"
+(flock -w 60 "$M/locks/f" sh -c 'echo held > /tmp/ready; read x < /tmp/release' ||
+  echo "error: flock exited $?" > /tmp/ready) &
+holder=$!
+read -r r < /tmp/ready
+eq "$r" held "background flock"
+expect_rc 1 flock -n "$M/locks/f" true
+echo go > /tmp/release
+wait "$holder"
+expect_rc 0 flock -n "$M/locks/f" true
+expect_rc 0 flock -n -s "$M/locks/f" true
+
+step "fcntl byte-range locks between two processes"
+head -c 4096 /dev/zero > "$M/locks/g"
+hold_lock "$M/locks/g" 1 0 100 /tmp/ready /tmp/release &
+holder=$!
+read -r r < /tmp/ready
+eq "$r" held "background write lock on bytes 0-99"
+expect_rc 3 try_lock "$M/locks/g" 1 50 100      # overlaps the held range
+expect_rc 3 try_lock "$M/locks/g" 0 0 0         # read lock on the whole file
+expect_rc 0 try_lock "$M/locks/g" 1 100 100     # bytes 100-199: free
+echo go > /tmp/release
+wait "$holder"
+expect_rc 0 try_lock "$M/locks/g" 1 0 0
+hold_lock "$M/locks/g" 0 0 0 /tmp/ready /tmp/release &
+holder=$!
+read -r r < /tmp/ready
+eq "$r" held "background read lock on the whole file"
+expect_rc 0 try_lock "$M/locks/g" 0 0 0         # shared with the reader
+expect_rc 3 try_lock "$M/locks/g" 1 4000 10     # a writer must wait
+echo go > /tmp/release
+wait "$holder"
+expect_rc 0 try_lock "$M/locks/g" 1 0 0
+
+step "server restart while mounted"
+mkdir "$M/rs"
+new_random "$M/rs/before" 3000000
+sync
+exec 5> "$M/rs/open-across"
+printf 'before\n' >&5
+sync
+ctl restart
+echo "server restarted; checking files"
+verify_all "after the server restart"
+printf 'after\n' >&5
+exec 5>&-
+drop_caches
+eq "$(cat "$M/rs/open-across" | tr '\n' ' ')" "before after " "file held open across the restart"
+echo "$(printf 'before\nafter\n' | md5sum | cut -d' ' -f1)  $M/rs/open-across" >> "$SUMS"
+new_random "$M/rs/after" 2000000
+mkdir "$M/rs/newdir"
+echo fresh > "$M/rs/newdir/fresh"
+mv "$M/rs/newdir/fresh" "$M/rs/fresh"
+remount
+grep "  $M/rs/" "$SUMS" > /tmp/rs-sums
+md5sum -c /tmp/rs-sums > /tmp/md5check 2>&1 || {
+  grep -v ': OK$' /tmp/md5check
+  fail "after the restart and a remount: file contents differ from what was written"
+}
+eq "$(cat "$M/rs/fresh")" fresh "file created after the restart"
+eq "$(stat -c '%a %u %g %Y' "$M/attrs/f")" "640 1234 5678 981173106" "attrs/f after the restart"
+eq "$(ls "$M/big" | wc -l)" 20000 "entries in big/ after the restart"
+
+step "unmount"
+cd /
+while read -r sum path; do
+  echo "MANIFEST ${path#$M/} $sum $(fsize "$path")"
+done < "$SUMS"
+umount "$M" || fail "final umount"
+echo "ALL STEPS PASSED (NFS $VERS, kernel $(uname -r))"
