@@ -188,8 +188,8 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     # --- what the guest wrote, as seen on the host ---
     manifest = re.findall(r"^MANIFEST (\S+) ([0-9a-f]{32}) (\d+)$", out, re.M)
     names = {m[0] for m in manifest}
-    big = ["data/m256"] if "m256" in guest_sizes(kernel, vers) else []
-    for expected in ["data/tiny", "data/page", "data/mib", "data/m64", *big,
+    m256 = ["data/m256"] if "m256" in guest_sizes(kernel, vers) else []
+    for expected in ["data/tiny", "data/page", "data/mib", "data/m64", *m256,
                      "app/log", "trunc/f", "rs/before", "rs/after", "rs/open-across"]:
         assert expected in names, f"{expected} missing from the guest manifest"
     for rel, md5, size in manifest:
@@ -199,7 +199,7 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
         assert md5_of(p) == md5, f"content of {rel} on the host differs from the guest's"
     sizes = {"tiny": 1, "page": 4095, "mib": 1048576 + 7,
              "m64": 64 << 20, "m256": 256 << 20}
-    if not big:
+    if not m256:
         del sizes["m256"]
     for name, size in sizes.items():
         assert (export / "data" / name).stat().st_size == size
