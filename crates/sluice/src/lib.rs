@@ -3,12 +3,14 @@
 //! Layers, from the socket inwards: [`net`] (TCP and record marking),
 //! [`rpc`] (ONC RPC headers and authentication), [`nfs4`] (protocol
 //! numbers), [`server`] (COMPOUND, sessions, state and ops) and [`engine`]
-//! (exports, handles and file system access, free of NFS).
+//! (exports, handles, readahead and file system access, free of NFS);
+//! [`metrics`] serves counters in the Prometheus text format.
 
 #![warn(missing_docs)]
 
 pub mod client;
 pub mod engine;
+pub mod metrics;
 pub mod net;
 pub mod nfs4;
 pub mod rpc;

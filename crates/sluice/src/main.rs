@@ -32,11 +32,41 @@ enum Cmd {
         /// Lease time in seconds given to clients.
         #[arg(long, default_value_t = 90)]
         lease_time: u64,
+        /// Serve metrics in the Prometheus text format over HTTP at this
+        /// address (`GET /metrics`; port 0 picks a free one).
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: Option<String>,
+        /// Largest server-side readahead window of a sequential reader,
+        /// in bytes (suffixes K, M, G); 0 switches server readahead off.
+        #[arg(long, default_value = "16M", value_parser = parse_size)]
+        readahead_max: u64,
         /// Test only: serve without byte-range locks around I/O, so reads
         /// can see half-done writes (used to show the torn-read detector works).
         #[arg(long, hide = true)]
         unsafe_no_range_locks: bool,
     },
+}
+
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix in {s:?}: use K, M or G")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("not a size: {s:?} (e.g. 16M, 262144)"))
 }
 
 fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
@@ -74,13 +104,27 @@ fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
     Ok(HandleKey::new(k))
 }
 
-async fn serve(
+/// What `sluice serve` was asked to do.
+struct ServeArgs {
     dir: PathBuf,
     listen: String,
     state_dir: PathBuf,
     lease: u64,
     range_locks: bool,
-) -> Result<(), String> {
+    metrics: Option<String>,
+    readahead_max: u64,
+}
+
+async fn serve(a: ServeArgs) -> Result<(), String> {
+    let ServeArgs {
+        dir,
+        listen,
+        state_dir,
+        lease,
+        range_locks,
+        metrics,
+        readahead_max,
+    } = a;
     let key = load_key(&state_dir)?;
     let export =
         Export::open(&dir, 0, key).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
@@ -90,6 +134,10 @@ async fn serve(
     let config = Config {
         lease: Duration::from_secs(lease.max(1)),
         range_locks,
+        readahead: sluice::engine::readahead::Config {
+            max: readahead_max,
+            ..Default::default()
+        },
     };
     let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -97,8 +145,25 @@ async fn serve(
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(export = %dir.display(), %addr, "serving");
+    let metrics_listener = match &metrics {
+        Some(m) => Some(
+            tokio::net::TcpListener::bind(m)
+                .await
+                .map_err(|e| format!("cannot listen for metrics on {m}: {e}"))?,
+        ),
+        None => None,
+    };
     // One line on stdout tells scripts the server is ready and where.
     println!("listening on {addr}");
+    let metrics_task = match metrics_listener {
+        Some(l) => {
+            let maddr = l.local_addr().map_err(|e| e.to_string())?;
+            tracing::info!(%maddr, "metrics at http://{maddr}/metrics");
+            println!("metrics on {maddr}");
+            Some(tokio::spawn(sluice::metrics::serve(l, srv.clone())))
+        }
+        None => None,
+    };
     let _ = std::io::stdout().flush();
 
     let expiry = {
@@ -123,6 +188,9 @@ async fn serve(
     }
     server.abort();
     expiry.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     // Unstable writes live in the page cache: push them to disk.
     let root = srv.export.root_fd();
     let _ = tokio::task::spawn_blocking(move || {
@@ -149,23 +217,44 @@ fn main() {
             listen,
             state_dir,
             lease_time,
+            metrics,
+            readahead_max,
             unsafe_no_range_locks,
         } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the runtime: {e}"))
             .and_then(|rt| {
-                rt.block_on(serve(
+                rt.block_on(serve(ServeArgs {
                     dir,
                     listen,
                     state_dir,
-                    lease_time,
-                    !unsafe_no_range_locks,
-                ))
+                    lease: lease_time,
+                    range_locks: !unsafe_no_range_locks,
+                    metrics,
+                    readahead_max,
+                }))
             }),
     };
     if let Err(e) = result {
         eprintln!("sluice: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("262144"), Ok(262144));
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert!(parse_size("16X").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999G").is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! input: every read checks bounds and returns [`XdrError`]. The encoder
 //! appends to a `Vec<u8>` and pads variable-length items to four bytes.
 
+use bytes::Bytes;
 use thiserror::Error;
 
 /// A decoding failure: the input is shorter than the type needs, or a value
@@ -150,53 +151,132 @@ impl<'a> Decoder<'a> {
     }
 }
 
+/// Opaque data at least this long is spliced in by reference instead of
+/// being copied into the encoder's own buffer.
+pub const SHARE_MIN: usize = 2048;
+
 /// Appends XDR items to a growable buffer.
+///
+/// Large opaque payloads (file data) can be spliced in by reference with
+/// [`Encoder::opaque_shared`]: they are never copied into the buffer, and
+/// [`Encoder::into_parts`] hands the reply to the socket as a list of
+/// buffers for one vectored write. Positions (`len`, `truncate`,
+/// `patch_u32`) always count the spliced bytes too.
 #[derive(Debug, Default, Clone)]
 pub struct Encoder {
     buf: Vec<u8>,
+    /// Spliced buffers, each with the offset in `buf` it stands before,
+    /// in ascending order.
+    chunks: Vec<(usize, Bytes)>,
+    chunk_len: usize,
 }
 
 impl Encoder {
     /// An empty encoder.
     pub fn new() -> Self {
-        Encoder { buf: Vec::new() }
+        Encoder::default()
     }
 
     /// An empty encoder with room for `n` bytes.
     pub fn with_capacity(n: usize) -> Self {
         Encoder {
             buf: Vec::with_capacity(n),
+            ..Default::default()
         }
     }
 
-    /// Bytes written so far.
+    /// Bytes written so far, spliced buffers included.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.chunk_len
     }
 
     /// True when nothing has been written.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 
-    /// The encoded bytes.
+    /// The encoded bytes as one vector (copies spliced buffers in).
     pub fn into_inner(self) -> Vec<u8> {
-        self.buf
+        if self.chunks.is_empty() {
+            return self.buf;
+        }
+        self.to_vec()
     }
 
-    /// The encoded bytes, borrowed.
+    /// A copy of the encoded bytes as one vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        let mut at = 0;
+        for (off, b) in &self.chunks {
+            out.extend_from_slice(&self.buf[at..*off]);
+            out.extend_from_slice(b);
+            at = *off;
+        }
+        out.extend_from_slice(&self.buf[at..]);
+        out
+    }
+
+    /// The encoded bytes as buffers to be sent in order, without copying
+    /// spliced data. Empty buffers are left out.
+    pub fn into_parts(self) -> Vec<Bytes> {
+        let total_inline = self.buf.len();
+        let inline = Bytes::from(self.buf);
+        let mut parts = Vec::with_capacity(self.chunks.len() * 2 + 1);
+        let mut at = 0;
+        for (off, b) in self.chunks {
+            if off > at {
+                parts.push(inline.slice(at..off));
+            }
+            if !b.is_empty() {
+                parts.push(b);
+            }
+            at = off;
+        }
+        if total_inline > at {
+            parts.push(inline.slice(at..));
+        }
+        parts
+    }
+
+    /// The encoded bytes, borrowed. Only for encoders without spliced
+    /// buffers; use [`Encoder::to_vec`] otherwise.
     pub fn as_slice(&self) -> &[u8] {
+        debug_assert!(self.chunks.is_empty(), "as_slice on a spliced encoder");
         &self.buf
+    }
+
+    /// Where total position `at` falls in `buf`, and the number of
+    /// spliced buffers wholly before it.
+    fn inline_pos(&self, at: usize) -> (usize, usize) {
+        let mut before = 0;
+        for (i, (off, b)) in self.chunks.iter().enumerate() {
+            if at <= off + before {
+                return (at - before, i);
+            }
+            if at < off + before + b.len() {
+                // Inside a spliced buffer: callers only ask for positions
+                // they took with len(), which never are.
+                return (*off, i);
+            }
+            before += b.len();
+        }
+        (at - before, self.chunks.len())
     }
 
     /// Drops everything after `len` bytes.
     pub fn truncate(&mut self, len: usize) {
-        self.buf.truncate(len);
+        let (inline, keep) = self.inline_pos(len);
+        for (_, b) in self.chunks.drain(keep..) {
+            self.chunk_len -= b.len();
+        }
+        self.buf.truncate(inline);
     }
 
-    /// Overwrites a u32 previously written at byte offset `at`.
+    /// Overwrites a u32 previously written at byte offset `at` (a position
+    /// taken with [`Encoder::len`]).
     pub fn patch_u32(&mut self, at: usize, v: u32) {
-        self.buf[at..at + 4].copy_from_slice(&v.to_be_bytes());
+        let (i, _) = self.inline_pos(at);
+        self.buf[i..i + 4].copy_from_slice(&v.to_be_bytes());
     }
 
     /// Writes an unsigned 32-bit integer.
@@ -236,6 +316,20 @@ impl Encoder {
         self.opaque_fixed(b);
     }
 
+    /// Writes variable-length opaque data with its length, splicing the
+    /// buffer in by reference when it is large (see [`SHARE_MIN`]).
+    pub fn opaque_shared(&mut self, b: Bytes) {
+        if b.len() < SHARE_MIN {
+            self.opaque(&b);
+            return;
+        }
+        self.u32(b.len() as u32);
+        let pad = pad4(b.len());
+        self.chunk_len += b.len();
+        self.chunks.push((self.buf.len(), b));
+        self.buf.extend_from_slice(&[0u8; 3][..pad]);
+    }
+
     /// Writes a string (as opaque bytes).
     pub fn string(&mut self, s: &str) {
         self.opaque(s.as_bytes());
@@ -256,6 +350,29 @@ impl Encoder {
     /// Appends raw, already-encoded bytes.
     pub fn raw(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
+    }
+
+    /// Appends everything another encoder wrote, keeping its spliced
+    /// buffers spliced.
+    pub fn append(&mut self, other: Encoder) {
+        let base = self.buf.len();
+        if self.buf.is_empty() && self.chunks.is_empty() {
+            *self = other;
+            return;
+        }
+        self.buf.extend_from_slice(&other.buf);
+        self.chunk_len += other.chunk_len;
+        self.chunks
+            .extend(other.chunks.into_iter().map(|(off, b)| (off + base, b)));
+    }
+}
+
+impl From<Vec<u8>> for Encoder {
+    fn from(buf: Vec<u8>) -> Self {
+        Encoder {
+            buf,
+            ..Default::default()
+        }
     }
 }
 
@@ -303,7 +420,68 @@ mod tests {
         assert_eq!(e.as_slice(), &[0, 0, 0, 1, 0, 0, 0, 1]);
     }
 
+    #[test]
+    fn spliced_buffers_keep_positions() {
+        let big = Bytes::from(vec![7u8; SHARE_MIN + 3]);
+        let mut e = Encoder::new();
+        e.u32(1);
+        let at = e.len();
+        e.u32(0);
+        e.opaque_shared(big.clone());
+        let after = e.len();
+        e.u32(9);
+        assert_eq!(e.len(), 4 + 4 + 4 + big.len() + 1 + 4);
+        e.patch_u32(at, 5);
+        let flat = e.to_vec();
+        let mut d = Decoder::new(&flat);
+        assert_eq!(d.u32().unwrap(), 1);
+        assert_eq!(d.u32().unwrap(), 5);
+        assert_eq!(d.opaque(1 << 20).unwrap(), &big[..]);
+        assert_eq!(d.u32().unwrap(), 9);
+        // The parts are the same bytes, and the big buffer is not copied.
+        let parts = e.clone().into_parts();
+        assert!(parts.iter().any(|p| p.as_ptr() == big.as_ptr()));
+        assert_eq!(parts.concat(), flat);
+        // Truncating before the spliced buffer drops it.
+        e.truncate(at + 4);
+        assert_eq!(e.len(), 8);
+        assert_eq!(e.to_vec(), vec![0, 0, 0, 1, 0, 0, 0, 5]);
+        let _ = after;
+    }
+
     proptest! {
+        #[test]
+        fn spliced_and_copied_encodings_agree(
+            items in proptest::collection::vec((any::<u32>(), 0usize..5000), 0..8),
+            cut in any::<proptest::sample::Index>(),
+        ) {
+            let mut plain = Encoder::new();
+            let mut shared = Encoder::new();
+            let mut marks = Vec::new();
+            for (i, (v, n)) in items.iter().enumerate() {
+                let data = vec![i as u8; *n];
+                marks.push(plain.len());
+                prop_assert_eq!(plain.len(), shared.len());
+                plain.u32(*v);
+                shared.u32(*v);
+                plain.opaque(&data);
+                let mut inner = Encoder::new();
+                inner.opaque_shared(Bytes::from(data));
+                shared.append(inner);
+            }
+            prop_assert_eq!(plain.to_vec(), shared.to_vec());
+            prop_assert_eq!(shared.clone().into_parts().concat(), plain.to_vec());
+            if !marks.is_empty() {
+                let m = marks[cut.index(marks.len())];
+                plain.patch_u32(m, 0xdead_beef);
+                shared.patch_u32(m, 0xdead_beef);
+                prop_assert_eq!(plain.to_vec(), shared.to_vec());
+                plain.truncate(m + 4);
+                shared.truncate(m + 4);
+                prop_assert_eq!(plain.to_vec(), shared.to_vec());
+            }
+        }
+
         #[test]
         fn roundtrip(a in any::<u32>(), b in any::<u64>(), c in any::<i64>(),
                      o in proptest::collection::vec(any::<u8>(), 0..64), f in any::<bool>()) {

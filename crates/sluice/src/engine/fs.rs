@@ -10,6 +10,9 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::BytesMut;
 
 /// A point in time as seconds and nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -525,6 +528,100 @@ pub fn read_at(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<us
     Ok(done)
 }
 
+/// Reads up to `len` bytes at `offset` into a new buffer, stopping early
+/// only at the end of the file. The buffer is not zeroed first.
+///
+/// The first attempt does not block (`RWF_NOWAIT`): the returned flag is
+/// true when every byte came straight from the page cache, false when the
+/// read had to wait for the disk.
+pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(BytesMut, bool)> {
+    let mut buf = BytesMut::with_capacity(len);
+    let mut cached = true;
+    let mut nowait = NOWAIT_WORKS.load(Ordering::Relaxed);
+    while buf.len() < len {
+        let done = buf.len();
+        let spare = buf.spare_capacity_mut();
+        let iov = libc::iovec {
+            iov_base: spare.as_mut_ptr() as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+        // SAFETY: valid fd; the iovec covers spare capacity of `buf`, which
+        // the kernel fills and set_len below exposes only as far as filled.
+        let n = unsafe {
+            libc::preadv2(
+                fd.as_raw_fd(),
+                &iov,
+                1,
+                (offset + done as u64) as i64,
+                flags,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) if nowait => {
+                    nowait = false;
+                    cached = false;
+                    continue;
+                }
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) if nowait => {
+                    // No non-blocking buffered reads here: say "from disk"
+                    // only when we cannot tell.
+                    NOWAIT_WORKS.store(false, Ordering::Relaxed);
+                    nowait = false;
+                    continue;
+                }
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+        if nowait && buf.len() < len {
+            // A short non-blocking read: the rest is not cached (or the file
+            // ends); the blocking read that follows tells which.
+            nowait = false;
+            let before = buf.len();
+            cached = false;
+            // Peek: a blocking read that returns nothing means end of file,
+            // so the short read was complete after all.
+            let spare = buf.spare_capacity_mut();
+            let iov = libc::iovec {
+                iov_base: spare.as_mut_ptr() as *mut libc::c_void,
+                iov_len: len - before,
+            };
+            // SAFETY: as above.
+            let m = unsafe {
+                libc::preadv2(fd.as_raw_fd(), &iov, 1, (offset + before as u64) as i64, 0)
+            };
+            if m < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(e);
+            }
+            if m == 0 {
+                cached = true;
+                break;
+            }
+            // SAFETY: the kernel initialised `m` more bytes.
+            unsafe { buf.set_len(before + m as usize) };
+        }
+    }
+    if !NOWAIT_WORKS.load(Ordering::Relaxed) {
+        cached = false;
+    }
+    Ok((buf, cached))
+}
+
+/// False once the kernel refused RWF_NOWAIT for buffered reads.
+static NOWAIT_WORKS: AtomicBool = AtomicBool::new(true);
+
 /// Writes all of `buf` at `offset`.
 pub fn write_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
@@ -569,4 +666,31 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
 /// Converts a name to an OsStr for logging.
 pub fn display_name(name: &[u8]) -> &OsStr {
     OsStr::from_bytes(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn read_buf_reads_to_eof_and_reports_cache() {
+        let p = std::env::temp_dir().join(format!("sluice-readbuf-{}", std::process::id()));
+        let mut f = std::fs::File::create(&p).unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        drop(f);
+        let f = std::fs::File::open(&p).unwrap();
+        let _ = std::fs::remove_file(&p);
+        // Just written: in the page cache.
+        let (b, cached) = read_buf(f.as_fd(), 10, 50_000).unwrap();
+        assert_eq!(&b[..], &data[10..50_010]);
+        assert!(cached || !NOWAIT_WORKS.load(Ordering::Relaxed));
+        // Past the end: short, and still complete.
+        let (b, _) = read_buf(f.as_fd(), 90_000, 50_000).unwrap();
+        assert_eq!(&b[..], &data[90_000..]);
+        let (b, _) = read_buf(f.as_fd(), 200_000, 10).unwrap();
+        assert!(b.is_empty());
+    }
 }

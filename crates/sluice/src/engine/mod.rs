@@ -7,3 +7,4 @@ pub mod extents;
 pub mod fs;
 pub mod handle;
 pub mod rangelock;
+pub mod readahead;

@@ -148,13 +148,13 @@ fn sessionless_ok(opnum: u32) -> bool {
 }
 
 /// Builds the COMPOUND4res body: status, tag, results.
-fn finish(status_: u32, tag: &[u8], count: u32, results: &[u8]) -> Vec<u8> {
-    let mut e = Encoder::with_capacity(results.len() + tag.len() + 16);
+fn finish(status_: u32, tag: &[u8], count: u32, results: Encoder) -> Encoder {
+    let mut e = Encoder::with_capacity(tag.len() + 16 + results.len().min(4096));
     e.u32(status_);
     e.opaque(tag);
     e.u32(count);
-    e.raw(results);
-    e.into_inner()
+    e.append(results);
+    e
 }
 
 /// Bytes of an accepted RPC reply header in front of the COMPOUND4res.
@@ -169,16 +169,16 @@ pub fn process_compound(
     rpc_cred: &Cred,
     args: &[u8],
     rpc_header: usize,
-) -> Option<Vec<u8>> {
+) -> Option<Encoder> {
     let mut d = Decoder::new(args);
     let tag = d.opaque(MAX_TAG).ok()?;
     let minor = d.u32().ok()?;
     let nops = d.u32().ok()? as usize;
     if minor != 1 && minor != 2 {
-        return Some(finish(status::MINOR_VERS_MISMATCH, tag, 0, &[]));
+        return Some(finish(status::MINOR_VERS_MISMATCH, tag, 0, Encoder::new()));
     }
     if nops == 0 {
-        return Some(finish(status::OK, tag, 0, &[]));
+        return Some(finish(status::OK, tag, 0, Encoder::new()));
     }
     let mut cx = Ctx {
         srv,
@@ -190,14 +190,14 @@ pub fn process_compound(
     };
     let mut res = Encoder::with_capacity(512);
     let Ok(first) = d.u32() else {
-        return Some(finish(status::BADXDR, tag, 0, &[]));
+        return Some(finish(status::BADXDR, tag, 0, Encoder::new()));
     };
 
     if first != op::SEQUENCE {
         if !(op::ACCESS..=op::LAST_KNOWN).contains(&first) {
             res.u32(op::ILLEGAL);
             res.u32(status::OP_ILLEGAL);
-            return Some(finish(status::OP_ILLEGAL, tag, 1, res.as_slice()));
+            return Some(finish(status::OP_ILLEGAL, tag, 1, res));
         }
         res.u32(first);
         let st = if !sessionless_ok(first) {
@@ -209,10 +209,10 @@ pub fn process_compound(
             res.u32(0);
             let st = run_op(&mut cx, first, &mut d, &mut res);
             res.patch_u32(at, st);
-            return Some(finish(st, tag, 1, res.as_slice()));
+            return Some(finish(st, tag, 1, res));
         };
         res.u32(st);
-        return Some(finish(st, tag, 1, res.as_slice()));
+        return Some(finish(st, tag, 1, res));
     }
 
     // SEQUENCE first: find the session and the slot.
@@ -229,33 +229,33 @@ pub fn process_compound(
         Ok(v) => v,
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res.as_slice()));
+            return Some(finish(st, tag, 1, res));
         }
     };
     let session = match srv.state.session(&sid) {
         Ok(s) => s,
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res.as_slice()));
+            return Some(finish(st, tag, 1, res));
         }
     };
     if nops > session.fore.max_ops as usize {
         res.u32(status::TOO_MANY_OPS);
-        return Some(finish(status::TOO_MANY_OPS, tag, 1, res.as_slice()));
+        return Some(finish(status::TOO_MANY_OPS, tag, 1, res));
     }
     if args.len() + rpc_header > session.fore.max_request as usize {
         res.u32(status::REQ_TOO_BIG);
-        return Some(finish(status::REQ_TOO_BIG, tag, 1, res.as_slice()));
+        return Some(finish(status::REQ_TOO_BIG, tag, 1, res));
     }
     match session.begin(slot, seqid) {
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res.as_slice()));
+            return Some(finish(st, tag, 1, res));
         }
-        Ok(SlotDecision::Replay(body)) => return Some(body.as_ref().clone()),
+        Ok(SlotDecision::Replay(body)) => return Some(Encoder::from(body.as_ref().clone())),
         Ok(SlotDecision::Uncached) => {
             res.u32(status::RETRY_UNCACHED_REP);
-            return Some(finish(status::RETRY_UNCACHED_REP, tag, 1, res.as_slice()));
+            return Some(finish(status::RETRY_UNCACHED_REP, tag, 1, res));
         }
         Ok(SlotDecision::Execute) => {}
     }
@@ -315,13 +315,13 @@ pub fn process_compound(
             }
         }
     }
-    let body = finish(last, tag, count, res.as_slice());
+    let body = finish(last, tag, count, res);
     let cached = if cachethis {
-        Some(Arc::new(body.clone()))
+        Some(Arc::new(body.to_vec()))
     } else {
         // Not asked to cache: keep small replies anyway so a retransmission
         // after a lost connection gets the real answer.
-        (body.len() <= 4096).then(|| Arc::new(body.clone()))
+        (body.len() <= 4096).then(|| Arc::new(body.to_vec()))
     };
     session.finish(slot, cached);
     Some(body)

@@ -12,6 +12,7 @@ pub mod state;
 use crate::engine::export::Export;
 use crate::nfs4::consts::status;
 use crate::rpc::{self, AcceptStat, CallError, Cred};
+use crate::xdr::Encoder;
 use state::StateTable;
 use std::io;
 use std::time::Duration;
@@ -26,6 +27,8 @@ pub struct Config {
     /// Byte-range locks around backing I/O; switched off only by tests
     /// that show what torn reads look like.
     pub range_locks: bool,
+    /// Server-side readahead for sequential readers.
+    pub readahead: crate::engine::readahead::Config,
 }
 
 impl Default for Config {
@@ -33,6 +36,7 @@ impl Default for Config {
         Config {
             lease: Duration::from_secs(90),
             range_locks: true,
+            readahead: Default::default(),
         }
     }
 }
@@ -54,6 +58,10 @@ pub struct Server {
     pub locks: crate::engine::rangelock::RangeLocks,
     /// Cached data/hole maps.
     pub extents: crate::engine::extents::ExtentCache,
+    /// Sequential stream detection and readahead.
+    pub readahead: crate::engine::readahead::Readahead,
+    /// Counters for the metrics endpoint.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Server {
@@ -73,42 +81,51 @@ impl Server {
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             locks: crate::engine::rangelock::RangeLocks::new(config.range_locks),
+            readahead: crate::engine::readahead::Readahead::new(config.readahead),
             config,
             extents: Default::default(),
+            metrics: Default::default(),
         })
     }
 
-    /// Handles one RPC record and returns the reply record, if any.
+    /// Handles one RPC record and returns the reply record, if any, as
+    /// one vector.
     pub fn handle_record(&self, record: &[u8]) -> Option<Vec<u8>> {
+        self.handle_call(record).map(Encoder::into_inner)
+    }
+
+    /// Handles one RPC record and returns the reply record, if any, with
+    /// file data spliced in by reference (see [`Encoder::into_parts`]).
+    pub fn handle_call(&self, record: &[u8]) -> Option<Encoder> {
         let call = match rpc::parse_call(record) {
             Ok(c) => c,
-            Err(e) => return rpc::error_reply(&e),
+            Err(e) => return rpc::error_reply(&e).map(Encoder::from),
         };
         if call.prog != rpc::NFS_PROGRAM {
-            return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail).into_inner());
+            return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail));
         }
         if call.vers != 4 {
-            return Some(rpc::prog_mismatch(call.xid, 4, 4));
+            return Some(Encoder::from(rpc::prog_mismatch(call.xid, 4, 4)));
         }
         let args = &record[call.args_at..];
         match call.proc_ {
             0 => {
                 if !args.is_empty() {
-                    return rpc::error_reply(&CallError::Garbage(call.xid));
+                    return rpc::error_reply(&CallError::Garbage(call.xid)).map(Encoder::from);
                 }
-                Some(rpc::accepted_reply(call.xid, AcceptStat::Success).into_inner())
+                Some(rpc::accepted_reply(call.xid, AcceptStat::Success))
             }
             1 => {
                 let mut reply = rpc::accepted_reply(call.xid, AcceptStat::Success);
                 match process_compound(self, &call.cred, args, call.args_at) {
                     Some(body) => {
-                        reply.raw(&body);
-                        Some(reply.into_inner())
+                        reply.append(body);
+                        Some(reply)
                     }
-                    None => rpc::error_reply(&CallError::Garbage(call.xid)),
+                    None => rpc::error_reply(&CallError::Garbage(call.xid)).map(Encoder::from),
                 }
             }
-            _ => Some(rpc::accepted_reply(call.xid, AcceptStat::ProcUnavail).into_inner()),
+            _ => Some(rpc::accepted_reply(call.xid, AcceptStat::ProcUnavail)),
         }
     }
 

@@ -13,7 +13,11 @@ use crate::nfs4::consts::{status, OPAQUE_LIMIT};
 use crate::xdr::{Decoder, Encoder};
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
 
 const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
 const SHARE_ACCESS_READ: u32 = 1;
@@ -295,6 +299,11 @@ pub fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         let sid = cx.stateid(stateid(d)?)?;
         cx.cur()?;
         cx.srv.state.close(&sid)?;
+        if let Ok((_, st)) = cur_file(cx) {
+            cx.srv
+                .readahead
+                .forget_stream(file_key(&st), stream_id(&sid));
+        }
         put_stateid(e, &Stateid::INVALID);
         Ok(())
     })
@@ -325,39 +334,69 @@ pub fn io_fd(
     Ok(fd)
 }
 
-/// Reads at `offset` through the open's descriptor; a write-only open
-/// (writers may read to fill partial pages) reads through a fresh one.
-pub fn read_through(fh: &Fh, fd: &OwnedFd, buf: &mut [u8], offset: u64) -> Result<usize, u32> {
-    match fs::read_at(fd.as_fd(), buf, offset) {
-        Ok(n) => Ok(n),
+/// The readahead stream a stateid reads as: one per open (or lock) state.
+pub fn stream_id(sid: &Stateid) -> u64 {
+    let o = sid.other;
+    u64::from_le_bytes([o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]])
+        ^ (u32::from_le_bytes([o[8], o[9], o[10], o[11]]) as u64).rotate_left(32)
+}
+
+/// Reads up to `count` bytes at `offset` for READ and READ_PLUS, through
+/// the open's descriptor: tells the readahead engine about the request,
+/// reads into a fresh buffer that the reply will carry without copying,
+/// and counts page-cache hits. A write-only open (writers may read to fill
+/// partial pages) reads through a fresh descriptor.
+pub fn read_data(
+    cx: &Ctx<'_>,
+    fh: &Fh,
+    fd: &Arc<OwnedFd>,
+    st: &Stat,
+    sid: Stateid,
+    offset: u64,
+    count: usize,
+) -> Result<Bytes, u32> {
+    let srv = cx.srv;
+    let stream = stream_id(&cx.stateid(sid)?);
+    let access = srv
+        .readahead
+        .access(file_key(st), stream, fd, offset, count as u64, st.size);
+    let (buf, cached) = match fs::read_buf(fd.as_fd(), offset, count) {
         Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
             let rfd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
-            io(fs::read_at(rfd.as_fd(), buf, offset))
+            io(fs::read_buf(rfd.as_fd(), offset, count))?
         }
-        Err(err) => io(Err(err)),
-    }
+        r => io(r)?,
+    };
+    srv.readahead.record(access, cached);
+    srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
+    srv.metrics
+        .read_bytes_sent
+        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+    Ok(buf.freeze())
 }
 
 /// READ.
 pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    run(|| {
+    let started = Instant::now();
+    let st = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
         let count = x(d.u32())?.min(MAX_IO) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let mut buf = vec![0u8; count];
         let _shared = cx
             .srv
             .locks
             .read(file_key(&st), offset, offset.saturating_add(count as u64));
-        let n = read_through(&fh, &fd, &mut buf, offset)?;
+        let data = read_data(cx, &fh, &fd, &st, sid, offset, count)?;
         let size = io(fs::stat(fd.as_fd()))?.size;
-        let eof = offset.saturating_add(n as u64) >= size;
+        let eof = offset.saturating_add(data.len() as u64) >= size;
         e.bool(eof);
-        e.opaque(&buf[..n]);
+        e.opaque_shared(data);
         Ok(())
-    })
+    });
+    cx.srv.metrics.read_latency.observe(started.elapsed());
+    st
 }
 
 /// WRITE.

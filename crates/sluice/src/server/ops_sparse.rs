@@ -3,7 +3,7 @@
 
 use super::attrs::MAX_IO;
 use super::compound::{Ctx, OpStatus};
-use super::ops_file::{cur_file, file_key, io_fd, read_through};
+use super::ops_file::{cur_file, file_key, io_fd, read_data};
 use super::ops_fs::{io, run, stateid, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
@@ -11,6 +11,7 @@ use crate::nfs4::consts::status;
 use crate::xdr::{Decoder, Encoder};
 use std::io as stdio;
 use std::os::fd::{AsFd, AsRawFd};
+use std::time::Instant;
 
 /// Holes shorter than this are sent as data: a hole segment saves wire
 /// bytes only when it replaces enough zeros, and fewer segments keep the
@@ -28,7 +29,8 @@ const HOLE_SIZE: usize = 4 + 8 + 8;
 /// encoded segments never take more than `count` bytes plus one segment
 /// header, which is what the Linux client budgets for.
 pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    run(|| {
+    let started = Instant::now();
+    let status = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
         let count = x(d.u32())?.min(MAX_IO) as u64;
@@ -44,14 +46,14 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
             e.u32(0);
             return Ok(());
         }
-        // One read of the whole range keeps the kernel's readahead going.
-        let mut buf = vec![0u8; (end - offset) as usize];
-        let n = read_through(&fh, &fd, &mut buf, offset)?;
+        // One read of the whole range keeps readahead going over holes.
+        let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
+        let n = buf.len();
         let end = offset + n as u64;
         let data = io(cx.srv.extents.data_extents(fd.as_fd(), &st, offset, end))?;
         let segs = extents::segments(&data, offset, end, MIN_HOLE);
         let mut budget = count as usize + DATA_HEADER;
-        let mut body = Encoder::with_capacity(n + 64);
+        let mut body = Encoder::with_capacity(256);
         let mut nsegs = 0u32;
         let mut covered = offset;
         for s in segs {
@@ -65,7 +67,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
                     let from = (o - offset) as usize;
                     body.u32(CONTENT_DATA);
                     body.u64(o);
-                    body.opaque(&buf[from..from + l as usize]);
+                    body.opaque_shared(buf.slice(from..from + l as usize));
                     budget -= DATA_HEADER + (l as usize).div_ceil(4) * 4;
                     covered = o + l;
                     nsegs += 1;
@@ -88,9 +90,11 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         }
         e.bool(covered >= st.size);
         e.u32(nsegs);
-        e.raw(body.as_slice());
+        e.append(body);
         Ok(())
-    })
+    });
+    cx.srv.metrics.read_latency.observe(started.elapsed());
+    status
 }
 
 /// SEEK: the next data or hole at or after an offset.

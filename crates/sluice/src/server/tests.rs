@@ -109,7 +109,7 @@ fn session(srv: &Server) -> [u8; 16] {
 
 /// Runs a COMPOUND as if its RPC header were empty.
 fn pc(srv: &Server, cred: &Cred, args: &[u8]) -> Option<Vec<u8>> {
-    super::process_compound(srv, cred, args, 0)
+    super::process_compound(srv, cred, args, 0).map(Encoder::into_inner)
 }
 
 fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {

@@ -1,0 +1,526 @@
+//! Server-side readahead: per-stream sequential detection and an
+//! asynchronous window of page-cache reads kept ahead of the reader.
+//!
+//! A *stream* is one reader of one file: the caller names it by the file
+//! and a stream id (for NFS, the open). Several sequential readers can
+//! share a stream id (parallel readers through one open); each is tracked
+//! on its own. Requests may arrive out of order, as they do when a client
+//! keeps many READs in flight: a request counts as sequential when it
+//! lands near the highest offset the stream has read so far.
+//!
+//! On a sequential stream the window starts at [`Config::initial`], doubles
+//! with every request that stays sequential, up to [`Config::max`], and is
+//! refilled when less than half of it lies ahead of the reader. The window
+//! is read into the page cache by a background worker with `readahead(2)`,
+//! which submits the whole range at once and returns without waiting for
+//! the disk, so no request is ever held back while somebody waits. A random
+//! request resets the stream and issues nothing, so random reads are not
+//! amplified.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The file a stream reads: (device, inode).
+pub type FileId = (u64, u64);
+
+/// Readahead settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// First window of a stream that turned sequential.
+    pub initial: u64,
+    /// Largest window; 0 switches server readahead off.
+    pub max: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            initial: 512 * 1024,
+            max: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Counters, read by the metrics endpoint.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Bytes handed to the readahead worker.
+    pub issued_bytes: AtomicU64,
+    /// Readahead requests dropped because the worker's queue was full.
+    pub dropped: AtomicU64,
+    /// Bytes read ahead that no request reached before the stream moved
+    /// elsewhere or was forgotten.
+    pub wasted_bytes: AtomicU64,
+    /// Reads on a sequential stream served wholly from the page cache.
+    pub hits: AtomicU64,
+    /// Reads on a sequential stream that had to wait for the disk.
+    pub misses: AtomicU64,
+}
+
+/// What [`Readahead::access`] found out about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// The request continues a sequential stream.
+    pub sequential: bool,
+    /// Bytes of readahead this request started.
+    pub issued: u64,
+}
+
+/// Streams per (file, stream id): parallel sequential readers of one open.
+const READERS_PER_STREAM: usize = 8;
+/// Streams remembered in all; the least recently used is forgotten first.
+const MAX_STREAMS: usize = 4096;
+/// Requests in a row near each other before readahead starts: a random
+/// request that happens to land near another is not a stream, and two in
+/// a row by chance are rare enough not to matter.
+const SEQ_THRESHOLD: u32 = 3;
+/// Readahead requests waiting for the worker at most.
+const QUEUE: usize = 256;
+/// The worker hands the kernel at most this much in one call, so a large
+/// window of one stream does not delay the start of another's.
+const CHUNK: u64 = 4 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+struct Reader {
+    /// Highest end offset requested.
+    hi: u64,
+    /// Readahead issued up to here.
+    ra_end: u64,
+    /// Current window; 0 before the stream turned sequential.
+    window: u64,
+    /// Sequential requests in a row.
+    run: u32,
+    /// Last use, for forgetting.
+    tick: u64,
+}
+
+impl Reader {
+    fn new(end: u64, tick: u64) -> Self {
+        Reader {
+            hi: end,
+            ra_end: end,
+            window: 0,
+            run: 1,
+            tick,
+        }
+    }
+
+    /// Read-ahead bytes nobody asked for.
+    fn unused(&self) -> u64 {
+        self.ra_end.saturating_sub(self.hi)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    streams: HashMap<(FileId, u64), Vec<Reader>>,
+    tick: u64,
+}
+
+struct Job {
+    fd: Arc<OwnedFd>,
+    offset: u64,
+    len: u64,
+}
+
+/// The readahead engine: stream table and background worker.
+pub struct Readahead {
+    config: Config,
+    table: Mutex<Table>,
+    worker: Option<SyncSender<Job>>,
+    /// Counters.
+    pub stats: Arc<Stats>,
+}
+
+impl std::fmt::Debug for Readahead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readahead")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Readahead {
+    /// A readahead engine with its worker thread (none when `config.max`
+    /// is 0).
+    pub fn new(config: Config) -> Self {
+        let stats = Arc::new(Stats::default());
+        let worker = (config.max > 0).then(|| {
+            let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+            std::thread::Builder::new()
+                .name("sluice-readahead".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        prefetch(&job);
+                    }
+                })
+                .map(|_| tx)
+                .map_err(|e| tracing::warn!(error = %e, "no readahead worker: readahead is off"))
+                .ok()
+        });
+        Readahead {
+            config,
+            table: Mutex::new(Table::default()),
+            worker: worker.flatten(),
+            stats,
+        }
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> Config {
+        self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a read of `len` bytes at `offset` of `file` (of `size`
+    /// bytes) by stream `stream` through `fd`, and starts readahead when
+    /// the stream is sequential and its window needs refilling.
+    pub fn access(
+        &self,
+        file: FileId,
+        stream: u64,
+        fd: &Arc<OwnedFd>,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Access {
+        let end = offset.saturating_add(len);
+        let mut job = None;
+        let access = {
+            let mut t = self.lock();
+            t.tick += 1;
+            let tick = t.tick;
+            if !t.streams.contains_key(&(file, stream)) && t.streams.len() >= MAX_STREAMS {
+                self.forget_oldest(&mut t);
+            }
+            let readers = t.streams.entry((file, stream)).or_default();
+            // The reader this request continues: the nearest one whose
+            // reach covers the offset.
+            let found = readers
+                .iter_mut()
+                .filter(|r| near(r, offset, len))
+                .min_by_key(|r| r.hi.abs_diff(offset));
+            let mut result = Access {
+                sequential: false,
+                issued: 0,
+            };
+            match found {
+                Some(r) => {
+                    r.tick = tick;
+                    r.run = r.run.saturating_add(1);
+                    r.hi = r.hi.max(end);
+                    if r.run >= SEQ_THRESHOLD && self.config.max > 0 {
+                        result.sequential = true;
+                        r.window = if r.window == 0 {
+                            // Small requests start with a small window.
+                            len.saturating_mul(4)
+                                .clamp(128 * 1024, self.config.initial.max(len.saturating_mul(2)))
+                        } else {
+                            r.window.saturating_mul(2)
+                        }
+                        .min(self.config.max.max(len));
+                        let target = r.hi.saturating_add(r.window).min(size);
+                        // Refill once less than half the window lies ahead.
+                        if r.ra_end < target && r.ra_end.saturating_sub(r.hi) < r.window / 2 {
+                            let from = r.ra_end.max(r.hi);
+                            if target > from {
+                                job = Some((from, target - from));
+                                result.issued = target - from;
+                            }
+                            r.ra_end = target;
+                        }
+                    }
+                }
+                None => {
+                    // A new reader, or a random request: start over here.
+                    if readers.len() >= READERS_PER_STREAM {
+                        let (i, _) = readers
+                            .iter()
+                            .enumerate()
+                            .min_by_key(|(_, r)| r.tick)
+                            .expect("a full list is not empty");
+                        let old = readers.swap_remove(i);
+                        self.stats
+                            .wasted_bytes
+                            .fetch_add(old.unused(), Ordering::Relaxed);
+                    }
+                    readers.push(Reader::new(end, tick));
+                    if offset == 0 {
+                        // Reading from the start is the usual beginning of a
+                        // stream: treat it as sequential at once, as the
+                        // kernel does.
+                        if let Some(r) = readers.last_mut() {
+                            r.run = SEQ_THRESHOLD - 1;
+                        }
+                    }
+                }
+            }
+            result
+        };
+        if let Some((from, n)) = job {
+            self.submit(fd, from, n);
+        }
+        access
+    }
+
+    fn forget_oldest(&self, t: &mut Table) {
+        let Some(key) = t
+            .streams
+            .iter()
+            .min_by_key(|(_, v)| v.iter().map(|r| r.tick).max().unwrap_or(0))
+            .map(|(k, _)| *k)
+        else {
+            return;
+        };
+        if let Some(v) = t.streams.remove(&key) {
+            let unused: u64 = v.iter().map(Reader::unused).sum();
+            self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets one stream of `file` (its open was closed).
+    pub fn forget_stream(&self, file: FileId, stream: u64) {
+        let removed = self.lock().streams.remove(&(file, stream));
+        if let Some(v) = removed {
+            let unused: u64 = v.iter().map(Reader::unused).sum();
+            self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets every stream of `file` (closed, truncated or removed).
+    pub fn forget_file(&self, file: FileId) {
+        let mut t = self.lock();
+        let mut unused = 0;
+        t.streams.retain(|(f, _), v| {
+            if *f == file {
+                unused += v.iter().map(Reader::unused).sum::<u64>();
+                false
+            } else {
+                true
+            }
+        });
+        self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
+    }
+
+    /// Records whether a read of a sequential stream was served from the
+    /// page cache.
+    pub fn record(&self, access: Access, cached: bool) {
+        if !access.sequential {
+            return;
+        }
+        let c = if cached {
+            &self.stats.hits
+        } else {
+            &self.stats.misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn submit(&self, fd: &Arc<OwnedFd>, offset: u64, len: u64) {
+        let Some(tx) = &self.worker else {
+            return;
+        };
+        let job = Job {
+            fd: fd.clone(),
+            offset,
+            len,
+        };
+        match tx.try_send(job) {
+            Ok(()) => {
+                self.stats.issued_bytes.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// True when a request at `offset` continues reader `r`: it starts within
+/// reach of the highest offset read so far (behind it when requests arrive
+/// out of order, or just past it when some are still on their way).
+fn near(r: &Reader, offset: u64, len: u64) -> bool {
+    let reach = len
+        .saturating_mul(16)
+        .max(r.window)
+        .clamp(128 * 1024, 64 * 1024 * 1024);
+    offset.saturating_add(reach) >= r.hi && offset <= r.hi.saturating_add(reach)
+}
+
+/// Reads a range into the page cache in chunks; the kernel submits each
+/// chunk as large requests and returns without waiting for the data.
+fn prefetch(job: &Job) {
+    let mut off = job.offset;
+    let end = job.offset.saturating_add(job.len);
+    while off < end {
+        let n = (end - off).min(CHUNK);
+        // SAFETY: valid descriptor; readahead has no memory arguments.
+        let r = unsafe { libc::readahead(job.fd.as_raw_fd(), off as i64, n as usize) };
+        if r != 0 {
+            // EINVAL for files that cannot read ahead (e.g. special
+            // files): nothing to gain from retrying.
+            return;
+        }
+        off += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const MB: u64 = 1024 * 1024;
+
+    fn fd() -> Arc<OwnedFd> {
+        let mut f = tempfile();
+        f.write_all(&[1u8; 4096]).unwrap();
+        Arc::new(OwnedFd::from(f))
+    }
+
+    fn tempfile() -> std::fs::File {
+        let p = std::env::temp_dir().join(format!(
+            "sluice-ra-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let _ = std::fs::remove_file(&p);
+        f
+    }
+
+    #[test]
+    fn sequential_stream_grows_window_and_stays_ahead() {
+        let ra = Readahead::new(Config {
+            initial: 512 * 1024,
+            max: 8 * MB,
+        });
+        let fd = fd();
+        let size = 1024 * MB;
+        let mut issued_to = 0u64;
+        let mut total = 0;
+        for i in 0..64u64 {
+            let a = ra.access((1, 1), 7, &fd, i * MB, MB, size);
+            assert!(a.sequential || i == 0, "request {i} not sequential");
+            total += a.issued;
+            if a.issued > 0 {
+                issued_to = issued_to.max((i + 1) * MB + a.issued);
+            }
+            // Readahead always covers the next request.
+            if i > 0 {
+                let t = ra.lock();
+                let r = &t.streams[&((1, 1), 7)][0];
+                assert!(r.ra_end >= (i + 2) * MB, "window fell behind at {i}");
+                assert!(r.window <= 8 * MB);
+            }
+        }
+        // Never more than one window read ahead of the reader.
+        assert!(total <= 64 * MB + 8 * MB, "issued {total}");
+        assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), total);
+    }
+
+    #[test]
+    fn out_of_order_arrivals_stay_sequential() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        // Requests of 1 MiB, 8 in flight, arriving shuffled within a batch.
+        let order = [1u64, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14];
+        let mut seq = 0;
+        for &i in &order {
+            if ra.access((1, 2), 1, &fd, i * MB, MB, 64 * MB).sequential {
+                seq += 1;
+            }
+        }
+        assert!(seq >= order.len() - 2, "only {seq} sequential");
+        assert_eq!(ra.lock().streams[&((1, 2), 1)].len(), 1);
+    }
+
+    #[test]
+    fn random_reads_issue_nothing() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        let mut x: u64 = 12345;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let off = ((x >> 20) % (1 << 17)) * 8192; // within 1 GiB
+            ra.access((1, 3), 1, &fd, off, 8192, 1024 * MB);
+        }
+        let issued = ra.stats.issued_bytes.load(Ordering::Relaxed);
+        assert!(
+            issued <= 4 * MB,
+            "random reads issued {issued} bytes of readahead"
+        );
+    }
+
+    #[test]
+    fn parallel_readers_of_one_stream_are_tracked_apart() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        let starts = [0u64, 256 * MB, 512 * MB, 768 * MB];
+        let mut seq = 0;
+        for step in 0..16u64 {
+            for s in starts {
+                if ra
+                    .access((1, 4), 1, &fd, s + step * MB, MB, 1024 * MB)
+                    .sequential
+                {
+                    seq += 1;
+                }
+            }
+        }
+        assert!(seq >= 4 * 16 - 8, "only {seq} of 64 sequential");
+        assert_eq!(ra.lock().streams[&((1, 4), 1)].len(), 4);
+    }
+
+    #[test]
+    fn off_means_no_readahead() {
+        let ra = Readahead::new(Config { initial: 0, max: 0 });
+        let fd = fd();
+        for i in 0..16u64 {
+            let a = ra.access((1, 5), 1, &fd, i * MB, MB, 64 * MB);
+            assert_eq!(a.issued, 0);
+            assert!(!a.sequential);
+        }
+    }
+
+    #[test]
+    fn abandoned_readahead_counts_as_wasted() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        for i in 0..8u64 {
+            ra.access((1, 6), 1, &fd, i * MB, MB, 1024 * MB);
+        }
+        let issued = ra.stats.issued_bytes.load(Ordering::Relaxed);
+        assert!(issued > 0);
+        ra.forget_file((1, 6));
+        let wasted = ra.stats.wasted_bytes.load(Ordering::Relaxed);
+        assert!(
+            wasted > 0 && wasted <= issued,
+            "wasted {wasted} of {issued}"
+        );
+    }
+
+    #[test]
+    fn stream_table_is_bounded() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        for i in 0..(MAX_STREAMS as u64 + 100) {
+            ra.access((2, i), 1, &fd, 0, 8192, 1 << 30);
+        }
+        assert!(ra.lock().streams.len() <= MAX_STREAMS);
+    }
+}

@@ -1,0 +1,236 @@
+//! Server metrics in the Prometheus text format, served over HTTP at
+//! `--metrics ADDR` (`GET /metrics`).
+
+use crate::server::Server;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Upper bounds of the READ latency histogram buckets, in microseconds.
+const LATENCY_BOUNDS_US: [u64; 16] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 5_000_000,
+];
+
+/// A latency histogram with fixed buckets, safe to update from any thread.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let i = LATENCY_BOUNDS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LATENCY_BOUNDS_US.len());
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            cumulative += b.load(Ordering::Relaxed);
+            let le = match LATENCY_BOUNDS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".to_string(),
+            };
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
+    }
+}
+
+/// Counters the server updates as it works.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// READ and READ_PLUS ops that returned data or EOF.
+    pub reads: AtomicU64,
+    /// File data bytes placed in READ and READ_PLUS replies.
+    pub read_bytes_sent: AtomicU64,
+    /// Time from decoding a READ or READ_PLUS to its encoded result.
+    pub read_latency: Histogram,
+}
+
+/// Bytes this process caused to be read from storage (`read_bytes` of
+/// /proc/self/io), or None where the kernel does not account I/O.
+pub fn disk_read_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/io").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+/// The metrics page.
+pub fn render(srv: &Server) -> String {
+    let m = &srv.metrics;
+    let ra = &srv.readahead.stats;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut out = String::with_capacity(4096);
+    counter(
+        &mut out,
+        "sluice_reads_total",
+        "READ and READ_PLUS operations served.",
+        load(&m.reads),
+    );
+    counter(
+        &mut out,
+        "sluice_read_bytes_sent_total",
+        "File data bytes sent in READ and READ_PLUS replies.",
+        load(&m.read_bytes_sent),
+    );
+    counter(
+        &mut out,
+        "sluice_disk_read_bytes_total",
+        "Bytes the server process read from storage (read_bytes of /proc/self/io).",
+        disk_read_bytes().unwrap_or(0),
+    );
+    counter(
+        &mut out,
+        "sluice_readahead_issued_bytes_total",
+        "Bytes the server asked the kernel to read ahead.",
+        load(&ra.issued_bytes),
+    );
+    counter(
+        &mut out,
+        "sluice_readahead_dropped_total",
+        "Readahead requests dropped because the readahead queue was full.",
+        load(&ra.dropped),
+    );
+    counter(
+        &mut out,
+        "sluice_readahead_hits_total",
+        "Reads of sequential streams served wholly from the page cache.",
+        load(&ra.hits),
+    );
+    counter(
+        &mut out,
+        "sluice_readahead_misses_total",
+        "Reads of sequential streams that had to wait for the disk.",
+        load(&ra.misses),
+    );
+    counter(
+        &mut out,
+        "sluice_readahead_wasted_bytes_total",
+        "Bytes read ahead that no read reached before the stream moved or ended.",
+        load(&ra.wasted_bytes),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP sluice_readahead_max_bytes Largest readahead window of a stream.\n\
+         # TYPE sluice_readahead_max_bytes gauge\n\
+         sluice_readahead_max_bytes {}",
+        srv.readahead.config().max
+    );
+    m.read_latency.render(
+        &mut out,
+        "sluice_read_duration_seconds",
+        "Time to serve one READ or READ_PLUS operation.",
+    );
+    out
+}
+
+/// Serves the metrics page until the task is dropped.
+pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let srv = srv.clone();
+                tokio::spawn(async move {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(10), answer(stream, srv)).await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Reads one HTTP request head (bounded) and answers it.
+async fn answer(mut s: TcpStream, srv: Arc<Server>) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        let n = s.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > 8192 {
+            break;
+        }
+    }
+    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut words = line.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let (status, body, ctype) = if method != "GET" {
+        (
+            "405 Method Not Allowed",
+            "only GET\n".to_string(),
+            "text/plain",
+        )
+    } else if path == "/metrics" || path == "/" {
+        let srv2 = srv.clone();
+        let body = tokio::task::spawn_blocking(move || render(&srv2))
+            .await
+            .unwrap_or_default();
+        ("200 OK", body, "text/plain; version=0.0.4")
+    } else {
+        ("404 Not Found", "see /metrics\n".to_string(), "text/plain")
+    };
+    let resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(resp.as_bytes()).await?;
+    s.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_micros(10));
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_secs(10));
+        let mut s = String::new();
+        h.render(&mut s, "x", "help");
+        assert!(s.contains("x_bucket{le=\"0.000025\"} 1\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"0.0005\"} 2\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"5\"} 2\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
+        assert!(s.contains("x_count 3\n"), "{s}");
+    }
+
+    #[test]
+    fn disk_read_bytes_is_readable() {
+        // Every Linux kernel this runs on accounts task I/O.
+        assert!(disk_read_bytes().is_some());
+    }
+}
