@@ -14,8 +14,9 @@
 //! is read into the page cache by a background worker with `readahead(2)`,
 //! which submits the whole range at once and returns without waiting for
 //! the disk, so no request is ever held back while somebody waits. A random
-//! request resets the stream and issues nothing, so random reads are not
-//! amplified.
+//! request resets the stream and issues nothing, and the kernel's own
+//! readahead is switched off on the descriptors this engine sees
+//! (`POSIX_FADV_RANDOM`), so random reads are not amplified.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -196,8 +197,19 @@ impl Readahead {
             let mut t = self.lock();
             t.tick += 1;
             let tick = t.tick;
-            if !t.streams.contains_key(&(file, stream)) && t.streams.len() >= MAX_STREAMS {
-                self.forget_oldest(&mut t);
+            if !t.streams.contains_key(&(file, stream)) {
+                if t.streams.len() >= MAX_STREAMS {
+                    self.forget_oldest(&mut t);
+                }
+                if self.config.max > 0 {
+                    // This engine does all readahead for the descriptor: the
+                    // kernel's own heuristics would read more than asked on
+                    // random requests that happen to land side by side.
+                    // SAFETY: valid descriptor; no memory arguments.
+                    unsafe {
+                        libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM)
+                    };
+                }
             }
             let readers = t.streams.entry((file, stream)).or_default();
             // The reader this request continues: the nearest one whose
