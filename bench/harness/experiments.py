@@ -7,12 +7,15 @@ min/median/max over rounds.
 sparse  READ vs READ_PLUS over data, hole and mixed layouts (seed 001).
 stream  sequential streaming (1 and 4 streams) and random 8 KiB reads
         against the device's direct-read rate (seed 000), cross-checked
-        with nfs-rs.
+        with nfs-rs, with sluice's readahead on and off, and the bytes each
+        server read from storage.
 mix     16 threads of 8 KiB random reads and writes, 50/50, on one
         preallocated file, and a readers-only baseline (seed 002).
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,8 @@ from .servers import Server
 from .util import MiB, Progress, log
 
 EXPERIMENTS = ["sparse", "stream", "mix"]
+# sluice with --readahead-max 0 (server readahead off).
+RA_OFF = "sluice-ra-off"
 CACHES = ["cold", "warm"]
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
@@ -152,7 +157,12 @@ def run_round(ctx: Context, rnd: Round) -> None:
             ctx.fs.drop_caches()
         elif v.warmup is not None:
             v.warmup(ctx)  # one untimed pass
+        server = ctx.servers.get(v.server)
+        disk_before = server.disk_read_bytes() if server else None
         result = v.measure(ctx)
+        disk_after = server.disk_read_bytes() if server else None
+        if disk_before is not None and disk_after is not None:
+            _disk_figures(result, disk_after - disk_before, rnd.file_bytes)
         ctx.check_servers()
         ctx.records.append(
             {
@@ -171,12 +181,32 @@ def run_round(ctx: Context, rnd: Round) -> None:
         log(f"    -> {_headline(result)}")
 
 
+def _disk_figures(result: dict, disk: int, file_bytes: int) -> None:
+    """Bytes the server read from storage during the measurement, per byte
+    asked for: `disk_per_requested` over all requested bytes, and for random
+    reads `disk_per_distinct` over the distinct blocks a uniform random
+    pattern is expected to touch (repeats are served from cache)."""
+    result["server_disk_read_bytes"] = disk
+    requested = result.get("bytes")
+    if requested:
+        result["disk_per_requested"] = disk / requested
+    bs, ops = result.get("bs"), result.get("ops")
+    if result.get("pattern") == "random" and bs and ops and file_bytes >= bs:
+        blocks = file_bytes // bs
+        distinct = blocks * -math.expm1(-ops / blocks)
+        result["disk_per_distinct"] = disk / (distinct * bs)
+
+
 def _headline(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error'][:300]}"
     parts = [f"{r.get('mb_per_s', 0):.1f} MB/s"]
     if "iops" in r:
         parts.append(f"{r['iops']:.0f} IOPS")
+    if "disk_per_requested" in r:
+        parts.append(f"disk/requested {r['disk_per_requested']:.2f}")
+    if "disk_per_distinct" in r:
+        parts.append(f"disk/distinct {r['disk_per_distinct']:.2f}")
     for kind in ("read", "write"):
         lat = r.get(kind)
         if isinstance(lat, dict):
@@ -221,13 +251,14 @@ def plan_stream(cfg: Config) -> list[Round]:
     rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration)
     pass_seconds = cfg.size / ASSUMED_MB_PER_S
     both = ("sluice", "ganesha")
+    three = ("sluice", RA_OFF, "ganesha")
     cases = {
         "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds)]
-        + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in both],
-        "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in both],
+        + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in three],
+        "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
         # Warm for random reads means the whole file is cached: one
         # sequential READ pass first.
-        "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=SEQ_1M) for s in both],
+        "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=SEQ_1M) for s in three],
         "nfs-rs-seq-1-stream": [
             Variant(s, "nfs-rs", "read", _nfsrs(s, path), _nfsrs(s, path), pass_seconds, pass_seconds)
             for s in both

@@ -20,6 +20,7 @@ SLUICE_READ = ("sluice", "sluice-load", "read")
 SLUICE_READ_PLUS = ("sluice", "sluice-load", "read_plus")
 SLUICE_MIX = ("sluice", "sluice-load", "mix")
 GANESHA_READ = ("ganesha", "sluice-load", "read")
+RAOFF_READ = ("sluice-ra-off", "sluice-load", "read")
 GANESHA_MIX = ("ganesha", "sluice-load", "mix")
 SLUICE_NFSRS = ("sluice", "nfs-rs", "read")
 GANESHA_NFSRS = ("ganesha", "nfs-rs", "read")
@@ -37,7 +38,8 @@ def metric_of(result: dict, metric: str) -> float | None:
     return result.get(metric)
 
 
-METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes"] + [
+METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes", "server_disk_read_bytes", "disk_per_requested",
+           "disk_per_distinct"] + [
     f"{kind}_{field}" for kind in ("read", "write") for field in LATENCY_FIELDS
 ]
 
@@ -86,6 +88,7 @@ RATIOS = {
         ("sluice/ganesha", SLUICE_READ, GANESHA_READ, "mb_per_s"),
         ("sluice/ganesha (nfs-rs)", SLUICE_NFSRS, GANESHA_NFSRS, "mb_per_s"),
         ("sluice/direct read", SLUICE_READ, DIRECT_READ, "mb_per_s"),
+        ("readahead on/off", SLUICE_READ, RAOFF_READ, "mb_per_s"),
         ("ganesha/direct read", GANESHA_READ, DIRECT_READ, "mb_per_s"),
     ],
     "mix": [
@@ -234,13 +237,30 @@ def _stream_tables(ix: Index, fs: str) -> list[str]:
                     ratio_cell(ix.ratio(at, "sluice/ganesha (nfs-rs)" if nfsrs else "sluice/ganesha")),
                     cell(ix.metric(at, DIRECT_READ)) if ix.metric(at, DIRECT_READ) else "",
                     ratio_cell(ix.ratio(at, "sluice/direct read")) if ix.metric(at, DIRECT_READ) else "",
-                    cell(ix.metric(at, sluice, "iops")) if random else "",
-                    cell(ix.metric(at, ganesha, "iops")) if random else "",
+                    cell(ix.metric(at, RAOFF_READ)) if not nfsrs else "",
+                    ratio_cell(ix.ratio(at, "readahead on/off")) if not nfsrs else "",
+                    _disk_cell(ix, at, sluice, random),
+                    _disk_cell(ix, at, ganesha, random),
                 ]
             )
     header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct read MB/s",
-              "sluice/direct", "sluice IOPS", "ganesha IOPS"]  # fmt: skip
+              "sluice/direct", "sluice readahead off MB/s", "readahead on/off", "sluice disk/asked",
+              "ganesha disk/asked"]  # fmt: skip
     return _table(header, rows)
+
+
+def _disk_cell(ix: Index, at: tuple, variant: tuple, random: bool) -> str:
+    """Storage bytes the server read per byte asked for (cold cache only:
+    warm reads should not touch the disk); for random reads, per distinct
+    byte asked for."""
+    if at[3] != "cold":
+        return ""
+    s = ix.metric(at, variant, "disk_per_distinct" if random else "disk_per_requested")
+    if not s:
+        return "–"
+    if s["min"] == s["max"]:
+        return f"{s['median']:.2f}"
+    return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
 
 
 def _mix_tables(ix: Index, fs: str) -> list[str]:
@@ -281,7 +301,11 @@ SECTIONS = [
         "connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
         "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
         "file (NFSv4.1, up to 8 reads in flight). Direct read: `dd iflag=direct bs=1M` on the server's "
-        "file system, in the same rounds as `seq-1-stream`.",
+        "file system, in the same rounds as `seq-1-stream`. `sluice readahead off`: a second sluice "
+        "with `--readahead-max 0` in the same rounds. Disk/asked (cold only): bytes the server process "
+        "read from storage (`read_bytes` of /proc/PID/io) per byte of file the client asked for; for "
+        "`random-8k`, per distinct byte a uniform random pattern of that many reads is expected to "
+        "touch, since repeated blocks come from the cache.",
         _stream_tables,
     ),
     (
@@ -449,7 +473,12 @@ def write_docs(results: dict, doc: Path, out: Path) -> None:
 
 # --- plots --------------------------------------------------------------------
 
-COLORS = {"sluice": "#1f77b4", "sluice READ_PLUS": "#2ca02c", "ganesha": "#d62728"}
+COLORS = {
+    "sluice": "#1f77b4",
+    "sluice READ_PLUS": "#2ca02c",
+    "sluice readahead off": "#9ecae1",
+    "ganesha": "#d62728",
+}
 
 
 def _bars(
@@ -495,15 +524,16 @@ def _plot_sparse(plt, ix: Index, fs: str):
 
 def _plot_stream(plt, ix: Index, fs: str):
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    groups, sluice, ganesha = [], [], []
+    groups, sluice, raoff, ganesha = [], [], [], []
     for case in STREAM_CASES:
         nfsrs = case.startswith("nfs-rs")
         for cache in ("cold", "warm"):
             at = (fs, "stream", case, cache)
             groups.append(f"{case}\n{cache}")
             sluice.append(ix.metric(at, SLUICE_NFSRS if nfsrs else SLUICE_READ))
+            raoff.append(None if nfsrs else ix.metric(at, RAOFF_READ))
             ganesha.append(ix.metric(at, GANESHA_NFSRS if nfsrs else GANESHA_READ))
-    _bars(ax, groups, {"sluice": sluice, "ganesha": ganesha}, "MB/s")
+    _bars(ax, groups, {"sluice": sluice, "sluice readahead off": raoff, "ganesha": ganesha}, "MB/s")
     direct = ix.metric((fs, "stream", "seq-1-stream", "cold"), DIRECT_READ)
     if direct:
         ax.axhline(direct["median"], color="k", linestyle="--", linewidth=1, label="direct read (dd)")

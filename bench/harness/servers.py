@@ -34,6 +34,18 @@ class Server:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def disk_read_bytes(self) -> int | None:
+        """Bytes the server process has read from storage so far
+        (read_bytes of /proc/PID/io), or None when it cannot be read."""
+        try:
+            text = Path(f"/proc/{self.proc.pid}/io").read_text()
+        except (OSError, AttributeError):
+            return None
+        for line in text.splitlines():
+            if line.startswith("read_bytes:"):
+                return int(line.split(":", 1)[1])
+        return None
+
     def check_alive(self) -> None:
         if not self.alive():
             raise RuntimeError(
@@ -62,14 +74,15 @@ class Server:
 class Sluice(Server):
     name = "sluice"
 
-    def __init__(self, binary: Path, export: Path, workdir: Path):
+    def __init__(self, binary: Path, export: Path, workdir: Path, name: str = "sluice", extra_args=()):
         super().__init__()
         self.binary, self.export, self.workdir = binary, export, workdir
+        self.name, self.extra_args = name, list(extra_args)
 
     def start(self, teardown: Teardown) -> None:
-        state = self.workdir / "sluice-state"
+        state = self.workdir / f"{self.name}-state"
         state.mkdir(exist_ok=True)
-        self.log_path = self.workdir / "sluice.log"
+        self.log_path = self.workdir / f"{self.name}.log"
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
                 [
@@ -80,19 +93,20 @@ class Sluice(Server):
                     "127.0.0.1:0",
                     "--state-dir",
                     str(state),
+                    *self.extra_args,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=logf,
                 start_new_session=True,
             )
-        teardown.push(f"stop sluice (pid {self.proc.pid})", self.stop)
+        teardown.push(f"stop {self.name} (pid {self.proc.pid})", self.stop)
         # Readiness: the server prints "listening on ADDR:PORT" once bound.
         line = _read_line(self.proc.stdout, READY_TIMEOUT)
         if not line.startswith("listening on "):
             self.stop()
-            raise RuntimeError(f"sluice did not start (printed {line!r}); log:\n{self.log_tail()}")
+            raise RuntimeError(f"{self.name} did not start (printed {line!r}); log:\n{self.log_tail()}")
         self.port = int(line.strip().rsplit(":", 1)[1])
-        log(f"sluice (pid {self.proc.pid}) serves {self.export} on {self.address}")
+        log(f"{self.name} (pid {self.proc.pid}) serves {self.export} on {self.address} {' '.join(self.extra_args)}")
 
 
 GANESHA_CONFIG = """\
