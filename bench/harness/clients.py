@@ -77,10 +77,12 @@ def nfsrs_read(port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
 _DD_SUMMARY = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)
 
 
-def dd_direct(path: Path, bs: int = 1 << 20) -> dict:
+def dd_direct(path: Path, bs: int = 1 << 20, direct: bool = True) -> dict:
     """`dd if=FILE of=/dev/null bs=1M iflag=direct`: the device's sequential
-    read rate through the local file system, bypassing the page cache."""
-    cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={bs}", "iflag=direct"]
+    read rate through the local file system, bypassing the page cache. With
+    `direct` false, a plain buffered read: what the kernel's own readahead
+    gives a local reader."""
+    cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={bs}"] + (["iflag=direct"] if direct else [])
     started = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
     wall = time.monotonic() - started

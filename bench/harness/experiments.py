@@ -145,8 +145,8 @@ def _check_whole_file(ctx: Context, path: str, result: dict) -> dict:
     return result
 
 
-def _dd(name: str) -> Callable[[Context], dict]:
-    return lambda ctx: clients.dd_direct(ctx.local(name))
+def _dd(name: str, direct: bool = True) -> Callable[[Context], dict]:
+    return lambda ctx: clients.dd_direct(ctx.local(name), direct=direct)
 
 
 def run_round(ctx: Context, rnd: Round) -> None:
@@ -253,7 +253,10 @@ def plan_stream(cfg: Config) -> list[Round]:
     both = ("sluice", "ganesha")
     three = ("sluice", RA_OFF, "ganesha")
     cases = {
-        "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds)]
+        "seq-1-stream": [
+            Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
+            Variant("local", "dd", "buffered_read", _dd(STREAM_FILE, direct=False), None, pass_seconds),
+        ]
         + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in three],
         "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
         # Warm for random reads means the whole file is cached: one

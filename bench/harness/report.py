@@ -25,6 +25,7 @@ GANESHA_MIX = ("ganesha", "sluice-load", "mix")
 SLUICE_NFSRS = ("sluice", "nfs-rs", "read")
 GANESHA_NFSRS = ("ganesha", "nfs-rs", "read")
 DIRECT_READ = ("local", "dd", "direct_read")
+BUFFERED_READ = ("local", "dd", "buffered_read")
 
 LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
 
@@ -89,6 +90,7 @@ RATIOS = {
         ("sluice/ganesha (nfs-rs)", SLUICE_NFSRS, GANESHA_NFSRS, "mb_per_s"),
         ("sluice/direct read", SLUICE_READ, DIRECT_READ, "mb_per_s"),
         ("readahead on/off", SLUICE_READ, RAOFF_READ, "mb_per_s"),
+        ("sluice/local buffered read", SLUICE_READ, BUFFERED_READ, "mb_per_s"),
         ("ganesha/direct read", GANESHA_READ, DIRECT_READ, "mb_per_s"),
     ],
     "mix": [
@@ -237,6 +239,7 @@ def _stream_tables(ix: Index, fs: str) -> list[str]:
                     ratio_cell(ix.ratio(at, "sluice/ganesha (nfs-rs)" if nfsrs else "sluice/ganesha")),
                     cell(ix.metric(at, DIRECT_READ)) if ix.metric(at, DIRECT_READ) else "",
                     ratio_cell(ix.ratio(at, "sluice/direct read")) if ix.metric(at, DIRECT_READ) else "",
+                    cell(ix.metric(at, BUFFERED_READ)) if ix.metric(at, BUFFERED_READ) else "",
                     cell(ix.metric(at, RAOFF_READ)) if not nfsrs else "",
                     ratio_cell(ix.ratio(at, "readahead on/off")) if not nfsrs else "",
                     _disk_cell(ix, at, sluice, random),
@@ -244,7 +247,7 @@ def _stream_tables(ix: Index, fs: str) -> list[str]:
                 ]
             )
     header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct read MB/s",
-              "sluice/direct", "sluice readahead off MB/s", "readahead on/off", "sluice disk/asked",
+              "sluice/direct", "local buffered MB/s", "sluice readahead off MB/s", "readahead on/off", "sluice disk/asked",
               "ganesha disk/asked"]  # fmt: skip
     return _table(header, rows)
 
@@ -301,7 +304,8 @@ SECTIONS = [
         "connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
         "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
         "file (NFSv4.1, up to 8 reads in flight). Direct read: `dd iflag=direct bs=1M` on the server's "
-        "file system, in the same rounds as `seq-1-stream`. `sluice readahead off`: a second sluice "
+        "file system, in the same rounds as `seq-1-stream`; local buffered: the same `dd` without "
+        "`iflag=direct` (the kernel's own readahead for a local reader). `sluice readahead off`: a second sluice "
         "with `--readahead-max 0` in the same rounds. Disk/asked (cold only): bytes the server process "
         "read from storage (`read_bytes` of /proc/PID/io) per byte of file the client asked for; for "
         "`random-8k`, per distinct byte a uniform random pattern of that many reads is expected to "

@@ -535,6 +535,11 @@ pub fn read_at(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<us
 /// true when every byte came straight from the page cache, false when the
 /// read had to wait for the disk.
 pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(BytesMut, bool)> {
+    if offset > i64::MAX as u64 {
+        // Past the end of any file the kernel can hold.
+        return Ok((BytesMut::new(), true));
+    }
+    let len = len.min((i64::MAX as u64 - offset) as usize);
     let mut buf = BytesMut::with_capacity(len);
     let mut cached = true;
     let mut nowait = NOWAIT_WORKS.load(Ordering::Relaxed);
@@ -566,11 +571,12 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
                     cached = false;
                     continue;
                 }
-                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) if nowait => {
-                    // No non-blocking buffered reads here: say "from disk"
-                    // only when we cannot tell.
+                Some(libc::EOPNOTSUPP) if nowait => {
+                    // No non-blocking buffered reads on this kernel: from
+                    // now on every read counts as a disk wait.
                     NOWAIT_WORKS.store(false, Ordering::Relaxed);
                     nowait = false;
+                    cached = false;
                     continue;
                 }
                 _ => return Err(e),
@@ -692,5 +698,11 @@ mod tests {
         assert_eq!(&b[..], &data[90_000..]);
         let (b, _) = read_buf(f.as_fd(), 200_000, 10).unwrap();
         assert!(b.is_empty());
+        let (b, _) = read_buf(f.as_fd(), u64::MAX - 5, 10).unwrap();
+        assert!(b.is_empty());
+        assert!(read_buf(f.as_fd(), (1 << 63) - 5, 1 << 20)
+            .unwrap()
+            .0
+            .is_empty());
     }
 }

@@ -80,9 +80,10 @@ const MAX_STREAMS: usize = 4096;
 const SEQ_THRESHOLD: u32 = 3;
 /// Readahead requests waiting for the worker at most.
 const QUEUE: usize = 256;
-/// The worker hands the kernel at most this much in one call, so a large
-/// window of one stream does not delay the start of another's.
-const CHUNK: u64 = 4 * 1024 * 1024;
+/// The worker hands the kernel at most this much in one call (the unit the
+/// kernel itself splits forced readahead into), so a large window of one
+/// stream does not delay the start of another's.
+const CHUNK: u64 = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 struct Reader {
@@ -206,9 +207,7 @@ impl Readahead {
                     // kernel's own heuristics would read more than asked on
                     // random requests that happen to land side by side.
                     // SAFETY: valid descriptor; no memory arguments.
-                    unsafe {
-                        libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM)
-                    };
+                    unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
                 }
             }
             let readers = t.streams.entry((file, stream)).or_default();

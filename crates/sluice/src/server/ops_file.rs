@@ -369,9 +369,6 @@ pub fn read_data(
     };
     srv.readahead.record(access, cached);
     srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-    srv.metrics
-        .read_bytes_sent
-        .fetch_add(buf.len() as u64, Ordering::Relaxed);
     Ok(buf.freeze())
 }
 
@@ -391,6 +388,10 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         let data = read_data(cx, &fh, &fd, &st, sid, offset, count)?;
         let size = io(fs::stat(fd.as_fd()))?.size;
         let eof = offset.saturating_add(data.len() as u64) >= size;
+        cx.srv
+            .metrics
+            .read_bytes_sent
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         e.bool(eof);
         e.opaque_shared(data);
         Ok(())

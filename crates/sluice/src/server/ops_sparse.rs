@@ -11,6 +11,7 @@ use crate::nfs4::consts::status;
 use crate::xdr::{Decoder, Encoder};
 use std::io as stdio;
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Holes shorter than this are sent as data: a hole segment saves wire
@@ -56,6 +57,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         let mut body = Encoder::with_capacity(256);
         let mut nsegs = 0u32;
         let mut covered = offset;
+        let mut data_bytes = 0u64;
         for s in segs {
             match s {
                 Segment::Data(o, l) => {
@@ -71,6 +73,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
                     budget -= DATA_HEADER + (l as usize).div_ceil(4) * 4;
                     covered = o + l;
                     nsegs += 1;
+                    data_bytes += l;
                     if o + l < s.offset() + s.len() {
                         break;
                     }
@@ -88,6 +91,10 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
                 }
             }
         }
+        cx.srv
+            .metrics
+            .read_bytes_sent
+            .fetch_add(data_bytes, Ordering::Relaxed);
         e.bool(covered >= st.size);
         e.u32(nsegs);
         e.append(body);
