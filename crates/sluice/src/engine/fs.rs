@@ -8,7 +8,7 @@
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -214,17 +214,34 @@ pub fn create_file(
         if e.raw_os_error() != Some(libc::EEXIST) || exclusive {
             return Err(e);
         }
-        // SAFETY: valid fd and C string.
-        let r = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), base) };
-        if r >= 0 {
-            // SAFETY: fresh descriptor.
-            return Ok((unsafe { OwnedFd::from_raw_fd(r) }, false));
+        // It exists: look at what it is before opening it for real, so a
+        // FIFO (whose open would wait for a peer) or a device node is never
+        // opened. Reopening through the O_PATH descriptor opens the very
+        // object that was checked.
+        let found = match open_path_at(dir, name) {
+            Ok(fd) => fd,
+            // Removed between the two calls: try again.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        let st = stat(found.as_fd())?;
+        if !st.is_file() {
+            return Err(io::Error::from_raw_os_error(not_a_file_errno(&st)));
         }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::ENOENT) {
-            return Err(e);
-        }
-        // Removed between the two calls: try again.
+        return Ok((reopen(found.as_fd(), access)?, false));
+    }
+}
+
+/// The error for an object that should have been a regular file: EISDIR
+/// for a directory, ELOOP for a symlink, and EMEDIUMTYPE for anything else
+/// (FIFO, socket, device), which the server reports as "wrong type".
+pub fn not_a_file_errno(st: &Stat) -> i32 {
+    if st.is_dir() {
+        libc::EISDIR
+    } else if st.is_symlink() {
+        libc::ELOOP
+    } else {
+        libc::EMEDIUMTYPE
     }
 }
 
@@ -678,7 +695,6 @@ pub fn display_name(name: &[u8]) -> &OsStr {
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::os::fd::AsFd;
 
     #[test]
     fn read_buf_reads_to_eof_and_reports_cache() {
@@ -704,5 +720,30 @@ mod tests {
             .unwrap()
             .0
             .is_empty());
+    }
+}
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+
+    #[test]
+    fn create_file_never_opens_a_fifo_or_directory() {
+        let d = std::env::temp_dir().join(format!("sluice-create-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        let dir = open_dir_path(&d).unwrap();
+        mknod_at(dir.as_fd(), c"fifo", libc::S_IFIFO | 0o644, 0).unwrap();
+        mkdir_at(dir.as_fd(), c"sub", 0o755).unwrap();
+        // Opening a FIFO read-only would wait for a writer forever.
+        let e = create_file(dir.as_fd(), c"fifo", 0o644, false, libc::O_RDONLY).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMEDIUMTYPE));
+        let e = create_file(dir.as_fd(), c"sub", 0o644, false, libc::O_RDONLY).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EISDIR));
+        let (_, created) = create_file(dir.as_fd(), c"f", 0o644, false, libc::O_RDWR).unwrap();
+        assert!(created);
+        let (_, created) = create_file(dir.as_fd(), c"f", 0o644, false, libc::O_RDONLY).unwrap();
+        assert!(!created);
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

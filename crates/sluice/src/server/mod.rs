@@ -150,6 +150,8 @@ pub fn errno_status(e: &io::Error) -> u32 {
         Some(libc::EXDEV) => status::XDEV,
         Some(libc::ENOTDIR) => status::NOTDIR,
         Some(libc::EISDIR) => status::ISDIR,
+        // The engine's word for "not a regular file" (fs::not_a_file_errno).
+        Some(libc::EMEDIUMTYPE) => status::WRONG_TYPE,
         Some(libc::EINVAL) => status::INVAL,
         Some(libc::EFBIG) => status::FBIG,
         Some(libc::ENOSPC) => status::NOSPC,
