@@ -31,6 +31,8 @@ from .util import MiB, Progress, log
 EXPERIMENTS = ["sparse", "stream", "mix"]
 # sluice with --readahead-max 0 (server readahead off).
 RA_OFF = "sluice-ra-off"
+# sluice with --read-plus-min-hole 4K (every hole the file system reports).
+HOLE_4K = "sluice-hole4k"
 CACHES = ["cold", "warm"]
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
@@ -234,6 +236,7 @@ def plan_sparse(cfg: Config) -> list[Round]:
         layout.name: [
             _load_variant("sluice", "read", "/" + layout.name, SEQ_1M, cfg),
             _load_variant("sluice", "read_plus", "/" + layout.name, plus, cfg),
+            _load_variant(HOLE_4K, "read_plus", "/" + layout.name, plus, cfg),
             # nfs-ganesha's VFS backend has no usable READ_PLUS (see the notes): READ only.
             _load_variant("ganesha", "read", "/" + layout.name, SEQ_1M, cfg),
         ]

@@ -40,6 +40,10 @@ enum Cmd {
         /// in bytes (suffixes K, M, G); 0 switches server readahead off.
         #[arg(long, default_value = "16M", value_parser = parse_size)]
         readahead_max: u64,
+        /// READ_PLUS reports holes of at least this many bytes (suffixes K,
+        /// M, G); shorter holes are sent as data.
+        #[arg(long, default_value = "32K", value_parser = parse_size)]
+        read_plus_min_hole: u64,
         /// Test only: serve without byte-range locks around I/O, so reads
         /// can see half-done writes (used to show the torn-read detector works).
         #[arg(long, hide = true)]
@@ -113,6 +117,7 @@ struct ServeArgs {
     range_locks: bool,
     metrics: Option<String>,
     readahead_max: u64,
+    min_hole: u64,
 }
 
 async fn serve(a: ServeArgs) -> Result<(), String> {
@@ -124,6 +129,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         range_locks,
         metrics,
         readahead_max,
+        min_hole,
     } = a;
     let key = load_key(&state_dir)?;
     let export =
@@ -138,6 +144,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             max: readahead_max,
             ..Default::default()
         },
+        min_hole: min_hole.max(1),
     };
     let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -219,6 +226,7 @@ fn main() {
             lease_time,
             metrics,
             readahead_max,
+            read_plus_min_hole,
             unsafe_no_range_locks,
         } => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -233,6 +241,7 @@ fn main() {
                     range_locks: !unsafe_no_range_locks,
                     metrics,
                     readahead_max,
+                    min_hole: read_plus_min_hole,
                 }))
             }),
     };

@@ -8,9 +8,9 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::Mutex;
 
-/// Most extents remembered for one file; more fragmented files are looked
-/// up range by range instead.
-const MAX_CACHED_EXTENTS: usize = 4096;
+/// Most extents (after merging holes too small to report) remembered for
+/// one file; more fragmented files are looked up range by range instead.
+const MAX_CACHED_EXTENTS: usize = 65536;
 /// Files whose maps are kept.
 const MAX_CACHED_FILES: usize = 4096;
 
@@ -67,21 +67,51 @@ pub fn seek(fd: BorrowedFd<'_>, offset: u64, data: bool) -> io::Result<Option<u6
     Ok(Some(r as u64))
 }
 
+/// What a walk over part of a file found.
+#[derive(Debug)]
+struct Walk {
+    /// Data extents, with holes shorter than the walk's `min_hole` merged
+    /// into the data around them.
+    data: Vec<(u64, u64)>,
+    /// The whole range was looked at (else the rest is reported as data).
+    complete: bool,
+    /// A hole of at least `min_hole` was found.
+    big_hole: bool,
+}
+
 /// Data extents of `[start, end)` found with at most `max_seeks` lseek
-/// calls; whatever is not reached is reported as data.
+/// calls; whatever is not reached is reported as data. Holes shorter than
+/// `min_hole` are merged into data as they are found, so a file with many
+/// small holes keeps a short list.
 fn walk(
     fd: BorrowedFd<'_>,
     start: u64,
     end: u64,
     max_seeks: usize,
-) -> io::Result<(Vec<(u64, u64)>, bool)> {
-    let mut out = Vec::new();
+    min_hole: u64,
+) -> io::Result<Walk> {
+    let mut w = Walk {
+        data: Vec::new(),
+        complete: true,
+        big_hole: false,
+    };
+    let mut add = |w: &mut Walk, d: u64, h: u64| match w.data.last_mut() {
+        Some((_, last_end)) if d - *last_end < min_hole => *last_end = h,
+        last => {
+            let gap_from = last.map_or(start, |&mut (_, e)| e);
+            if d - gap_from >= min_hole {
+                w.big_hole = true;
+            }
+            w.data.push((d, h));
+        }
+    };
     let mut pos = start;
     let mut seeks = 0;
     while pos < end {
         if seeks + 2 > max_seeks {
-            out.push((pos, end));
-            return Ok((out, false));
+            add(&mut w, pos, end);
+            w.complete = false;
+            return Ok(w);
         }
         seeks += 2;
         let Some(d) = seek(fd, pos, true)? else { break };
@@ -91,13 +121,16 @@ fn walk(
         let h = seek(fd, d, false)?.unwrap_or(end).min(end);
         if h <= d {
             // The file changed under us; call the rest data.
-            out.push((d, end));
+            add(&mut w, d.max(pos), end);
             break;
         }
-        out.push((d, h));
+        add(&mut w, d, h);
         pos = h;
     }
-    Ok((out, true))
+    if end - w.data.last().map_or(start, |&(_, e)| e) >= min_hole {
+        w.big_hole = true;
+    }
+    Ok(w)
 }
 
 /// Turns data extents into segments covering `[start, end)` exactly, with
@@ -169,20 +202,35 @@ impl Validator {
 
 #[derive(Debug)]
 enum Map {
-    /// Every data extent of the file.
+    /// Every data extent of the file (small holes merged in).
     Complete(Vec<(u64, u64)>),
-    /// Too fragmented to keep: look up per request.
+    /// Too fragmented to keep, with big holes: look up per request.
     Fragmented,
+    /// Many extents and no hole worth reporting among the first ones:
+    /// everything is sent as data, without looking.
+    Dense,
 }
 
 /// Cached extent maps, keyed by (device, inode).
 #[derive(Debug, Default)]
 pub struct ExtentCache {
-    maps: Mutex<HashMap<(u64, u64), (Validator, Map)>>,
+    maps: Mutex<Maps>,
+}
+
+#[derive(Debug, Default)]
+struct Maps {
+    files: HashMap<(u64, u64), (Validator, Map)>,
+    /// Extents held by all complete maps.
+    extents: usize,
 }
 
 /// Lookups allowed per request when a file's map is not cached.
 pub const MAX_SEEKS_PER_REQUEST: usize = 32;
+/// Lookups spent on a file before deciding it is dense when no hole of
+/// the reporting size has turned up.
+const DENSE_PROBE_SEEKS: usize = 8192;
+/// Extents held by all cached maps together (16 bytes each).
+const MAX_TOTAL_EXTENTS: usize = 1 << 22;
 
 impl ExtentCache {
     /// An empty cache.
@@ -193,19 +241,30 @@ impl ExtentCache {
     /// Forgets the map of a file the server changed.
     pub fn invalidate(&self, key: (u64, u64)) {
         if let Ok(mut m) = self.maps.lock() {
-            m.remove(&key);
+            if let Some((_, Map::Complete(v))) = m.files.remove(&key) {
+                m.extents -= v.len();
+            }
         }
     }
 
     /// Data extents overlapping `[start, end)` of the file open at `fd`
-    /// whose status is `st`. The caller holds the file's lock so the map
-    /// and the data it reads agree.
+    /// whose status is `st`, with holes shorter than `min_hole` reported as
+    /// data. The caller holds the file's lock so the map and the data it
+    /// reads agree.
+    ///
+    /// The lookups are bounded so that READ_PLUS never costs much more than
+    /// READ: a file with no unallocated space gets no lookup at all; a
+    /// file's map is built once (and kept while its size and times stay
+    /// the same); a file whose first extents show no hole of `min_hole` is
+    /// taken as dense and sent as data; a very fragmented file with big
+    /// holes gets at most [`MAX_SEEKS_PER_REQUEST`] lookups per request.
     pub fn data_extents(
         &self,
         fd: BorrowedFd<'_>,
         st: &Stat,
         start: u64,
         end: u64,
+        min_hole: u64,
     ) -> io::Result<Vec<(u64, u64)>> {
         let key = (st.dev, st.ino);
         let v = Validator::of(st);
@@ -213,39 +272,60 @@ impl ExtentCache {
         if start >= end {
             return Ok(Vec::new());
         }
-        let cached = self.maps.lock().ok().and_then(|m| match m.get(&key) {
+        if st.blocks.saturating_mul(512) >= st.size {
+            // Every byte can have storage: no hole worth a lookup.
+            return Ok(vec![(start, end)]);
+        }
+        let cached = self.maps.lock().ok().and_then(|m| match m.files.get(&key) {
             Some((cv, Map::Complete(ext))) if *cv == v => Some(Some(overlapping(ext, start, end))),
             Some((cv, Map::Fragmented)) if *cv == v => Some(None),
+            Some((cv, Map::Dense)) if *cv == v => Some(Some(vec![(start, end)])),
             _ => None,
         });
         match cached {
             Some(Some(ext)) => return Ok(ext),
-            Some(None) => return walk(fd, start, end, MAX_SEEKS_PER_REQUEST).map(|(e, _)| e),
+            Some(None) => {
+                return walk(fd, start, end, MAX_SEEKS_PER_REQUEST, min_hole).map(|w| w.data)
+            }
             None => {}
         }
-        // Build the whole map once, bounded.
-        let (all, complete) = walk(fd, 0, st.size, MAX_CACHED_EXTENTS * 2)?;
-        let result = overlapping(&all, start, end);
-        if let Ok(mut m) = self.maps.lock() {
-            if m.len() >= MAX_CACHED_FILES {
-                m.clear();
-            }
-            m.insert(
-                key,
-                (
-                    v,
-                    if complete {
-                        Map::Complete(all)
-                    } else {
-                        Map::Fragmented
-                    },
-                ),
-            );
-        }
-        if complete {
-            Ok(result)
+        // Build the whole map once, bounded: first a probe that tells a
+        // dense file, then the rest.
+        let probe = walk(fd, 0, st.size, DENSE_PROBE_SEEKS, min_hole)?;
+        let map = if probe.complete {
+            Map::Complete(probe.data)
+        } else if !probe.big_hole {
+            Map::Dense
         } else {
-            walk(fd, start, end, MAX_SEEKS_PER_REQUEST).map(|(e, _)| e)
+            let all = walk(fd, 0, st.size, MAX_CACHED_EXTENTS * 2, min_hole)?;
+            if all.complete {
+                Map::Complete(all.data)
+            } else {
+                Map::Fragmented
+            }
+        };
+        let result = match &map {
+            Map::Complete(all) => Some(overlapping(all, start, end)),
+            Map::Dense => Some(vec![(start, end)]),
+            Map::Fragmented => None,
+        };
+        if let Ok(mut m) = self.maps.lock() {
+            let n = match &map {
+                Map::Complete(v) => v.len(),
+                _ => 0,
+            };
+            if m.files.len() >= MAX_CACHED_FILES || m.extents + n > MAX_TOTAL_EXTENTS {
+                m.files.clear();
+                m.extents = 0;
+            }
+            if let Some((_, Map::Complete(old))) = m.files.insert(key, (v, map)) {
+                m.extents -= old.len();
+            }
+            m.extents += n;
+        }
+        match result {
+            Some(r) => Ok(r),
+            None => walk(fd, start, end, MAX_SEEKS_PER_REQUEST, min_hole).map(|w| w.data),
         }
     }
 }
@@ -299,7 +379,7 @@ mod tests {
         f.sync_all().unwrap();
         let st = super::super::fs::stat(f.as_fd()).unwrap();
         let c = ExtentCache::new();
-        let ext = c.data_extents(f.as_fd(), &st, 0, st.size).unwrap();
+        let ext = c.data_extents(f.as_fd(), &st, 0, st.size, 32768).unwrap();
         std::fs::remove_file(&p).unwrap();
         // File systems may allocate more than written, but the big hole is found.
         assert!(ext.first().is_some_and(|&(s, _)| s == 0), "{ext:?}");
@@ -309,5 +389,60 @@ mod tests {
         );
         let covered: u64 = ext.iter().map(|(s, e)| e - s).sum();
         assert!(covered < 512 * 1024, "hole not found: {ext:?}");
+    }
+
+    /// A file of `n` alternating data and hole segments of `seg` bytes.
+    fn mixed(name: &str, seg: u64, n: u64) -> (std::fs::File, Stat) {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
+        let p = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
+        let f = std::fs::File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        std::fs::remove_file(&p).unwrap();
+        f.set_len(seg * n).unwrap();
+        for i in (0..n).step_by(2) {
+            f.write_all_at(&vec![7u8; seg as usize], i * seg).unwrap();
+        }
+        f.sync_all().unwrap();
+        let st = super::super::fs::stat(f.as_fd()).unwrap();
+        (f, st)
+    }
+
+    #[test]
+    fn small_holes_are_merged_and_dense_files_need_no_lookups() {
+        use std::os::fd::AsFd;
+        // 4 KiB segments, 20,000 of them: more than the probe looks at, no
+        // hole of 32 KiB: dense, all data.
+        let (f, st) = mixed("dense", 4096, 20_000);
+        assert!(st.blocks * 512 < st.size, "the temp directory's file system made no holes");
+        let c = ExtentCache::new();
+        let ext = c.data_extents(f.as_fd(), &st, 0, st.size, 32768).unwrap();
+        assert_eq!(ext.len(), 1, "{:?}", &ext[..ext.len().min(4)]);
+        assert!(matches!(
+            c.maps.lock().unwrap().files.get(&(st.dev, st.ino)),
+            Some((_, Map::Dense))
+        ));
+        // The same file with every hole reported.
+        let c = ExtentCache::new();
+        let ext = c.data_extents(f.as_fd(), &st, 0, 1 << 20, 4096).unwrap();
+        assert_eq!(ext.len(), 128, "{:?}", &ext[..ext.len().min(4)]);
+    }
+
+    #[test]
+    fn big_holes_are_kept_in_a_complete_map() {
+        use std::os::fd::AsFd;
+        let (f, st) = mixed("big", 65536, 64);
+        let c = ExtentCache::new();
+        let ext = c.data_extents(f.as_fd(), &st, 0, st.size, 32768).unwrap();
+        assert_eq!(ext.len(), 32, "{ext:?}");
+        assert!(ext.iter().all(|&(s, e)| e - s == 65536 && s % 131072 == 0));
+        assert_eq!(c.maps.lock().unwrap().extents, 32);
+        c.invalidate((st.dev, st.ino));
+        assert_eq!(c.maps.lock().unwrap().extents, 0);
     }
 }

@@ -29,6 +29,8 @@ pub struct Config {
     pub range_locks: bool,
     /// Server-side readahead for sequential readers.
     pub readahead: crate::engine::readahead::Config,
+    /// READ_PLUS sends holes shorter than this as data.
+    pub min_hole: u64,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
             lease: Duration::from_secs(90),
             range_locks: true,
             readahead: Default::default(),
+            min_hole: ops_sparse::MIN_HOLE,
         }
     }
 }

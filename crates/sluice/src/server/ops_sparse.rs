@@ -14,9 +14,10 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// Holes shorter than this are sent as data: a hole segment saves wire
-/// bytes only when it replaces enough zeros, and fewer segments keep the
-/// client's reply budget for data.
+/// Holes shorter than this are sent as data by default (see
+/// [`super::Config::min_hole`]): a hole segment saves wire bytes only when
+/// it replaces enough zeros, and fewer segments keep the client's reply
+/// budget for data. Chosen by measurement: docs/benchmarks.md.
 pub const MIN_HOLE: u64 = 32 * 1024;
 
 const CONTENT_DATA: u32 = 0;
@@ -51,8 +52,12 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
         let n = buf.len();
         let end = offset + n as u64;
-        let data = io(cx.srv.extents.data_extents(fd.as_fd(), &st, offset, end))?;
-        let segs = extents::segments(&data, offset, end, MIN_HOLE);
+        let min_hole = cx.srv.config.min_hole;
+        let data = io(cx
+            .srv
+            .extents
+            .data_extents(fd.as_fd(), &st, offset, end, min_hole))?;
+        let segs = extents::segments(&data, offset, end, min_hole);
         let mut budget = count as usize + DATA_HEADER;
         let mut body = Encoder::with_capacity(256);
         let mut nsegs = 0u32;
