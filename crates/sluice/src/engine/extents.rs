@@ -95,7 +95,7 @@ fn walk(
         complete: true,
         big_hole: false,
     };
-    let mut add = |w: &mut Walk, d: u64, h: u64| match w.data.last_mut() {
+    let add = |w: &mut Walk, d: u64, h: u64| match w.data.last_mut() {
         Some((_, last_end)) if d - *last_end < min_hole => *last_end = h,
         last => {
             let gap_from = last.map_or(start, |&mut (_, e)| e);
