@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod net;

@@ -18,60 +18,55 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Export DIR as the NFSv4 root ("/") over TCP.
-    Serve {
-        /// Directory to export.
-        dir: PathBuf,
-        /// Address and port to listen on (port 0 picks a free one).
-        #[arg(long, default_value = "0.0.0.0:2049")]
-        listen: String,
-        /// Where the handle key is kept; handles stay valid across restarts
-        /// as long as this directory does.
-        #[arg(long, default_value = "/var/lib/sluice")]
-        state_dir: PathBuf,
-        /// Lease time in seconds given to clients.
-        #[arg(long, default_value_t = 90)]
-        lease_time: u64,
-        /// Serve metrics in the Prometheus text format over HTTP at this
-        /// address (`GET /metrics`; port 0 picks a free one).
-        #[arg(long, value_name = "ADDR:PORT")]
-        metrics: Option<String>,
-        /// Largest server-side readahead window of a sequential reader,
-        /// in bytes (suffixes K, M, G); 0 switches server readahead off.
-        #[arg(long, default_value = "16M", value_parser = parse_size)]
-        readahead_max: u64,
-        /// READ_PLUS reports holes of at least this many bytes (suffixes K,
-        /// M, G); shorter holes are sent as data.
-        #[arg(long, default_value = "32K", value_parser = parse_size)]
-        read_plus_min_hole: u64,
-        /// Test only: serve without byte-range locks around I/O, so reads
-        /// can see half-done writes (used to show the torn-read detector works).
-        #[arg(long, hide = true)]
-        unsafe_no_range_locks: bool,
-    },
+    /// Export DIR as the NFSv4 root ("/") over TCP, or what --config says.
+    Serve(ServeCli),
 }
 
-/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                _ => return Err(format!("unknown size suffix in {s:?}: use K, M or G")),
-            };
-            (&t[..i], m)
-        }
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("not a size: {s:?} (e.g. 16M, 262144)"))
+#[derive(clap::Args)]
+struct ServeCli {
+    /// Directory to export (or give --config).
+    #[arg(required_unless_present = "config")]
+    dir: Option<PathBuf>,
+    /// TOML config file: server settings, the export and its access rules
+    /// (see docs/config.md). Flags given on the command line win.
+    #[arg(long, value_name = "FILE", conflicts_with = "dir")]
+    config: Option<PathBuf>,
+    /// Address and port to listen on (port 0 picks a free one)
+    /// [default: 0.0.0.0:2049].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Where the handle key is kept; handles stay valid across restarts
+    /// as long as this directory does [default: /var/lib/sluice].
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Lease time in seconds given to clients [default: 90].
+    #[arg(long)]
+    lease_time: Option<u64>,
+    /// Serve metrics in the Prometheus text format over HTTP at this
+    /// address (`GET /metrics`; port 0 picks a free one).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<String>,
+    /// Largest server-side readahead window of a sequential reader, in
+    /// bytes (suffixes K, M, G); 0 switches server readahead off
+    /// [default: 16M].
+    #[arg(long, value_parser = parse_size)]
+    readahead_max: Option<u64>,
+    /// READ_PLUS reports holes of at least this many bytes (suffixes K, M,
+    /// G); shorter holes are sent as data [default: 32K].
+    #[arg(long, value_parser = parse_size)]
+    read_plus_min_hole: Option<u64>,
+    /// Test only: serve without byte-range locks around I/O, so reads can
+    /// see half-done writes (used to show the torn-read detector works).
+    #[arg(long, hide = true)]
+    unsafe_no_range_locks: bool,
 }
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    sluice::config::parse_size(s)
+}
+
+/// How long shutdown waits for requests in progress.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -108,7 +103,8 @@ fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
     Ok(HandleKey::new(k))
 }
 
-/// What `sluice serve` was asked to do.
+/// What `sluice serve` was asked to do, command line and config file
+/// merged.
 struct ServeArgs {
     dir: PathBuf,
     listen: String,
@@ -118,6 +114,81 @@ struct ServeArgs {
     metrics: Option<String>,
     readahead_max: u64,
     min_hole: u64,
+    policy: sluice::net::Policy,
+    rules: Rules,
+}
+
+/// An export's access rules.
+struct Rules {
+    read_only: bool,
+    squash: sluice::config::Squash,
+    anon: (u32, u32),
+    max_read: u32,
+    max_write: u32,
+}
+
+/// Merges the command line with the config file (command line first).
+fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
+    use sluice::config::{ConfigFile, Size, Squash};
+    let file = match &cli.config {
+        Some(p) => sluice::config::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let srv = file.server;
+    let export = file.exports.into_iter().next();
+    let dir = match (cli.dir, &export) {
+        (Some(d), _) => d,
+        (None, Some(e)) => e.path.clone(),
+        (None, None) => return Err("give a directory to export, or --config FILE".into()),
+    };
+    let mut policy = sluice::net::Policy {
+        require_privileged_port: srv.require_privileged_port.unwrap_or(false),
+        ..Default::default()
+    };
+    if let Some(n) = srv.max_connections {
+        policy.max_connections = n;
+    }
+    let mut rules = Rules {
+        read_only: false,
+        squash: Squash::None,
+        anon: (65534, 65534),
+        max_read: sluice::config::MAX_IO_LIMIT as u32,
+        max_write: sluice::config::MAX_IO_LIMIT as u32,
+    };
+    if let Some(e) = export {
+        policy.clients = e.clients;
+        rules = Rules {
+            read_only: e.read_only,
+            squash: e.squash,
+            anon: (e.anon_uid, e.anon_gid),
+            max_read: e.max_read.map_or(rules.max_read, |Size(n)| n as u32),
+            max_write: e.max_write.map_or(rules.max_write, |Size(n)| n as u32),
+        };
+    }
+    Ok(ServeArgs {
+        dir,
+        listen: cli
+            .listen
+            .or(srv.listen)
+            .unwrap_or_else(|| "0.0.0.0:2049".into()),
+        state_dir: cli
+            .state_dir
+            .or(srv.state_dir)
+            .unwrap_or_else(|| "/var/lib/sluice".into()),
+        lease: cli.lease_time.or(srv.lease_time).unwrap_or(90),
+        range_locks: !cli.unsafe_no_range_locks,
+        metrics: cli.metrics.or(srv.metrics),
+        readahead_max: cli
+            .readahead_max
+            .or(srv.readahead_max.map(|Size(n)| n))
+            .unwrap_or(16 << 20),
+        min_hole: cli
+            .read_plus_min_hole
+            .or(srv.read_plus_min_hole.map(|Size(n)| n))
+            .unwrap_or(32 << 10),
+        policy,
+        rules,
+    })
 }
 
 async fn serve(a: ServeArgs) -> Result<(), String> {
@@ -130,6 +201,8 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         metrics,
         readahead_max,
         min_hole,
+        policy,
+        rules,
     } = a;
     let key = load_key(&state_dir)?;
     let export =
@@ -145,6 +218,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             ..Default::default()
         },
         min_hole: min_hole.max(1),
+        read_only: rules.read_only,
+        squash: rules.squash,
+        anon: rules.anon,
+        max_read: rules.max_read,
+        max_write: rules.max_write,
     };
     let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -186,17 +264,46 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             }
         })
     };
-    let server = tokio::spawn(sluice::net::serve(listener, srv.clone()));
+    if !policy.clients.is_empty() {
+        let list: Vec<String> = policy.clients.iter().map(|r| r.to_string()).collect();
+        tracing::info!(clients = %list.join(", "), "only these clients may connect");
+    }
+    if rules.read_only {
+        tracing::info!("the export is read-only");
+    }
+    let inflight = Arc::new(sluice::net::InFlight::default());
+    let server = tokio::spawn(sluice::net::serve_with(
+        listener,
+        srv.clone(),
+        policy,
+        inflight.clone(),
+    ));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
     }
+    // Take no new connections or requests; let those being processed
+    // finish (writes applied), then flush to disk.
     server.abort();
     expiry.abort();
     if let Some(t) = metrics_task {
         t.abort();
+    }
+    let busy = inflight.count();
+    if busy > 0 {
+        tracing::info!(requests = busy, "waiting for requests in progress");
+    }
+    if tokio::time::timeout(SHUTDOWN_GRACE, inflight.wait_idle())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            requests = inflight.count(),
+            "requests still running after {} s; stopping anyway",
+            SHUTDOWN_GRACE.as_secs()
+        );
     }
     // Unstable writes live in the page cache: push them to disk.
     let root = srv.export.root_fd();
@@ -219,51 +326,16 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Serve {
-            dir,
-            listen,
-            state_dir,
-            lease_time,
-            metrics,
-            readahead_max,
-            read_plus_min_hole,
-            unsafe_no_range_locks,
-        } => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the runtime: {e}"))
-            .and_then(|rt| {
-                rt.block_on(serve(ServeArgs {
-                    dir,
-                    listen,
-                    state_dir,
-                    lease: lease_time,
-                    range_locks: !unsafe_no_range_locks,
-                    metrics,
-                    readahead_max,
-                    min_hole: read_plus_min_hole,
-                }))
-            }),
+        Cmd::Serve(c) => resolve(c).and_then(|args| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the runtime: {e}"))
+                .and_then(|rt| rt.block_on(serve(args)))
+        }),
     };
     if let Err(e) = result {
         eprintln!("sluice: {e}");
         std::process::exit(1);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes_parse_with_suffixes() {
-        assert_eq!(parse_size("0"), Ok(0));
-        assert_eq!(parse_size("262144"), Ok(262144));
-        assert_eq!(parse_size("16M"), Ok(16 << 20));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert_eq!(parse_size("4K"), Ok(4096));
-        assert!(parse_size("16X").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("99999999999999G").is_err());
     }
 }

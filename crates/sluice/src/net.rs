@@ -5,11 +5,13 @@
 //! READ_PLUS stays in the buffer it was read into and is handed to the
 //! socket as it is, next to the small encoded headers.
 
+use crate::config::IpRange;
 use crate::rpc::{self, FragmentHeader, RecordAssembler};
 use crate::server::Server;
 use crate::xdr::Encoder;
 use bytes::Bytes;
 use std::io::IoSlice;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,18 +22,125 @@ pub const MAX_RECORD: usize = 2 * 1024 * 1024;
 /// Requests of one connection processed at once.
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// Who may connect, and how many at once.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Address ranges allowed to connect; empty means everyone.
+    pub clients: Vec<IpRange>,
+    /// Refuse source ports of 1024 and above (only root can bind below).
+    pub require_privileged_port: bool,
+    /// Connections served at once; more are closed on arrival.
+    pub max_connections: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            clients: Vec::new(),
+            require_privileged_port: false,
+            max_connections: 1024,
+        }
+    }
+}
+
+impl Policy {
+    /// Why a connection from `peer` is refused, or None to serve it.
+    pub fn refuse(&self, peer: SocketAddr) -> Option<&'static str> {
+        if !self.clients.is_empty() && !self.clients.iter().any(|r| r.contains(peer.ip())) {
+            return Some("address not in the export's client list");
+        }
+        if self.require_privileged_port && peer.port() >= 1024 {
+            return Some("source port not privileged (below 1024)");
+        }
+        None
+    }
+}
+
+/// Counts requests being processed, so shutdown can wait for them.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+
+    /// Requests being processed now.
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until no request is being processed.
+    pub async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.count() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// Accepts connections until the task is dropped.
 pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
+    serve_with(listener, srv, Policy::default(), Arc::default()).await
+}
+
+/// Accepts connections allowed by `policy` until the task is dropped;
+/// `inflight` counts the requests being processed.
+pub async fn serve_with(
+    listener: TcpListener,
+    srv: Arc<Server>,
+    policy: Policy,
+    inflight: Arc<InFlight>,
+) {
+    let conns = Arc::new(Semaphore::new(policy.max_connections));
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                if let Some(why) = policy.refuse(peer) {
+                    tracing::warn!(%peer, reason = why, "connection refused");
+                    drop(stream);
+                    continue;
+                }
+                let Ok(permit) = conns.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        %peer,
+                        limit = policy.max_connections,
+                        "connection refused: too many connections"
+                    );
+                    drop(stream);
+                    continue;
+                };
                 tracing::debug!(%peer, "connection accepted");
                 let _ = stream.set_nodelay(true);
                 let srv = srv.clone();
+                let inflight = inflight.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, srv).await {
+                    if let Err(e) = connection(stream, srv, inflight).await {
                         tracing::debug!(%peer, error = %e, "connection closed");
                     }
+                    drop(permit);
                 });
             }
             Err(e) => {
@@ -42,7 +151,11 @@ pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
     }
 }
 
-async fn connection(stream: TcpStream, srv: Arc<Server>) -> std::io::Result<()> {
+async fn connection(
+    stream: TcpStream,
+    srv: Arc<Server>,
+    inflight: Arc<InFlight>,
+) -> std::io::Result<()> {
     let peer = stream.peer_addr().ok();
     let (mut rd, wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Encoder>(MAX_IN_FLIGHT);
@@ -95,6 +208,7 @@ async fn connection(stream: TcpStream, srv: Arc<Server>) -> std::io::Result<()> 
         };
         let srv = srv.clone();
         let tx = tx.clone();
+        let busy = inflight.enter();
         tokio::spawn(async move {
             let reply = tokio::task::spawn_blocking(move || srv.handle_call(&record)).await;
             match reply {
@@ -104,6 +218,7 @@ async fn connection(stream: TcpStream, srv: Arc<Server>) -> std::io::Result<()> 
                 Ok(None) => {}
                 Err(e) => tracing::error!(error = %e, "request handler failed"),
             }
+            drop(busy);
             drop(permit);
         });
     };
@@ -162,6 +277,20 @@ async fn write_parts<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_refuses_outside_addresses_and_unprivileged_ports() {
+        let mut p = Policy::default();
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        assert_eq!(p.refuse(peer), None);
+        p.clients = vec![IpRange::parse("10.0.0.0/8").unwrap()];
+        assert!(p.refuse(peer).is_some());
+        p.clients.push(IpRange::parse("127.0.0.1").unwrap());
+        assert_eq!(p.refuse(peer), None);
+        p.require_privileged_port = true;
+        assert!(p.refuse(peer).is_some());
+        assert_eq!(p.refuse("127.0.0.1:800".parse().unwrap()), None);
+    }
 
     /// A sink that takes at most a few bytes per write, to exercise the
     /// partial-write path.

@@ -419,7 +419,10 @@ mod tests {
         // 4 KiB segments, 20,000 of them: more than the probe looks at, no
         // hole of 32 KiB: dense, all data.
         let (f, st) = mixed("dense", 4096, 20_000);
-        assert!(st.blocks * 512 < st.size, "the temp directory's file system made no holes");
+        assert!(
+            st.blocks * 512 < st.size,
+            "the temp directory's file system made no holes"
+        );
         let c = ExtentCache::new();
         let ext = c.data_extents(f.as_fd(), &st, 0, st.size, 32768).unwrap();
         assert_eq!(ext.len(), 1, "{:?}", &ext[..ext.len().min(4)]);

@@ -128,6 +128,10 @@ pub struct AttrSource<'a> {
     pub fsid: u64,
     /// Lease time in seconds.
     pub lease_secs: u32,
+    /// Largest READ and WRITE payloads of the export.
+    pub max_read: u32,
+    /// Largest WRITE payload of the export.
+    pub max_write: u32,
 }
 
 /// NFS file type of a mode.
@@ -191,7 +195,8 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
             attr::MAXFILESIZE => v.u64(i64::MAX as u64),
             attr::MAXLINK => v.u32(65000),
             attr::MAXNAME => v.u32(255),
-            attr::MAXREAD | attr::MAXWRITE => v.u64(MAX_IO as u64),
+            attr::MAXREAD => v.u64(src.max_read as u64),
+            attr::MAXWRITE => v.u64(src.max_write as u64),
             attr::MODE => v.u32(st.mode & 0o7777),
             attr::NUMLINKS => v.u32(st.nlink.min(u32::MAX as u64) as u32),
             attr::OWNER => v.string(&st.uid.to_string()),
@@ -425,6 +430,8 @@ mod tests {
             fs: None,
             fsid: 3,
             lease_secs: 90,
+            max_read: MAX_IO,
+            max_write: MAX_IO,
         };
         let mut req = [0u32; 3];
         for b in [attr::SIZE, attr::TYPE, attr::MODE, attr::FILEHANDLE] {

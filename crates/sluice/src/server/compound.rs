@@ -81,7 +81,26 @@ impl<'a> Ctx<'a> {
 /// the result body (if any) after the status.
 pub type OpStatus = u32;
 
+/// Ops that change the file system, refused on a read-only export (OPEN
+/// checks its own arguments).
+fn changes_fs(opnum: u32) -> bool {
+    matches!(
+        opnum,
+        op::CREATE
+            | op::LINK
+            | op::REMOVE
+            | op::RENAME
+            | op::SETATTR
+            | op::WRITE
+            | op::ALLOCATE
+            | op::DEALLOCATE
+    )
+}
+
 fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    if cx.srv.config.read_only && changes_fs(opnum) {
+        return status::ROFS;
+    }
     match opnum {
         op::ACCESS => ops_fs::access(cx, d, e),
         op::CLOSE => ops_file::close(cx, d, e),

@@ -31,6 +31,16 @@ pub struct Config {
     pub readahead: crate::engine::readahead::Config,
     /// READ_PLUS sends holes shorter than this as data.
     pub min_hole: u64,
+    /// Every change is refused with NFS4ERR_ROFS.
+    pub read_only: bool,
+    /// Whose identity is replaced by the anonymous one.
+    pub squash: crate::config::Squash,
+    /// The anonymous user and group.
+    pub anon: (u32, u32),
+    /// Largest READ payload (at most [`attrs::MAX_IO`]).
+    pub max_read: u32,
+    /// Largest WRITE payload (at most [`attrs::MAX_IO`]).
+    pub max_write: u32,
 }
 
 impl Default for Config {
@@ -40,6 +50,11 @@ impl Default for Config {
             range_locks: true,
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
+            read_only: false,
+            squash: crate::config::Squash::None,
+            anon: (65534, 65534),
+            max_read: attrs::MAX_IO,
+            max_write: attrs::MAX_IO,
         }
     }
 }
@@ -132,12 +147,26 @@ impl Server {
         }
     }
 
-    /// The caller identity used for file system access.
+    /// The caller identity used for file system access, after squashing.
     pub fn identity(&self, cred: &Cred) -> crate::engine::cred::Identity {
-        crate::engine::cred::Identity {
-            uid: cred.uid,
-            gid: cred.gid,
-            groups: cred.gids.clone(),
+        use crate::config::Squash;
+        let (anon_uid, anon_gid) = self.config.anon;
+        match self.config.squash {
+            Squash::None => crate::engine::cred::Identity {
+                uid: cred.uid,
+                gid: cred.gid,
+                groups: cred.gids.clone(),
+            },
+            Squash::Root => crate::engine::cred::Identity {
+                uid: if cred.uid == 0 { anon_uid } else { cred.uid },
+                gid: if cred.gid == 0 { anon_gid } else { cred.gid },
+                groups: cred.gids.iter().copied().filter(|&g| g != 0).collect(),
+            },
+            Squash::All => crate::engine::cred::Identity {
+                uid: anon_uid,
+                gid: anon_gid,
+                groups: Vec::new(),
+            },
         }
     }
 }

@@ -212,6 +212,11 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         if access == 0 {
             return Err(status::INVAL);
         }
+        if cx.srv.config.read_only
+            && (access & SHARE_ACCESS_WRITE != 0 || !matches!(how, How::NoCreate))
+        {
+            return Err(status::ROFS);
+        }
         let clientid = cx.clientid()?;
         let _ = owner_client;
 
@@ -378,7 +383,7 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
     let st = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(MAX_IO) as usize;
+        let count = x(d.u32())?.min(cx.srv.config.max_read) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let _shared = cx
@@ -410,6 +415,8 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         if stable > 2 {
             return Err(status::BADXDR);
         }
+        // Past the export's limit: a short write, which clients resume.
+        let data = &data[..data.len().min(cx.srv.config.max_write as usize)];
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|end| end > i64::MAX as u64)

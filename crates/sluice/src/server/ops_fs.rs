@@ -105,6 +105,8 @@ pub fn put_fattr(
         fs,
         fsid: cx.srv.export.dev(),
         lease_secs: cx.srv.config.lease.as_secs() as u32,
+        max_read: cx.srv.config.max_read,
+        max_write: cx.srv.config.max_write,
     };
     attrs::encode_fattr(e, req, &src);
 }

@@ -1,7 +1,6 @@
 //! NFSv4.2 sparse file ops (RFC 7862): READ_PLUS, SEEK, ALLOCATE and
 //! DEALLOCATE.
 
-use super::attrs::MAX_IO;
 use super::compound::{Ctx, OpStatus};
 use super::ops_file::{cur_file, file_key, io_fd, read_data};
 use super::ops_fs::{io, run, stateid, x};
@@ -35,7 +34,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
     let status = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(MAX_IO) as u64;
+        let count = x(d.u32())?.min(cx.srv.config.max_read) as u64;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);

@@ -1,0 +1,394 @@
+//! The `--config FILE` format (TOML) and the access rules it sets.
+//!
+//! ```toml
+//! [server]
+//! listen = "0.0.0.0:2049"
+//! state_dir = "/var/lib/sluice"
+//! lease_time = 90
+//! metrics = "127.0.0.1:9100"
+//! readahead_max = "16M"
+//! read_plus_min_hole = "32K"
+//! require_privileged_port = false
+//! max_connections = 1024
+//!
+//! [[export]]
+//! path = "/srv/data"
+//! pseudo = "/"
+//! read_only = false
+//! clients = ["127.0.0.0/8", "192.168.1.0/24"]
+//! squash = "root"            # "none", "root" or "all"
+//! anon_uid = 65534
+//! anon_gid = 65534
+//! max_read = "1M"
+//! max_write = "1M"
+//! ```
+//!
+//! Every key is optional except an export's `path`. Unknown keys, wrong
+//! types and bad values are errors that name the file, line and key.
+
+use serde::de::{self, Deserializer};
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+/// Largest READ or WRITE payload the server offers.
+pub const MAX_IO_LIMIT: u64 = 1024 * 1024;
+/// Smallest READ or WRITE payload an export may be limited to.
+pub const MIN_IO: u64 = 4096;
+
+/// A whole config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Server-wide settings.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// The exports (`[[export]]` tables).
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportSection>,
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address and port to listen on.
+    pub listen: Option<String>,
+    /// Where the handle key is kept.
+    pub state_dir: Option<PathBuf>,
+    /// Lease time in seconds.
+    pub lease_time: Option<u64>,
+    /// Metrics endpoint address.
+    pub metrics: Option<String>,
+    /// Largest readahead window.
+    pub readahead_max: Option<Size>,
+    /// READ_PLUS hole reporting threshold.
+    pub read_plus_min_hole: Option<Size>,
+    /// Refuse connections from source ports of 1024 and above.
+    pub require_privileged_port: Option<bool>,
+    /// Connections served at once; more are closed on arrival.
+    pub max_connections: Option<usize>,
+}
+
+/// One `[[export]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportSection {
+    /// Directory on the server.
+    pub path: PathBuf,
+    /// Where clients see it; only "/" for now.
+    #[serde(default = "root_pseudo")]
+    pub pseudo: String,
+    /// Refuse every change with NFS4ERR_ROFS.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Client address ranges allowed; none listed means everyone.
+    #[serde(default)]
+    pub clients: Vec<IpRange>,
+    /// Identity squashing.
+    #[serde(default)]
+    pub squash: Squash,
+    /// User id given to squashed callers.
+    #[serde(default = "nobody")]
+    pub anon_uid: u32,
+    /// Group id given to squashed callers.
+    #[serde(default = "nobody")]
+    pub anon_gid: u32,
+    /// Largest READ payload.
+    pub max_read: Option<Size>,
+    /// Largest WRITE payload.
+    pub max_write: Option<Size>,
+}
+
+fn root_pseudo() -> String {
+    "/".to_string()
+}
+
+fn nobody() -> u32 {
+    65534
+}
+
+/// Which callers lose their identity.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Squash {
+    /// Everyone keeps their identity.
+    None,
+    /// uid 0 becomes the anonymous user, gid 0 the anonymous group.
+    #[default]
+    Root,
+    /// Everyone becomes the anonymous user and group.
+    All,
+}
+
+/// A byte count written as a number or a string with K, M or G.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(de::Error::custom),
+        }
+    }
+}
+
+/// Parses a byte count with an optional K, M or G suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(format!("unknown size suffix in {s:?}: use K, M or G")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("not a size: {s:?} (e.g. 16M, 262144)"))
+}
+
+/// An address range: an address and a prefix length ("10.0.0.0/8",
+/// "::1", "192.168.1.7").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpRange {
+    /// Parses "ADDR" or "ADDR/PREFIX".
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or address/prefix range"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?,
+        };
+        Ok(IpRange { addr, prefix })
+    }
+
+    /// True when `ip` lies in the range (IPv4-mapped IPv6 addresses match
+    /// IPv4 ranges).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0);
+                u32::from(net) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - self.prefix as u32).unwrap_or(0);
+                u128::from(net) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for IpRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        IpRange::parse(&s).map_err(de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for IpRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// Reads and checks a config file. Errors name the file and, where the
+/// parser knows them, the line, column and key.
+pub fn load(path: &Path) -> Result<ConfigFile, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses config text; `name` is used in error messages.
+pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
+    let cfg: ConfigFile = toml::from_str(text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!(":{line}")
+            })
+            .unwrap_or_default();
+        format!("{name}{at}: {}", e.message().trim())
+    })?;
+    let line_of = |needle: &str| {
+        text.lines()
+            .position(|l| l.contains(needle))
+            .map(|i| format!(":{}", i + 1))
+            .unwrap_or_default()
+    };
+    match cfg.exports.len() {
+        0 => {
+            return Err(format!(
+                "{name}: no [[export]] table: list the directory to serve"
+            ))
+        }
+        1 => {}
+        n => {
+            return Err(format!(
+                "{name}{}: {n} [[export]] tables, but this version serves one export; keep one",
+                line_of("[[export]]")
+            ))
+        }
+    }
+    let ex = &cfg.exports[0];
+    if ex.pseudo != "/" {
+        return Err(format!(
+            "{name}{}: export.pseudo = {:?}: only \"/\" is supported for now",
+            line_of("pseudo"),
+            ex.pseudo
+        ));
+    }
+    for (key, v) in [("max_read", ex.max_read), ("max_write", ex.max_write)] {
+        if let Some(Size(n)) = v {
+            if !(MIN_IO..=MAX_IO_LIMIT).contains(&n) {
+                return Err(format!(
+                    "{name}{}: export.{key} = {n}: must be {MIN_IO} to {MAX_IO_LIMIT} bytes",
+                    line_of(key)
+                ));
+            }
+        }
+    }
+    if cfg.server.max_connections == Some(0) {
+        return Err(format!(
+            "{name}{}: server.max_connections must be at least 1",
+            line_of("max_connections")
+        ));
+    }
+    Ok(cfg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_file_parses() {
+        let c = parse(
+            r#"
+[server]
+listen = "127.0.0.1:2049"
+lease_time = 30
+readahead_max = "8M"
+require_privileged_port = true
+max_connections = 10
+
+[[export]]
+path = "/srv"
+read_only = true
+clients = ["127.0.0.0/8", "::1"]
+squash = "all"
+anon_uid = 1000
+max_read = 65536
+max_write = "512K"
+"#,
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(c.server.readahead_max, Some(Size(8 << 20)));
+        assert_eq!(c.server.max_connections, Some(10));
+        let e = &c.exports[0];
+        assert!(e.read_only);
+        assert_eq!(e.squash, Squash::All);
+        assert_eq!(e.anon_uid, 1000);
+        assert_eq!(e.anon_gid, 65534);
+        assert_eq!(e.max_write, Some(Size(512 << 10)));
+        assert_eq!(e.clients.len(), 2);
+    }
+
+    #[test]
+    fn errors_name_file_line_and_key() {
+        let e = parse("[[export]]\npath = \"/srv\"\nsquash = \"some\"\n", "x.toml").unwrap_err();
+        assert!(e.starts_with("x.toml:3:"), "{e}");
+        assert!(e.contains("some"), "{e}");
+        let e = parse("[[export]]\npath = \"/srv\"\nread_onyl = true\n", "x.toml").unwrap_err();
+        assert!(e.starts_with("x.toml:3:") && e.contains("read_onyl"), "{e}");
+        let e = parse(
+            "[server]\nlease_time = \"long\"\n[[export]]\npath = \"/srv\"\n",
+            "x.toml",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("x.toml:2:"), "{e}");
+        let e = parse(
+            "[[export]]\npath = \"/srv\"\nclients = [\"10.0.0.0/40\"]\n",
+            "x.toml",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("x.toml:3:") && e.contains("prefix"), "{e}");
+        let e = parse("[[export]]\npath = \"/a\"\nmax_read = \"2M\"\n", "x.toml").unwrap_err();
+        assert!(e.starts_with("x.toml:3:") && e.contains("max_read"), "{e}");
+        let e = parse("[server]\n", "x.toml").unwrap_err();
+        assert!(e.contains("no [[export]]"), "{e}");
+        let e = parse(
+            "[[export]]\npath = \"/a\"\n[[export]]\npath = \"/b\"\n",
+            "x.toml",
+        )
+        .unwrap_err();
+        assert!(e.contains("one export"), "{e}");
+    }
+
+    #[test]
+    fn ranges_match_addresses() {
+        let r = IpRange::parse("10.1.0.0/16").unwrap();
+        assert!(r.contains("10.1.200.3".parse().unwrap()));
+        assert!(!r.contains("10.2.0.1".parse().unwrap()));
+        assert!(r.contains("::ffff:10.1.0.9".parse().unwrap()));
+        let all = IpRange::parse("0.0.0.0/0").unwrap();
+        assert!(all.contains("192.0.2.1".parse().unwrap()));
+        assert!(!all.contains("::1".parse().unwrap()));
+        let one = IpRange::parse("127.0.0.1").unwrap();
+        assert!(one.contains("127.0.0.1".parse().unwrap()));
+        assert!(!one.contains("127.0.0.2".parse().unwrap()));
+        let v6 = IpRange::parse("fd00::/8").unwrap();
+        assert!(v6.contains("fd12::1".parse().unwrap()));
+        assert!(IpRange::parse("300.0.0.1").is_err());
+        assert!(IpRange::parse("::1/129").is_err());
+    }
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("16M"), Ok(16 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert!(parse_size("16X").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
+}
