@@ -239,14 +239,15 @@ pub fn load(path: &Path) -> Result<ConfigFile, String> {
 /// Parses config text; `name` is used in error messages.
 pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
     let cfg: ConfigFile = toml::from_str(text).map_err(|e| {
-        let at = e
-            .span()
-            .map(|s| {
-                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
-                format!(":{line}")
-            })
-            .unwrap_or_default();
-        format!("{name}{at}: {}", e.message().trim())
+        let Some(span) = e.span() else {
+            return format!("{name}: {}", e.message().trim());
+        };
+        let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        let msg = e.message().trim();
+        match key_at(text, line) {
+            Some(key) if !msg.contains("unknown field") => format!("{name}:{line}: {key}: {msg}"),
+            _ => format!("{name}:{line}: {msg}"),
+        }
     })?;
     let line_of = |needle: &str| {
         text.lines()
@@ -295,6 +296,25 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
     Ok(cfg)
 }
 
+/// The dotted key set on 1-based `line` ("export.squash"), from the line's
+/// `key =` and the table header above it.
+fn key_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let here = lines.get(line.checked_sub(1)?)?;
+    let (key, _) = here.split_once('=')?;
+    let key = key.trim();
+    let table = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,7 +356,7 @@ max_write = "512K"
     #[test]
     fn errors_name_file_line_and_key() {
         let e = parse("[[export]]\npath = \"/srv\"\nsquash = \"some\"\n", "x.toml").unwrap_err();
-        assert!(e.starts_with("x.toml:3:"), "{e}");
+        assert!(e.starts_with("x.toml:3: export.squash:"), "{e}");
         assert!(e.contains("some"), "{e}");
         let e = parse("[[export]]\npath = \"/srv\"\nread_onyl = true\n", "x.toml").unwrap_err();
         assert!(e.starts_with("x.toml:3:") && e.contains("read_onyl"), "{e}");
@@ -345,13 +365,16 @@ max_write = "512K"
             "x.toml",
         )
         .unwrap_err();
-        assert!(e.starts_with("x.toml:2:"), "{e}");
+        assert!(e.starts_with("x.toml:2: server.lease_time:"), "{e}");
         let e = parse(
             "[[export]]\npath = \"/srv\"\nclients = [\"10.0.0.0/40\"]\n",
             "x.toml",
         )
         .unwrap_err();
-        assert!(e.starts_with("x.toml:3:") && e.contains("prefix"), "{e}");
+        assert!(
+            e.starts_with("x.toml:3: export.clients:") && e.contains("prefix"),
+            "{e}"
+        );
         let e = parse("[[export]]\npath = \"/a\"\nmax_read = \"2M\"\n", "x.toml").unwrap_err();
         assert!(e.starts_with("x.toml:3:") && e.contains("max_read"), "{e}");
         let e = parse("[server]\n", "x.toml").unwrap_err();

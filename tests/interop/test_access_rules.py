@@ -1,0 +1,671 @@
+"""Access rules from `sluice serve --config FILE`, checked against the real binary.
+
+Each test writes a TOML config into tmp_path (export and state directories
+in tmp_path, `listen = "127.0.0.1:0"`), starts `sluice serve --config FILE`,
+reads the "listening on ADDR:PORT" line and talks raw ONC RPC / NFSv4.1 to
+it with rpcclient.py:
+
+* bad config files stop the server at start with the file, line and key;
+* `clients` address ranges and `require_privileged_port` close refused
+  connections without a reply, and allowed clients are still served;
+* `read_only` refuses every change with NFS4ERR_ROFS while reads work;
+* `squash` / `anon_uid` / `anon_gid` decide who owns created files;
+* `max_read` / `max_write` are advertised and enforced;
+* `max_connections` closes connections over the limit;
+* SIGTERM stops the server cleanly (exit status 0).
+
+Loopback accepts any 127.0.0.0/8 source address, so a client socket bound
+to 127.0.0.2 before connecting looks like another host to the server; as
+root, a client can bind a source port below 1024.
+
+The binary is $SLUICE_BINARY when set (a separately built copy), else the
+one conftest builds. No sleeps are used for synchronisation: waits are
+blocking socket reads with timeouts, or polls bounded by a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import rpcclient as rc
+from rpcclient import MSG_ACCEPTED, SUCCESS, Conn, Packer, Session, St, Unpacker, call_header, next_xid
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root")
+
+# nfs_opnum4 values not in rpcclient.Op.
+OP_CLOSE = 4
+OP_CREATE = 6
+OP_OPEN = 18
+OP_REMOVE = 28
+OP_SETATTR = 34
+OP_WRITE = 38
+
+NFS4ERR_ACCESS = 13
+NFS4ERR_ROFS = 30
+SHARE_ACCESS_READ = 1
+SHARE_ACCESS_WRITE = 2
+SHARE_ACCESS_BOTH = 3
+NF4DIR = 2
+FILE_SYNC4 = 2
+ATTR_MAXREAD = 30
+ATTR_MAXWRITE = 31
+ATTR_MODE = 33
+
+
+# --- the server under test ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def binary(request) -> Path:
+    """$SLUICE_BINARY if set (so nothing is rebuilt), else conftest's build."""
+    env = os.environ.get("SLUICE_BINARY")
+    if env:
+        path = Path(env)
+        assert path.is_file() and os.access(path, os.X_OK), f"SLUICE_BINARY={env} is not an executable"
+        return path
+    return request.getfixturevalue("sluice_binary")
+
+
+def toml_str(s) -> str:
+    """A TOML basic string (JSON string escapes are valid TOML)."""
+    return json.dumps(str(s))
+
+
+class ConfigServer:
+    """`sluice serve --config FILE` on 127.0.0.1, port picked by the kernel."""
+
+    def __init__(self, binary: Path, base: Path, server: str = "", export: str = ""):
+        base.mkdir()
+        self.binary = binary
+        self.export = base / "export"
+        self.state = base / "state"
+        self.export.mkdir()
+        self.state.mkdir()
+        self.config = base / "sluice.toml"
+        self.config.write_text(
+            "[server]\n"
+            'listen = "127.0.0.1:0"\n'
+            f"state_dir = {toml_str(self.state)}\n"
+            f"{server}\n"
+            "[[export]]\n"
+            f"path = {toml_str(self.export)}\n"
+            f"{export}\n"
+        )
+        self.log_path = base / "server.log"
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self):
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "serve", "--config", str(self.config)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+            )
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening on "):
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"sluice did not start (got {line!r}); log:\n{self.log()}")
+        self.port = int(line.strip().rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc = None
+
+
+@pytest.fixture
+def serve(binary, tmp_path):
+    """Starts servers from config snippets; stops them all at the end."""
+    servers: list[ConfigServer] = []
+
+    def start(server: str = "", export: str = "", name: str | None = None) -> ConfigServer:
+        s = ConfigServer(binary, tmp_path / (name or f"srv{len(servers)}"), server, export)
+        servers.append(s)
+        s.start()
+        return s
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+# --- clients -----------------------------------------------------------------
+
+
+class SrcConn(Conn):
+    """A Conn whose socket is bound to a chosen source address and port."""
+
+    def __init__(self, port: int, src_ip: str = "127.0.0.1", src_port: int = 0, timeout: float = 5.0):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((src_ip, src_port))
+            sock.settimeout(timeout)
+            sock.connect(("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._stash = {}
+
+
+def privileged_conn(port: int, src_ip: str = "127.0.0.1") -> SrcConn:
+    """A connection from a free source port in 600..1023 (we are root)."""
+    ports = list(range(600, 1024))
+    random.shuffle(ports)
+    last = None
+    for p in ports[:60]:
+        try:
+            return SrcConn(port, src_ip, p)
+        except OSError as e:  # in use, or that 4-tuple still in TIME_WAIT
+            last = e
+    raise AssertionError(f"no free privileged source port found: {last}")
+
+
+def null_ok(c: Conn):
+    r = c.null()
+    assert (r.reply_stat, r.accept_stat, r.body) == (MSG_ACCEPTED, SUCCESS, b""), r
+
+
+def refusal(make_conn) -> str | None:
+    """Connects with make_conn() and sends a NULL call. None when the server
+    closed the connection without a reply (EOF or reset); otherwise what
+    happened instead."""
+    try:
+        c = make_conn()
+    except ConnectionRefusedError:
+        return "connect() refused: nothing listens on the port"
+    with c:
+        try:
+            c.send_record(call_header(next_xid()))
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+        try:
+            data = c.sock.recv(65536)
+        except ConnectionResetError:
+            return None
+        except socket.timeout:
+            return "no reply, and the connection was still open after 5 s"
+        if data == b"":
+            return None
+        try:
+            return f"the server answered: {rc.RpcReply(data[4:])!r}"
+        except Exception:
+            return f"the server sent {len(data)} bytes: {data[:32]!r}"
+
+
+def refusal_logged(server: ConfigServer, ip: str) -> bool:
+    return any("connection refused" in line and f"{ip}:" in line for line in server.log().splitlines())
+
+
+def assert_serves(server: ConfigServer, make_conn=None):
+    """The server is alive, answers NULL on a fresh allowed connection, and
+    its log holds no panic."""
+    assert server.alive(), f"server exited; log:\n{server.log()}"
+    with (make_conn or (lambda: Conn(server.port)))() as c:
+        null_ok(c)
+    log = server.log()
+    assert "panicked" not in log, f"server panicked; log:\n{log}"
+
+
+def poll_until(what: str, fn, timeout: float = 5.0):
+    """Calls fn() until it returns a true value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+# --- NFSv4.1 ops and results -------------------------------------------------
+
+
+def fattr(words=(), vals: bytes = b"") -> bytes:
+    return Packer().bitmap(list(words)).opaque(vals).bytes()
+
+
+def mode_attr(mode: int) -> bytes:
+    return fattr([0, 1 << (ATTR_MODE - 32)], struct.pack(">I", mode))
+
+
+def op_open(clientid: int, name: str, access: int, create: bool = False, owner: bytes = b"rules-owner", mode: int = 0o644):
+    p = Packer().u32(0).u32(access).u32(0).u64(clientid).opaque(owner)
+    if create:
+        p.u32(1).u32(0).raw(mode_attr(mode))  # OPEN4_CREATE, UNCHECKED4
+    else:
+        p.u32(0)  # OPEN4_NOCREATE
+    p.u32(0).string(name)  # CLAIM_NULL
+    return (OP_OPEN, p.bytes())
+
+
+def op_close(sid: bytes):
+    return (OP_CLOSE, Packer().u32(0).fixed(sid).bytes())
+
+
+def op_write(sid: bytes, offset: int, data: bytes, stable: int = FILE_SYNC4):
+    return (OP_WRITE, Packer().fixed(sid).u64(offset).u32(stable).opaque(data).bytes())
+
+
+def op_mkdir(name: str):
+    return (OP_CREATE, Packer().u32(NF4DIR).string(name).raw(fattr()).bytes())
+
+
+def op_remove(name: str):
+    return (OP_REMOVE, Packer().string(name).bytes())
+
+
+def op_setattr_mode(mode: int, sid: bytes = rc.ANONYMOUS_STATEID):
+    return (OP_SETATTR, Packer().fixed(sid).raw(mode_attr(mode)).bytes())
+
+
+class Res:
+    def __init__(self, opnum: int, status: int, **fields):
+        self.opnum, self.status = opnum, status
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        extra = {k: (f"<{len(v)} bytes>" if isinstance(v, bytes) and len(v) > 32 else v) for k, v in self.__dict__.items() if k not in ("opnum", "status")}
+        return f"Res(op={self.opnum}, status={self.status}, {extra})"
+
+
+def _cinfo(u: Unpacker) -> dict:
+    return {"atomic": u.bool(), "before": u.u64(), "after": u.u64()}
+
+
+def _body(opnum: int, u: Unpacker) -> dict:
+    if opnum in (rc.Op.PUTROOTFH, rc.Op.PUTFH, rc.Op.LOOKUP, rc.Op.SAVEFH, rc.Op.RESTOREFH):
+        return {}
+    if opnum == rc.Op.SEQUENCE:
+        return {"sessionid": u.fixed(16), "rest": [u.u32() for _ in range(5)]}
+    if opnum == rc.Op.GETFH:
+        return {"fh": u.opaque()}
+    if opnum == rc.Op.GETATTR:
+        return {"attrmask": u.bitmap(), "attrvals": u.opaque()}
+    if opnum == rc.Op.READ:
+        return {"eof": u.bool(), "data": u.opaque()}
+    if opnum == OP_OPEN:
+        r = {"stateid": u.fixed(16), **_cinfo(u), "rflags": u.u32(), "attrset": u.bitmap(), "deleg": u.u32()}
+        assert r["deleg"] == 0, f"unexpected delegation {r}"
+        return r
+    if opnum == OP_CLOSE:
+        return {"stateid": u.fixed(16)}
+    if opnum == OP_WRITE:
+        return {"count": u.u32(), "committed": u.u32(), "verf": u.fixed(8)}
+    if opnum == OP_CREATE:
+        return {**_cinfo(u), "attrset": u.bitmap()}
+    if opnum == OP_REMOVE:
+        return _cinfo(u)
+    if opnum == OP_SETATTR:
+        return {"attrsset": u.bitmap()}
+    raise AssertionError(f"no decoder for op {opnum}")
+
+
+class Reply:
+    """A COMPOUND reply decoded for the ops used here; decoding stops at the
+    first failed op (which ends the COMPOUND)."""
+
+    def __init__(self, body: bytes):
+        u = Unpacker(body)
+        self.status = u.u32()
+        u.opaque()
+        n = u.u32()
+        self.results: list[Res] = []
+        for _ in range(n):
+            opnum, status = u.u32(), u.u32()
+            if status != St.OK:
+                self.results.append(Res(opnum, status))
+                break
+            self.results.append(Res(opnum, status, **_body(opnum, u)))
+
+    def __getitem__(self, i) -> Res:
+        return self.results[i]
+
+    def statuses(self):
+        return [(r.opnum, r.status) for r in self.results]
+
+    def __repr__(self):
+        return f"Reply(status={self.status}, results={self.results})"
+
+
+def compound(s: Session, ops, uid: int = 0, gid: int = 0) -> Reply:
+    """SEQUENCE + ops on s's slot 0, as AUTH_SYS uid/gid."""
+    cred = rc.auth_sys(uid=uid, gid=gid, gids=[gid])
+    r = s.conn.call(rc.PROC_COMPOUND, rc.compound_args([s.seq_op()] + list(ops)), cred_body=cred)
+    assert (r.reply_stat, r.accept_stat) == (MSG_ACCEPTED, SUCCESS), r
+    return Reply(r.body)
+
+
+def expect_ok(r: Reply, what: str) -> Reply:
+    assert r.status == St.OK, f"{what}: {r!r}"
+    return r
+
+
+def expect_rofs(r: Reply, opnum: int, what: str):
+    assert r.status == NFS4ERR_ROFS and r.results[-1].opnum == opnum, f"{what}: expected NFS4ERR_ROFS from op {opnum}, got {r!r}"
+
+
+# --- 1. bad config files -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "section,line,key",
+    [
+        ("export", "read_onyl = true", "read_onyl"),
+        ("export", 'squash = "some"', "squash"),
+        ("export", 'clients = ["10.0.0.0/40"]', "clients"),
+        ("export", 'max_read = "2M"', "max_read"),
+        ("server", 'lease_time = "long"', "lease_time"),
+        ("server", "max_connections = 0", "max_connections"),
+    ],
+    ids=["unknown-key", "bad-squash", "bad-prefix", "max-read-too-big", "lease-not-number", "zero-connections"],
+)
+def test_bad_config_fails_at_start(binary, tmp_path, section, line, key):
+    export = tmp_path / "export"
+    export.mkdir()
+    lines = [
+        "# sluice test config",
+        "[server]",
+        'listen = "127.0.0.1:0"',
+        f"state_dir = {toml_str(tmp_path / 'state')}",
+        "",
+        "[[export]]",
+        f"path = {toml_str(export)}",
+    ]
+    at = lines.index("[[export]]") if section == "server" else len(lines)
+    lines.insert(at, line)
+    lineno = at + 1
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("\n".join(lines) + "\n")
+    try:
+        p = subprocess.run(
+            [str(binary), "serve", "--config", str(cfg)],
+            capture_output=True,
+            timeout=15,
+            env={**os.environ, "RUST_LOG": "info"},
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"sluice kept running with a bad config ({line!r}); stdout {e.stdout!r}")
+    out, err = p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+    assert p.returncode != 0, f"exit status 0 for {line!r}; stderr:\n{err}"
+    assert "listening on" not in out, f"sluice listened with a bad config ({line!r}): {out!r}"
+    assert f"{cfg}:{lineno}:" in err, f"stderr does not name {cfg}:{lineno} for {line!r}:\n{err}"
+    assert key in err.replace(str(cfg), ""), f"stderr does not name the key {key!r} for {line!r}:\n{err}"
+    assert not (tmp_path / "state" / "handle.key").exists(), "a bad config still got as far as creating the handle key"
+
+
+def test_missing_config_file_fails(binary, tmp_path):
+    cfg = tmp_path / "nope.toml"
+    p = subprocess.run([str(binary), "serve", "--config", str(cfg)], capture_output=True, timeout=15)
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode != 0 and str(cfg) in err, (p.returncode, err)
+    assert b"listening on" not in p.stdout
+
+
+# --- 2. client address ranges ------------------------------------------------
+
+
+def test_client_outside_range_is_closed_without_reply(serve):
+    shut = serve(export='clients = ["10.9.9.0/24"]')
+    why = refusal(lambda: Conn(shut.port))
+    assert why is None, f"NULL from 127.0.0.1 with clients = [10.9.9.0/24]: expected the connection closed without a reply; {why}"
+    assert shut.alive(), f"server exited after refusing a client; log:\n{shut.log()}"
+    assert refusal_logged(shut, "127.0.0.1"), f"no 'connection refused' log line for 127.0.0.1; log:\n{shut.log()}"
+
+    opened = serve(export='clients = ["127.0.0.0/8"]')
+    assert_serves(opened)
+
+
+def test_refused_address_does_not_disturb_allowed_one(serve):
+    srv = serve(export='clients = ["127.0.0.1"]')
+    with SrcConn(srv.port, "127.0.0.1") as keep:
+        null_ok(keep)
+        why = refusal(lambda: SrcConn(srv.port, "127.0.0.2"))
+        assert why is None, f"NULL from 127.0.0.2 with clients = [127.0.0.1]: expected the connection closed without a reply; {why}"
+        # The connection open before the refusal still works, and so does a new one.
+        null_ok(keep)
+        s = Session(keep)
+        assert s.root_fh()
+    assert_serves(srv, lambda: SrcConn(srv.port, "127.0.0.1"))
+    assert refusal_logged(srv, "127.0.0.2"), f"no 'connection refused' log line for 127.0.0.2; log:\n{srv.log()}"
+    assert not refusal_logged(srv, "127.0.0.1"), f"127.0.0.1 was refused; log:\n{srv.log()}"
+
+
+# --- 3. privileged source ports ----------------------------------------------
+
+
+def test_require_privileged_port(serve):
+    srv = serve(server="require_privileged_port = true")
+    why = refusal(lambda: SrcConn(srv.port, "127.0.0.1", 0))
+    assert why is None, f"NULL from an ephemeral (>= 1024) source port with require_privileged_port: expected the connection closed without a reply; {why}"
+    with privileged_conn(srv.port) as c:
+        assert c.sock.getsockname()[1] < 1024
+        null_ok(c)
+        s = Session(c)
+        assert s.root_fh()
+    assert_serves(srv, lambda: privileged_conn(srv.port))
+
+
+# --- 4. read-only export -----------------------------------------------------
+
+
+def test_read_only_export_refuses_changes(serve):
+    srv = serve(export="read_only = true\nsquash = \"none\"")
+    content = bytes(range(256)) * 40 + b"tail"
+    (srv.export / "file").write_bytes(content)
+    (srv.export / "victim").write_bytes(b"keep me")
+    os.chmod(srv.export / "victim", 0o644)
+    before = sorted(os.listdir(srv.export))
+    with Conn(srv.port) as c:
+        s = Session(c)
+        root = s.root_fh()
+        cid = s.clientid
+
+        r = compound(s, [rc.op_putfh(root), op_open(cid, "file", SHARE_ACCESS_WRITE)])
+        expect_rofs(r, OP_OPEN, "OPEN existing file for SHARE_ACCESS_WRITE")
+        r = compound(s, [rc.op_putfh(root), op_open(cid, "file", SHARE_ACCESS_BOTH)])
+        expect_rofs(r, OP_OPEN, "OPEN existing file for SHARE_ACCESS_BOTH")
+        r = compound(s, [rc.op_putfh(root), op_open(cid, "newfile", SHARE_ACCESS_READ, create=True)])
+        expect_rofs(r, OP_OPEN, "OPEN(create) newfile for read")
+        r = compound(s, [rc.op_putfh(root), op_open(cid, "file", SHARE_ACCESS_READ, create=True)])
+        expect_rofs(r, OP_OPEN, "OPEN(create, UNCHECKED) of an existing file")
+        r = compound(s, [rc.op_putfh(root), op_mkdir("newdir")])
+        expect_rofs(r, OP_CREATE, "CREATE (mkdir) newdir")
+        r = compound(s, [rc.op_putfh(root), op_remove("victim")])
+        expect_rofs(r, OP_REMOVE, "REMOVE victim")
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), op_setattr_mode(0o600)])
+        expect_rofs(r, OP_SETATTR, "SETATTR mode 0600 on victim")
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), op_write(rc.ANONYMOUS_STATEID, 0, b"overwrite")])
+        expect_rofs(r, OP_WRITE, "WRITE (anonymous stateid) to victim")
+
+        # Reading works: OPEN for read, READ, CLOSE.
+        r = expect_ok(compound(s, [rc.op_putfh(root), op_open(cid, "file", SHARE_ACCESS_READ)]), "OPEN file for read")
+        sid = r[2].stateid
+        r = expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("file"), rc.op_read(0, 1 << 20, sid)]), "READ file")
+        assert r[3].data == content and r[3].eof, r
+        r = expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("file"), rc.op_read(1000, 100, sid)]), "READ at 1000")
+        assert r[3].data == content[1000:1100] and not r[3].eof, r
+        expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("file"), op_close(sid)]), "CLOSE")
+
+    # Nothing changed on the host.
+    assert sorted(os.listdir(srv.export)) == before
+    assert (srv.export / "victim").read_bytes() == b"keep me"
+    assert stat.S_IMODE(os.stat(srv.export / "victim").st_mode) == 0o644
+    assert (srv.export / "file").read_bytes() == content
+    assert_serves(srv)
+
+
+# --- 5. identity squashing ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rules,caller,owner",
+    [
+        ('squash = "root"\nanon_uid = 4321\nanon_gid = 4322', (0, 0), (4321, 4322)),
+        ('squash = "root"\nanon_uid = 4321\nanon_gid = 4322', (1000, 1000), (1000, 1000)),
+        ("", (0, 0), (65534, 65534)),  # squash defaults to "root", anon to 65534
+        ('squash = "none"', (0, 0), (0, 0)),
+        ('squash = "all"\nanon_uid = 4321\nanon_gid = 4322', (1000, 1000), (4321, 4322)),
+        ('squash = "all"', (0, 0), (65534, 65534)),
+    ],
+    ids=["root-uid0", "root-uid1000", "default-uid0", "none-uid0", "all-uid1000", "all-uid0"],
+)
+def test_squash_decides_owner_of_created_files(serve, rules, caller, owner):
+    srv = serve(export=rules)
+    os.chmod(srv.export, 0o777)  # so any (squashed) caller may create files
+    uid, gid = caller
+    with Conn(srv.port) as c:
+        s = Session(c)
+        root = s.root_fh()
+        r = compound(s, [rc.op_putfh(root), op_open(s.clientid, "made", SHARE_ACCESS_BOTH, create=True)], uid=uid, gid=gid)
+        expect_ok(r, f"OPEN(create) as {uid}:{gid}")
+        sid = r[2].stateid
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("made"), op_write(sid, 0, b"owned"), op_close(sid)], uid=uid, gid=gid)
+        expect_ok(r, f"WRITE+CLOSE as {uid}:{gid}")
+        assert r[3].count == 5, r
+        r = expect_ok(compound(s, [rc.op_putfh(root), op_mkdir("dir")], uid=uid, gid=gid), f"CREATE dir as {uid}:{gid}")
+    st = os.stat(srv.export / "made")
+    assert (st.st_uid, st.st_gid) == owner, f"{rules!r}: file created by {uid}:{gid} is owned by {st.st_uid}:{st.st_gid}, expected {owner[0]}:{owner[1]}"
+    assert (srv.export / "made").read_bytes() == b"owned"
+    st = os.stat(srv.export / "dir")
+    assert (st.st_uid, st.st_gid) == owner, f"{rules!r}: directory created by {uid}:{gid} is owned by {st.st_uid}:{st.st_gid}, expected {owner[0]}:{owner[1]}"
+    assert_serves(srv)
+
+
+def test_squashed_root_cannot_touch_root_only_files(serve):
+    """squash = "root" takes root's powers away: a root-owned 0600 file is
+    out of reach of a uid 0 caller, but not with squash = "none"."""
+    for rules, want in (('squash = "root"', NFS4ERR_ACCESS), ('squash = "none"', St.OK)):
+        srv = serve(export=rules)
+        (srv.export / "secret").write_bytes(b"root only")
+        os.chmod(srv.export / "secret", 0o600)
+        with Conn(srv.port) as c:
+            s = Session(c)
+            r = compound(s, [rc.op_putrootfh(), rc.op_lookup("secret"), rc.op_read(0, 100)])
+            assert r.status == want, f"{rules}: READ of a root-only 0600 file as uid 0: expected status {want}, got {r!r}"
+            if want == St.OK:
+                assert r[3].data == b"root only"
+        assert_serves(srv)
+        srv.stop()
+
+
+# --- 6. READ and WRITE size limits -------------------------------------------
+
+
+def test_max_read_and_max_write(serve):
+    srv = serve(export='max_read = "64K"\nmax_write = "64K"\nsquash = "none"')
+    content = os.urandom((1 << 20) + 4096)
+    (srv.export / "big").write_bytes(content)
+    with Conn(srv.port) as c:
+        s = Session(c)
+        root = s.root_fh()
+        r = expect_ok(compound(s, [rc.op_putfh(root), rc.op_getattr([(1 << ATTR_MAXREAD) | (1 << ATTR_MAXWRITE)])]), "GETATTR maxread maxwrite")
+        u = Unpacker(r[2].attrvals)
+        maxread, maxwrite = u.u64(), u.u64()
+        assert (maxread, maxwrite) == (65536, 65536), f"GETATTR maxread/maxwrite: expected 65536/65536, got {maxread}/{maxwrite}"
+
+        r = expect_ok(compound(s, [rc.op_putfh(root), op_open(s.clientid, "big", SHARE_ACCESS_READ)]), "OPEN big")
+        sid = r[2].stateid
+        r = expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("big"), rc.op_read(0, 1 << 20, sid)]), "READ 1 MiB")
+        data = r[3].data
+        assert 0 < len(data) <= 65536, f"READ of 1 MiB with max_read 64K returned {len(data)} bytes"
+        assert data == content[: len(data)] and not r[3].eof
+        r = expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("big"), rc.op_read(100000, 1 << 20, sid), op_close(sid)]), "READ 1 MiB at 100000")
+        assert 0 < len(r[3].data) <= 65536 and r[3].data == content[100000 : 100000 + len(r[3].data)]
+
+        payload = os.urandom(100000)
+        r = expect_ok(compound(s, [rc.op_putfh(root), op_open(s.clientid, "out", SHARE_ACCESS_BOTH, create=True)]), "OPEN(create) out")
+        sid = r[2].stateid
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("out"), op_write(sid, 0, payload)])
+        expect_ok(r, "WRITE 100000 bytes")
+        assert r[3].count == 65536, f"WRITE of 100000 bytes with max_write 64K: expected count 65536, got {r[3].count}"
+        assert r[3].committed == FILE_SYNC4, r
+        expect_ok(compound(s, [rc.op_putfh(root), rc.op_lookup("out"), op_close(sid)]), "CLOSE out")
+    assert (srv.export / "out").read_bytes() == payload[:65536], "the host file does not hold exactly the 65536 bytes reported written"
+    assert_serves(srv)
+
+
+# --- 7. connection limit -----------------------------------------------------
+
+
+def test_max_connections(serve):
+    srv = serve(server="max_connections = 2")
+    a = Conn(srv.port)
+    b = Conn(srv.port)
+    try:
+        null_ok(a)
+        null_ok(b)  # both are being served, so both hold a slot
+        why = refusal(lambda: Conn(srv.port))
+        assert why is None, f"third connection with max_connections = 2: expected it closed without a reply; {why}"
+        assert "too many connections" in srv.log(), srv.log()
+        null_ok(a)
+        null_ok(b)
+        b.close()
+
+        # The server notices the close asynchronously; poll until a new
+        # connection is served (each refused try holds no slot).
+        def served():
+            try:
+                with Conn(srv.port) as c:
+                    null_ok(c)
+                    return True
+            except (rc.ConnectionClosed, ConnectionResetError, BrokenPipeError):
+                return False
+
+        poll_until("a connection to be served after closing one of two", served)
+        null_ok(a)
+    finally:
+        a.close()
+        b.close()
+    assert_serves(srv)
+
+
+# --- 8. graceful shutdown ----------------------------------------------------
+
+
+def test_sigterm_exits_cleanly(serve):
+    srv = serve()
+    proc = srv.proc
+    with Conn(srv.port) as idle:
+        s = Session(idle)  # an idle client with a session does not hold shutdown up
+        assert s.root_fh()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sluice still running 5 s after SIGTERM; log:\n{srv.log()}")
+    assert status == 0, f"exit status {status} after SIGTERM; log:\n{srv.log()}"
+    assert "shutting down" in srv.log(), srv.log()
+    assert "panicked" not in srv.log(), srv.log()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
