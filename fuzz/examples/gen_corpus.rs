@@ -61,44 +61,9 @@ fn fattr_empty(e: &mut Encoder) {
     e.u32(0);
 }
 
+/// Every attribute the server supports.
 fn all_attrs() -> [u32; 3] {
-    use attr::*;
-    bitmap(&[
-        SUPPORTED_ATTRS,
-        TYPE,
-        FH_EXPIRE_TYPE,
-        CHANGE,
-        SIZE,
-        LINK_SUPPORT,
-        SYMLINK_SUPPORT,
-        NAMED_ATTR,
-        FSID,
-        UNIQUE_HANDLES,
-        LEASE_TIME,
-        RDATTR_ERROR,
-        FILEHANDLE,
-        FILEID,
-        FILES_AVAIL,
-        FILES_FREE,
-        FILES_TOTAL,
-        MAXFILESIZE,
-        MAXNAME,
-        MAXREAD,
-        MAXWRITE,
-        MODE,
-        NUMLINKS,
-        OWNER,
-        OWNER_GROUP,
-        RAWDEV,
-        SPACE_AVAIL,
-        SPACE_USED,
-        TIME_ACCESS,
-        TIME_DELTA,
-        TIME_METADATA,
-        TIME_MODIFY,
-        MOUNTED_ON_FILEID,
-        SUPPATTR_EXCLCREAT,
-    ])
+    sluice::server::attrs::supported()
 }
 
 fn getattr(c: Compound, attrs: &[u32; 3]) -> Compound {

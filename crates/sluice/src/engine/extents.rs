@@ -365,14 +365,7 @@ mod tests {
     fn finds_real_holes_in_a_sparse_file() {
         use std::io::{Seek, SeekFrom, Write};
         use std::os::fd::AsFd;
-        let p = std::env::temp_dir().join(format!("sluice-extents-{}", std::process::id()));
-        let mut f = std::fs::File::options()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
+        let mut f = super::super::fs::scratch_file("extents");
         f.write_all(&[1u8; 4096]).unwrap();
         f.seek(SeekFrom::Start(1 << 20)).unwrap();
         f.write_all(&[2u8; 4096]).unwrap();
@@ -380,7 +373,6 @@ mod tests {
         let st = super::super::fs::stat(f.as_fd()).unwrap();
         let c = ExtentCache::new();
         let ext = c.data_extents(f.as_fd(), &st, 0, st.size, 32768).unwrap();
-        std::fs::remove_file(&p).unwrap();
         // File systems may allocate more than written, but the big hole is found.
         assert!(ext.first().is_some_and(|&(s, _)| s == 0), "{ext:?}");
         assert!(
@@ -395,15 +387,7 @@ mod tests {
     fn mixed(name: &str, seg: u64, n: u64) -> (std::fs::File, Stat) {
         use std::os::fd::AsFd;
         use std::os::unix::fs::FileExt;
-        let p = std::env::temp_dir().join(format!("sluice-{name}-{}", std::process::id()));
-        let f = std::fs::File::options()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        std::fs::remove_file(&p).unwrap();
+        let f = super::super::fs::scratch_file(name);
         f.set_len(seg * n).unwrap();
         for i in (0..n).step_by(2) {
             f.write_all_at(&vec![7u8; seg as usize], i * seg).unwrap();

@@ -747,3 +747,22 @@ mod create_tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+/// An unnamed read-write file in the temp directory, for tests.
+#[cfg(test)]
+pub(crate) fn scratch_file(tag: &str) -> std::fs::File {
+    let p = std::env::temp_dir().join(format!(
+        "sluice-{tag}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let f = std::fs::File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&p)
+        .expect("create a scratch file");
+    std::fs::remove_file(&p).expect("unlink the scratch file");
+    f
+}

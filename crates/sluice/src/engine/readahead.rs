@@ -390,26 +390,9 @@ mod tests {
     const MB: u64 = 1024 * 1024;
 
     fn fd() -> Arc<OwnedFd> {
-        let mut f = tempfile();
+        let mut f = crate::engine::fs::scratch_file("ra");
         f.write_all(&[1u8; 4096]).unwrap();
         Arc::new(OwnedFd::from(f))
-    }
-
-    fn tempfile() -> std::fs::File {
-        let p = std::env::temp_dir().join(format!(
-            "sluice-ra-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
-        let _ = std::fs::remove_file(&p);
-        f
     }
 
     #[test]
