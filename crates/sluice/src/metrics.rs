@@ -85,55 +85,52 @@ pub fn render(srv: &Server) -> String {
     let m = &srv.metrics;
     let ra = &srv.readahead.stats;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let counters: [(&str, &str, u64); 8] = [
+        (
+            "sluice_reads_total",
+            "READ and READ_PLUS operations served.",
+            load(&m.reads),
+        ),
+        (
+            "sluice_read_bytes_sent_total",
+            "File data bytes sent in READ and READ_PLUS replies.",
+            load(&m.read_bytes_sent),
+        ),
+        (
+            "sluice_disk_read_bytes_total",
+            "Bytes the server process read from storage (read_bytes of /proc/self/io).",
+            disk_read_bytes().unwrap_or(0),
+        ),
+        (
+            "sluice_readahead_issued_bytes_total",
+            "Bytes the server asked the kernel to read ahead.",
+            load(&ra.issued_bytes),
+        ),
+        (
+            "sluice_readahead_dropped_total",
+            "Readahead requests dropped because the readahead queue was full.",
+            load(&ra.dropped),
+        ),
+        (
+            "sluice_readahead_hits_total",
+            "Reads of sequential streams served wholly from the page cache.",
+            load(&ra.hits),
+        ),
+        (
+            "sluice_readahead_misses_total",
+            "Reads of sequential streams that had to wait for the disk.",
+            load(&ra.misses),
+        ),
+        (
+            "sluice_readahead_wasted_bytes_total",
+            "Bytes read ahead that no read reached before the stream moved or ended.",
+            load(&ra.wasted_bytes),
+        ),
+    ];
     let mut out = String::with_capacity(4096);
-    counter(
-        &mut out,
-        "sluice_reads_total",
-        "READ and READ_PLUS operations served.",
-        load(&m.reads),
-    );
-    counter(
-        &mut out,
-        "sluice_read_bytes_sent_total",
-        "File data bytes sent in READ and READ_PLUS replies.",
-        load(&m.read_bytes_sent),
-    );
-    counter(
-        &mut out,
-        "sluice_disk_read_bytes_total",
-        "Bytes the server process read from storage (read_bytes of /proc/self/io).",
-        disk_read_bytes().unwrap_or(0),
-    );
-    counter(
-        &mut out,
-        "sluice_readahead_issued_bytes_total",
-        "Bytes the server asked the kernel to read ahead.",
-        load(&ra.issued_bytes),
-    );
-    counter(
-        &mut out,
-        "sluice_readahead_dropped_total",
-        "Readahead requests dropped because the readahead queue was full.",
-        load(&ra.dropped),
-    );
-    counter(
-        &mut out,
-        "sluice_readahead_hits_total",
-        "Reads of sequential streams served wholly from the page cache.",
-        load(&ra.hits),
-    );
-    counter(
-        &mut out,
-        "sluice_readahead_misses_total",
-        "Reads of sequential streams that had to wait for the disk.",
-        load(&ra.misses),
-    );
-    counter(
-        &mut out,
-        "sluice_readahead_wasted_bytes_total",
-        "Bytes read ahead that no read reached before the stream moved or ended.",
-        load(&ra.wasted_bytes),
-    );
+    for (name, help, v) in counters {
+        counter(&mut out, name, help, v);
+    }
     let _ = writeln!(
         out,
         "# HELP sluice_readahead_max_bytes Largest readahead window of a stream.\n\
