@@ -316,7 +316,19 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Keeps READ buffers (up to 1 MiB each, one per request in flight) on the
+/// heap and reused, instead of fresh mappings that the kernel must fault in
+/// and zero on every request (measured: about 9% of a warm stream's CPU).
+fn tune_allocator() {
+    // SAFETY: mallopt only changes glibc's allocation thresholds.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 8 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+    }
+}
+
 fn main() {
+    tune_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
