@@ -517,34 +517,6 @@ impl DirReader {
     }
 }
 
-/// Reads at `offset` into `buf`, retrying short reads until EOF.
-pub fn read_at(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        // SAFETY: valid fd and buffer bounds.
-        let n = unsafe {
-            libc::pread64(
-                fd.as_raw_fd(),
-                buf[done..].as_mut_ptr() as *mut libc::c_void,
-                buf.len() - done,
-                (offset + done as u64) as i64,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        done += n as usize;
-    }
-    Ok(done)
-}
-
 /// Reads up to `len` bytes at `offset` into a new buffer, stopping early
 /// only at the end of the file. The buffer is not zeroed first.
 ///
@@ -560,6 +532,9 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
     let mut buf = BytesMut::with_capacity(len);
     let mut cached = true;
     let mut nowait = NOWAIT_WORKS.load(Ordering::Relaxed);
+    // The last read was a short non-blocking one: the rest is not cached,
+    // or the file ends there, which the next (blocking) read tells.
+    let mut short_nowait = false;
     while buf.len() < len {
         let done = buf.len();
         let spare = buf.spare_capacity_mut();
@@ -600,40 +575,18 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
             }
         }
         if n == 0 {
+            if short_nowait {
+                // End of file right after the short read: it was complete.
+                cached = true;
+            }
             break;
         }
         // SAFETY: the kernel initialised `n` more bytes.
         unsafe { buf.set_len(done + n as usize) };
-        if nowait && buf.len() < len {
-            // A short non-blocking read: the rest is not cached (or the file
-            // ends); the blocking read that follows tells which.
+        short_nowait = nowait && buf.len() < len;
+        if short_nowait {
             nowait = false;
-            let before = buf.len();
             cached = false;
-            // Peek: a blocking read that returns nothing means end of file,
-            // so the short read was complete after all.
-            let spare = buf.spare_capacity_mut();
-            let iov = libc::iovec {
-                iov_base: spare.as_mut_ptr() as *mut libc::c_void,
-                iov_len: len - before,
-            };
-            // SAFETY: as above.
-            let m = unsafe {
-                libc::preadv2(fd.as_raw_fd(), &iov, 1, (offset + before as u64) as i64, 0)
-            };
-            if m < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                return Err(e);
-            }
-            if m == 0 {
-                cached = true;
-                break;
-            }
-            // SAFETY: the kernel initialised `m` more bytes.
-            unsafe { buf.set_len(before + m as usize) };
         }
     }
     if !NOWAIT_WORKS.load(Ordering::Relaxed) {

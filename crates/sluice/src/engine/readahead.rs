@@ -304,21 +304,6 @@ impl Readahead {
         }
     }
 
-    /// Forgets every stream of `file` (closed, truncated or removed).
-    pub fn forget_file(&self, file: FileId) {
-        let mut t = self.lock();
-        let mut unused = 0;
-        t.streams.retain(|(f, _), v| {
-            if *f == file {
-                unused += v.iter().map(Reader::unused).sum::<u64>();
-                false
-            } else {
-                true
-            }
-        });
-        self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
-    }
-
     /// Records whether a read of a sequential stream was served from the
     /// page cache.
     pub fn record(&self, access: Access, cached: bool) {
@@ -500,7 +485,7 @@ mod tests {
         }
         let issued = ra.stats.issued_bytes.load(Ordering::Relaxed);
         assert!(issued > 0);
-        ra.forget_file((1, 6));
+        ra.forget_stream((1, 6), 1);
         let wasted = ra.stats.wasted_bytes.load(Ordering::Relaxed);
         assert!(
             wasted > 0 && wasted <= issued,

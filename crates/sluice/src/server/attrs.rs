@@ -128,7 +128,7 @@ pub struct AttrSource<'a> {
     pub fsid: u64,
     /// Lease time in seconds.
     pub lease_secs: u32,
-    /// Largest READ and WRITE payloads of the export.
+    /// Largest READ payload of the export.
     pub max_read: u32,
     /// Largest WRITE payload of the export.
     pub max_write: u32,
