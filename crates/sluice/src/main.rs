@@ -49,20 +49,16 @@ struct ServeCli {
     /// Largest server-side readahead window of a sequential reader, in
     /// bytes (suffixes K, M, G); 0 switches server readahead off
     /// [default: 16M].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = sluice::config::parse_size)]
     readahead_max: Option<u64>,
     /// READ_PLUS reports holes of at least this many bytes (suffixes K, M,
     /// G); shorter holes are sent as data [default: 32K].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = sluice::config::parse_size)]
     read_plus_min_hole: Option<u64>,
     /// Test only: serve without byte-range locks around I/O, so reads can
     /// see half-done writes (used to show the torn-read detector works).
     #[arg(long, hide = true)]
     unsafe_no_range_locks: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    sluice::config::parse_size(s)
 }
 
 /// How long shutdown waits for requests in progress.
@@ -109,27 +105,16 @@ struct ServeArgs {
     dir: PathBuf,
     listen: String,
     state_dir: PathBuf,
-    lease: u64,
-    range_locks: bool,
     metrics: Option<String>,
-    readahead_max: u64,
-    min_hole: u64,
     policy: sluice::net::Policy,
-    rules: Rules,
-}
-
-/// An export's access rules.
-struct Rules {
-    read_only: bool,
-    squash: sluice::config::Squash,
-    anon: (u32, u32),
-    max_read: u32,
-    max_write: u32,
+    /// The server's settings: its defaults, overridden by the file, then
+    /// by the command line.
+    config: Config,
 }
 
 /// Merges the command line with the config file (command line first).
 fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
-    use sluice::config::{ConfigFile, Size, Squash};
+    use sluice::config::{ConfigFile, Size};
     let file = match &cli.config {
         Some(p) => sluice::config::load(p)?,
         None => ConfigFile::default(),
@@ -148,22 +133,33 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     if let Some(n) = srv.max_connections {
         policy.max_connections = n;
     }
-    let mut rules = Rules {
-        read_only: false,
-        squash: Squash::None,
-        anon: (65534, 65534),
-        max_read: sluice::config::MAX_IO_LIMIT as u32,
-        max_write: sluice::config::MAX_IO_LIMIT as u32,
+    let mut config = Config {
+        range_locks: !cli.unsafe_no_range_locks,
+        ..Default::default()
     };
+    if let Some(secs) = cli.lease_time.or(srv.lease_time) {
+        config.lease = Duration::from_secs(secs.max(1));
+    }
+    if let Some(max) = cli.readahead_max.or(srv.readahead_max.map(|Size(n)| n)) {
+        config.readahead.max = max;
+    }
+    if let Some(hole) = cli
+        .read_plus_min_hole
+        .or(srv.read_plus_min_hole.map(|Size(n)| n))
+    {
+        config.min_hole = hole.max(1);
+    }
     if let Some(e) = export {
         policy.clients = e.clients;
-        rules = Rules {
-            read_only: e.read_only,
-            squash: e.squash,
-            anon: (e.anon_uid, e.anon_gid),
-            max_read: e.max_read.map_or(rules.max_read, |Size(n)| n as u32),
-            max_write: e.max_write.map_or(rules.max_write, |Size(n)| n as u32),
-        };
+        config.read_only = e.read_only;
+        config.squash = e.squash;
+        config.anon = (e.anon_uid, e.anon_gid);
+        if let Some(Size(n)) = e.max_read {
+            config.max_read = n as u32;
+        }
+        if let Some(Size(n)) = e.max_write {
+            config.max_write = n as u32;
+        }
     }
     Ok(ServeArgs {
         dir,
@@ -175,19 +171,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
             .state_dir
             .or(srv.state_dir)
             .unwrap_or_else(|| "/var/lib/sluice".into()),
-        lease: cli.lease_time.or(srv.lease_time).unwrap_or(90),
-        range_locks: !cli.unsafe_no_range_locks,
         metrics: cli.metrics.or(srv.metrics),
-        readahead_max: cli
-            .readahead_max
-            .or(srv.readahead_max.map(|Size(n)| n))
-            .unwrap_or(16 << 20),
-        min_hole: cli
-            .read_plus_min_hole
-            .or(srv.read_plus_min_hole.map(|Size(n)| n))
-            .unwrap_or(32 << 10),
         policy,
-        rules,
+        config,
     })
 }
 
@@ -196,34 +182,16 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         dir,
         listen,
         state_dir,
-        lease,
-        range_locks,
         metrics,
-        readahead_max,
-        min_hole,
         policy,
-        rules,
+        config,
     } = a;
     let key = load_key(&state_dir)?;
     let export =
         Export::open(&dir, 0, key).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
-    if !range_locks {
+    if !config.range_locks {
         tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
     }
-    let config = Config {
-        lease: Duration::from_secs(lease.max(1)),
-        range_locks,
-        readahead: sluice::engine::readahead::Config {
-            max: readahead_max,
-            ..Default::default()
-        },
-        min_hole: min_hole.max(1),
-        read_only: rules.read_only,
-        squash: rules.squash,
-        anon: rules.anon,
-        max_read: rules.max_read,
-        max_write: rules.max_write,
-    };
     let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
@@ -268,7 +236,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         let list: Vec<String> = policy.clients.iter().map(|r| r.to_string()).collect();
         tracing::info!(clients = %list.join(", "), "only these clients may connect");
     }
-    if rules.read_only {
+    if srv.config.read_only {
         tracing::info!("the export is read-only");
     }
     let inflight = Arc::new(sluice::net::InFlight::default());
