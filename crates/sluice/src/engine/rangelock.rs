@@ -127,10 +127,8 @@ impl RangeLocks {
                 end,
             };
         }
-        let table = {
-            let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
-            files.entry(key).or_default().clone()
-        };
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let table = files.entry(key).or_default().clone();
         let e = Entry { end, exclusive };
         let mut r = table.ranges.lock().unwrap_or_else(|e| e.into_inner());
         // The ticket is taken under the table's mutex, so ticket order is
@@ -139,6 +137,9 @@ impl RangeLocks {
             .tickets
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         r.insert(ticket, start, e);
+        // The request is in the table before the file map is let go, so a
+        // table found empty under the map's mutex has no users and can go.
+        drop(files);
         while r.blocked(ticket, start, e) {
             r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
         }
@@ -182,14 +183,13 @@ impl Drop for RangeGuard<'_> {
         table.changed.notify_all();
         if empty {
             let mut files = self.owner.files.lock().unwrap_or_else(|e| e.into_inner());
-            // Drop the table unless someone else picked it up meanwhile.
-            if let Some(t) = files.get(&self.key) {
-                if Arc::ptr_eq(t, &table) && Arc::strong_count(&table) == 2 {
-                    let still_empty = t.ranges.lock().map(|r| r.is_empty()).unwrap_or(false);
-                    if still_empty {
-                        files.remove(&self.key);
-                    }
-                }
+            // Drop the table unless a request entered it meanwhile (requests
+            // enter while holding the map's mutex, see `lock`).
+            let unused = files.get(&self.key).is_some_and(|t| {
+                Arc::ptr_eq(t, &table) && t.ranges.lock().map(|r| r.is_empty()).unwrap_or(false)
+            });
+            if unused {
+                files.remove(&self.key);
             }
         }
     }
