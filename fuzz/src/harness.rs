@@ -320,7 +320,8 @@ impl Harness {
             lease: Duration::from_secs(90),
             ..Config::default()
         };
-        let server = Server::new(export, config).expect("start the server");
+        let server =
+            Server::new(export, HandleKey::new([0x5a; 32]), config).expect("start the server");
         let free_at_reset = free_bytes(&dir);
         let mut h = Harness {
             server,

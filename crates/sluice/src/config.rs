@@ -76,7 +76,8 @@ pub struct ServerSection {
 pub struct ExportSection {
     /// Directory on the server.
     pub path: PathBuf,
-    /// Where clients see it; only "/" for now.
+    /// Where clients see it: "/" for a single export, else a path such as
+    /// "/data" in the pseudo file system joining the exports.
     #[serde(default = "root_pseudo")]
     pub pseudo: String,
     /// Refuse every change with NFS4ERR_ROFS.
@@ -255,35 +256,51 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
             .map(|i| format!(":{}", i + 1))
             .unwrap_or_default()
     };
-    match cfg.exports.len() {
-        0 => {
-            return Err(format!(
-                "{name}: no [[export]] table: list the directory to serve"
-            ))
-        }
-        1 => {}
-        n => {
-            return Err(format!(
-                "{name}{}: {n} [[export]] tables, but this version serves one export; keep one",
-                line_of("[[export]]")
-            ))
-        }
-    }
-    let ex = &cfg.exports[0];
-    if ex.pseudo != "/" {
+    if cfg.exports.is_empty() {
         return Err(format!(
-            "{name}{}: export.pseudo = {:?}: only \"/\" is supported for now",
-            line_of("pseudo"),
-            ex.pseudo
+            "{name}: no [[export]] table: list the directory to serve"
         ));
     }
-    for (key, v) in [("max_read", ex.max_read), ("max_write", ex.max_write)] {
-        if let Some(Size(n)) = v {
-            if !(MIN_IO..=MAX_IO_LIMIT).contains(&n) {
-                return Err(format!(
-                    "{name}{}: export.{key} = {n}: must be {MIN_IO} to {MAX_IO_LIMIT} bytes",
-                    line_of(key)
-                ));
+    if cfg.exports.len() > crate::server::exports::MAX_EXPORTS {
+        return Err(format!(
+            "{name}: {} [[export]] tables; at most {} are served",
+            cfg.exports.len(),
+            crate::server::exports::MAX_EXPORTS
+        ));
+    }
+    let pseudo_line = |p: &str| line_of(&format!("{p:?}"));
+    let mut paths = Vec::new();
+    for ex in &cfg.exports {
+        let parts = crate::server::exports::pseudo_components(&ex.pseudo)
+            .map_err(|m| format!("{name}{}: export.pseudo: {m}", pseudo_line(&ex.pseudo)))?;
+        if parts.is_empty() && cfg.exports.len() > 1 {
+            return Err(format!(
+                "{name}{}: export.pseudo: each of the {} exports needs a path of its own such as \"/data\" (\"/\", the default, is for a single export)",
+                pseudo_line(&ex.pseudo),
+                cfg.exports.len()
+            ));
+        }
+        if let Some((other, _)) = paths
+            .iter()
+            .find(|(_, p): &&(&str, Vec<&str>)| p.starts_with(&parts) || parts.starts_with(p))
+        {
+            return Err(format!(
+                "{name}{}: export.pseudo = {:?} is the same as or nested with {other:?}; exports cannot share or nest pseudo paths",
+                pseudo_line(&ex.pseudo),
+                ex.pseudo
+            ));
+        }
+        paths.push((ex.pseudo.as_str(), parts));
+    }
+    for ex in &cfg.exports {
+        for (key, v) in [("max_read", ex.max_read), ("max_write", ex.max_write)] {
+            if let Some(Size(n)) = v {
+                if !(MIN_IO..=MAX_IO_LIMIT).contains(&n) {
+                    return Err(format!(
+                        "{name}{}: export.{key} = {n}: must be {MIN_IO} to {MAX_IO_LIMIT} bytes",
+                        line_of(key)
+                    ));
+                }
             }
         }
     }
@@ -384,7 +401,35 @@ max_write = "512K"
             "x.toml",
         )
         .unwrap_err();
-        assert!(e.contains("one export"), "{e}");
+        assert!(
+            e.contains("export.pseudo") && e.contains("single export"),
+            "{e}"
+        );
+        let e = parse(
+            "[[export]]\npath = \"/a\"\npseudo = \"/x\"\n[[export]]\npath = \"/b\"\npseudo = \"/x/y\"\n",
+            "x.toml",
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("x.toml:6: export.pseudo") && e.contains("nested"),
+            "{e}"
+        );
+        let e = parse("[[export]]\npath = \"/a\"\npseudo = \"x\"\n", "x.toml").unwrap_err();
+        assert!(e.starts_with("x.toml:3: export.pseudo"), "{e}");
+        let e = parse("[[export]]\npath = \"/a\"\npseudo = \"/../x\"\n", "x.toml").unwrap_err();
+        assert!(e.contains("bad component"), "{e}");
+    }
+
+    #[test]
+    fn several_exports_parse() {
+        let c = parse(
+            "[[export]]\npath = \"/a\"\npseudo = \"/home\"\n[[export]]\npath = \"/b\"\npseudo = \"/data/archive\"\nread_only = true\n",
+            "x.toml",
+        )
+        .unwrap();
+        assert_eq!(c.exports.len(), 2);
+        assert_eq!(c.exports[1].pseudo, "/data/archive");
+        assert!(c.exports[1].read_only && !c.exports[0].read_only);
     }
 
     #[test]

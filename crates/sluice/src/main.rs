@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use sluice::engine::export::Export;
 use sluice::engine::handle::HandleKey;
+use sluice::server::exports::{Exported, Exports, Rules};
 use sluice::server::{Config, Server};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Export DIR as the NFSv4 root ("/") over TCP, or what --config says.
+    /// Export DIR as the NFSv4 root ("/") over TCP, or the exports that
+    /// --config lists.
     Serve(ServeCli),
 }
 
@@ -27,8 +29,8 @@ struct ServeCli {
     /// Directory to export (or give --config).
     #[arg(required_unless_present = "config")]
     dir: Option<PathBuf>,
-    /// TOML config file: server settings, the export and its access rules
-    /// (see docs/config.md). Flags given on the command line win.
+    /// TOML config file: server settings, the exports and their access
+    /// rules (see docs/config.md). Flags given on the command line win.
     #[arg(long, value_name = "FILE", conflicts_with = "dir")]
     config: Option<PathBuf>,
     /// Address and port to listen on (port 0 picks a free one)
@@ -102,7 +104,8 @@ fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
 /// What `sluice serve` was asked to do, command line and config file
 /// merged.
 struct ServeArgs {
-    dir: PathBuf,
+    /// Directory, pseudo path and rules of each export, by export id.
+    exports: Vec<(PathBuf, String, Rules)>,
     listen: String,
     state_dir: PathBuf,
     metrics: Option<String>,
@@ -120,11 +123,31 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
         None => ConfigFile::default(),
     };
     let srv = file.server;
-    let export = file.exports.into_iter().next();
-    let dir = match (cli.dir, &export) {
-        (Some(d), _) => d,
-        (None, Some(e)) => e.path.clone(),
-        (None, None) => return Err("give a directory to export, or --config FILE".into()),
+    let exports: Vec<(PathBuf, String, Rules)> = match cli.dir {
+        Some(d) => vec![(d, "/".into(), Rules::default())],
+        None if file.exports.is_empty() => {
+            return Err("give a directory to export, or --config FILE".into())
+        }
+        None => file
+            .exports
+            .into_iter()
+            .map(|e| {
+                let mut rules = Rules {
+                    read_only: e.read_only,
+                    squash: e.squash,
+                    anon: (e.anon_uid, e.anon_gid),
+                    clients: e.clients,
+                    ..Default::default()
+                };
+                if let Some(Size(n)) = e.max_read {
+                    rules.max_read = n as u32;
+                }
+                if let Some(Size(n)) = e.max_write {
+                    rules.max_write = n as u32;
+                }
+                (e.path, e.pseudo, rules)
+            })
+            .collect(),
     };
     let mut policy = sluice::net::Policy {
         require_privileged_port: srv.require_privileged_port.unwrap_or(false),
@@ -149,20 +172,16 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     {
         config.min_hole = hole.max(1);
     }
-    if let Some(e) = export {
-        policy.clients = e.clients;
-        config.read_only = e.read_only;
-        config.squash = e.squash;
-        config.anon = (e.anon_uid, e.anon_gid);
-        if let Some(Size(n)) = e.max_read {
-            config.max_read = n as u32;
-        }
-        if let Some(Size(n)) = e.max_write {
-            config.max_write = n as u32;
-        }
+    // A connection is taken from addresses that some export admits;
+    // each export checks its own list again on every use.
+    if exports.iter().all(|(_, _, r)| !r.clients.is_empty()) {
+        policy.clients = exports
+            .iter()
+            .flat_map(|(_, _, r)| r.clients.iter().copied())
+            .collect();
     }
     Ok(ServeArgs {
-        dir,
+        exports,
         listen: cli
             .listen
             .or(srv.listen)
@@ -179,7 +198,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
 
 async fn serve(a: ServeArgs) -> Result<(), String> {
     let ServeArgs {
-        dir,
+        exports,
         listen,
         state_dir,
         metrics,
@@ -187,17 +206,35 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         config,
     } = a;
     let key = load_key(&state_dir)?;
-    let export =
-        Export::open(&dir, 0, key).map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+    let mut list = Vec::new();
+    for (id, (dir, pseudo, rules)) in exports.into_iter().enumerate() {
+        let fs = Export::open(&dir, id as u8, key.clone())
+            .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+        list.push(Exported { fs, pseudo, rules });
+    }
+    let exports = Exports::new(list, key).map_err(|e| format!("cannot export: {e}"))?;
     if !config.range_locks {
         tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
     }
-    let srv = Arc::new(Server::new(export, config).map_err(|e| format!("cannot start: {e}"))?);
+    let srv =
+        Arc::new(Server::with_exports(exports, config).map_err(|e| format!("cannot start: {e}"))?);
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(export = %dir.display(), %addr, "serving");
+    tracing::info!(%addr, "serving");
+    for e in srv.exports.list() {
+        let r = &e.rules;
+        let clients: Vec<String> = r.clients.iter().map(|c| c.to_string()).collect();
+        tracing::info!(
+            export = %e.fs.path().display(),
+            pseudo = %e.pseudo,
+            read_only = r.read_only,
+            squash = ?r.squash,
+            clients = %if clients.is_empty() { "everyone".to_string() } else { clients.join(", ") },
+            "exported"
+        );
+    }
     let metrics_listener = match &metrics {
         Some(m) => Some(
             tokio::net::TcpListener::bind(m)
@@ -232,13 +269,6 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             }
         })
     };
-    if !policy.clients.is_empty() {
-        let list: Vec<String> = policy.clients.iter().map(|r| r.to_string()).collect();
-        tracing::info!(clients = %list.join(", "), "only these clients may connect");
-    }
-    if srv.config.read_only {
-        tracing::info!("the export is read-only");
-    }
     let inflight = Arc::new(sluice::net::InFlight::default());
     let server = tokio::spawn(sluice::net::serve_with(
         listener,
@@ -274,11 +304,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         );
     }
     // Unstable writes live in the page cache: push them to disk.
-    let root = srv.export.root_fd();
+    let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();
     let _ = tokio::task::spawn_blocking(move || {
         use std::os::fd::AsRawFd;
-        // SAFETY: valid descriptor.
-        unsafe { libc::syncfs(root.as_raw_fd()) }
+        for root in roots {
+            // SAFETY: valid descriptor.
+            unsafe { libc::syncfs(root.as_raw_fd()) };
+        }
     })
     .await;
     Ok(())

@@ -47,7 +47,7 @@ impl Policy {
     /// Why a connection from `peer` is refused, or None to serve it.
     pub fn refuse(&self, peer: SocketAddr) -> Option<&'static str> {
         if !self.clients.is_empty() && !self.clients.iter().any(|r| r.contains(peer.ip())) {
-            return Some("address not in the export's client list");
+            return Some("address not in any export's client list");
         }
         if self.require_privileged_port && peer.port() >= 1024 {
             return Some("source port not privileged (below 1024)");
@@ -157,6 +157,9 @@ async fn connection(
     inflight: Arc<InFlight>,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr().ok();
+    // Exports check the address on every use; an unknown one (the socket
+    // already broken) is admitted only where everyone is.
+    let ip = Some(peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip()));
     let (mut rd, wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<Encoder>(MAX_IN_FLIGHT);
     let writer = tokio::spawn(async move {
@@ -210,7 +213,7 @@ async fn connection(
         let tx = tx.clone();
         let busy = inflight.enter();
         tokio::spawn(async move {
-            let reply = tokio::task::spawn_blocking(move || srv.handle_call(&record)).await;
+            let reply = tokio::task::spawn_blocking(move || srv.handle_call(&record, ip)).await;
             match reply {
                 Ok(Some(r)) => {
                     let _ = tx.send(r).await;

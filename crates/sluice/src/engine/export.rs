@@ -80,6 +80,11 @@ impl Export {
         &self.path
     }
 
+    /// The export id sealed into its handles.
+    pub fn id(&self) -> u8 {
+        self.id
+    }
+
     /// The wire handle of the export root.
     pub fn root_fh(&self) -> &[u8] {
         &self.root_fh

@@ -124,8 +124,11 @@ pub struct AttrSource<'a> {
     pub fh: Option<&'a [u8]>,
     /// Space counters, when wanted.
     pub fs: Option<FsStat>,
-    /// File system id of the export.
-    pub fsid: u64,
+    /// File system id (major, minor) of the export.
+    pub fsid: (u64, u64),
+    /// The fileid of the directory this file system root is mounted on
+    /// in the pseudo file system, for export roots listed there.
+    pub mounted_on: Option<u64>,
     /// Lease time in seconds.
     pub lease_secs: u32,
     /// Largest READ payload of the export.
@@ -179,8 +182,8 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
                 v.bool(true)
             }
             attr::FSID => {
-                v.u64(src.fsid);
-                v.u64(0);
+                v.u64(src.fsid.0);
+                v.u64(src.fsid.1);
             }
             attr::LEASE_TIME => v.u32(src.lease_secs),
             attr::RDATTR_ERROR => v.u32(status::OK),
@@ -188,7 +191,8 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
                 Some(fh) => v.opaque(fh),
                 None => continue,
             },
-            attr::FILEID | attr::MOUNTED_ON_FILEID => v.u64(st.ino),
+            attr::FILEID => v.u64(st.ino),
+            attr::MOUNTED_ON_FILEID => v.u64(src.mounted_on.unwrap_or(st.ino)),
             attr::FILES_AVAIL => v.u64(fs.files_avail),
             attr::FILES_FREE => v.u64(fs.files_free),
             attr::FILES_TOTAL => v.u64(fs.files_total),
@@ -428,7 +432,8 @@ mod tests {
             st: &st,
             fh: None,
             fs: None,
-            fsid: 3,
+            fsid: (3, 0),
+            mounted_on: None,
             lease_secs: 90,
             max_read: MAX_IO,
             max_write: MAX_IO,

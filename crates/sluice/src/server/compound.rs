@@ -1,13 +1,15 @@
 //! COMPOUND processing (RFC 8881 sections 2.10.6 and 16.2): the op loop,
 //! SEQUENCE and the reply cache, and the per-request context.
 
+use super::exports::{Exported, Loc};
 use super::state::{SlotDecision, Stateid};
-use super::{ops_file, ops_fs, ops_session, ops_sparse, Server};
+use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, Server};
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
 use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
+use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -19,15 +21,23 @@ const MAX_TAG: usize = 1024;
 pub struct Fh {
     /// The handle as the client sees it.
     pub wire: Vec<u8>,
-    /// O_PATH descriptor of the object.
+    /// O_PATH descriptor of the object (a placeholder for pseudo
+    /// directories).
     pub fd: Arc<OwnedFd>,
+    /// The export it belongs to, or the pseudo directory it is.
+    pub loc: Loc,
 }
 
 /// State of one COMPOUND while its ops run.
 pub struct Ctx<'a> {
     /// The server.
     pub srv: &'a Server,
-    /// Caller identity on the file system.
+    /// The caller's credentials as sent.
+    pub cred: &'a Cred,
+    /// The caller's address (None for in-process callers).
+    pub peer: Option<IpAddr>,
+    /// Caller identity on the file system, after the squashing of the
+    /// current filehandle's export.
     pub id: Identity,
     /// Current filehandle.
     pub cur: Option<Fh>,
@@ -50,16 +60,36 @@ impl<'a> Ctx<'a> {
         self.saved.as_ref().ok_or(status::NOFILEHANDLE)
     }
 
-    /// Resolves a wire handle.
+    /// Resolves a wire handle; handles of exports that do not admit the
+    /// caller's address get NFS4ERR_ACCESS.
     pub fn resolve(&self, wire: &[u8]) -> Result<Fh, u32> {
-        let fd = cred::as_root(|| self.srv.export.resolve(wire)).map_err(|e| match e {
+        let (fd, loc) = cred::as_root(|| self.srv.exports.resolve(wire)).map_err(|e| match e {
             HandleError::Bad => status::BADHANDLE,
             HandleError::Stale => status::STALE,
         })?;
+        if let Loc::Export(i) = loc {
+            if !self.srv.exports.list()[i].rules.admits(self.peer) {
+                return Err(status::ACCESS);
+            }
+        }
         Ok(Fh {
             wire: wire.to_vec(),
             fd,
+            loc,
         })
+    }
+
+    /// The export `fh` belongs to.
+    pub fn ex(&self, fh: &Fh) -> &'a Exported {
+        self.srv.exports.get(fh.loc)
+    }
+
+    /// The export of the current filehandle (the first export when there
+    /// is none).
+    pub fn cur_ex(&self) -> &'a Exported {
+        self.srv
+            .exports
+            .get(self.cur.as_ref().map_or(Loc::Export(0), |f| f.loc))
     }
 
     /// Substitutes the current stateid for the special "current" value.
@@ -97,9 +127,44 @@ fn changes_fs(opnum: u32) -> bool {
     )
 }
 
+/// Ops that act on the object behind the current filehandle.
+fn uses_cur_object(opnum: u32) -> bool {
+    !matches!(
+        opnum,
+        op::PUTFH
+            | op::PUTROOTFH
+            | op::PUTPUBFH
+            | op::GETFH
+            | op::SAVEFH
+            | op::RESTOREFH
+            | op::SEQUENCE
+            | op::EXCHANGE_ID
+            | op::CREATE_SESSION
+            | op::DESTROY_SESSION
+            | op::DESTROY_CLIENTID
+            | op::BIND_CONN_TO_SESSION
+            | op::RECLAIM_COMPLETE
+            | op::FREE_STATEID
+            | op::TEST_STATEID
+    )
+}
+
 fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    if cx.srv.config.read_only && changes_fs(opnum) {
-        return status::ROFS;
+    if uses_cur_object(opnum) {
+        if let Some(Loc::Pseudo(n)) = cx.cur.as_ref().map(|f| f.loc) {
+            // Pseudo directories never reach the file system ops.
+            return ops_pseudo::run_op(cx, n, opnum, d, e);
+        }
+        if matches!(opnum, op::RENAME | op::LINK) {
+            if let (Some(s), Some(c)) = (&cx.saved, &cx.cur) {
+                if s.loc != c.loc {
+                    return status::XDEV;
+                }
+            }
+        }
+        if changes_fs(opnum) && cx.cur_ex().rules.read_only {
+            return status::ROFS;
+        }
     }
     match opnum {
         op::ACCESS => ops_fs::access(cx, d, e),
@@ -186,6 +251,7 @@ const REPLY_HEADER: usize = 24;
 pub fn process_compound(
     srv: &Server,
     rpc_cred: &Cred,
+    peer: Option<IpAddr>,
     args: &[u8],
     rpc_header: usize,
 ) -> Option<Encoder> {
@@ -201,7 +267,9 @@ pub fn process_compound(
     }
     let mut cx = Ctx {
         srv,
-        id: srv.identity(rpc_cred),
+        cred: rpc_cred,
+        peer,
+        id: Server::identity(rpc_cred, &srv.exports.list()[0].rules),
         cur: None,
         saved: None,
         clientid: None,
@@ -296,7 +364,9 @@ pub fn process_compound(
     let max_reply = session.fore.max_response as usize;
     let max_cached = session.fore.max_response_cached as usize;
     {
-        let _as_caller = cred::assume(&cx.id);
+        // The caller's identity follows the export of the current
+        // filehandle, whose squash rules apply.
+        let mut as_caller: Option<(Loc, cred::IdentityGuard)> = None;
         for _ in 1..nops {
             let Ok(opnum) = d.u32() else {
                 // The op array ended early: the next op cannot be decoded.
@@ -316,6 +386,16 @@ pub fn process_compound(
             res.u32(opnum);
             let at = res.len();
             res.u32(0);
+            let loc = cx.cur.as_ref().map_or(Loc::Export(0), |f| match f.loc {
+                Loc::Pseudo(_) => Loc::Export(0),
+                l => l,
+            });
+            if as_caller.as_ref().map(|(l, _)| *l) != Some(loc) {
+                // The old guard must go first: dropping it resets to root.
+                drop(as_caller.take());
+                cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
+                as_caller = Some((loc, cred::assume(&cx.id)));
+            }
             let mut st = run_op(&mut cx, opnum, &mut d, &mut res);
             let size = fixed + res.len();
             if size > max_reply || (cachethis && size > max_cached) {

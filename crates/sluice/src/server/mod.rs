@@ -3,18 +3,23 @@
 
 pub mod attrs;
 mod compound;
+pub mod exports;
 mod ops_file;
 mod ops_fs;
+mod ops_pseudo;
 mod ops_session;
 mod ops_sparse;
 pub mod state;
 
 use crate::engine::export::Export;
+use crate::engine::handle::HandleKey;
 use crate::nfs4::consts::status;
 use crate::rpc::{self, AcceptStat, CallError, Cred};
 use crate::xdr::Encoder;
+pub use exports::{Exports, Loc, Rules};
 use state::StateTable;
 use std::io;
+use std::net::IpAddr;
 use std::time::Duration;
 
 pub use compound::process_compound;
@@ -31,16 +36,6 @@ pub struct Config {
     pub readahead: crate::engine::readahead::Config,
     /// READ_PLUS sends holes shorter than this as data.
     pub min_hole: u64,
-    /// Every change is refused with NFS4ERR_ROFS.
-    pub read_only: bool,
-    /// Whose identity is replaced by the anonymous one.
-    pub squash: crate::config::Squash,
-    /// The anonymous user and group.
-    pub anon: (u32, u32),
-    /// Largest READ payload (at most [`attrs::MAX_IO`]).
-    pub max_read: u32,
-    /// Largest WRITE payload (at most [`attrs::MAX_IO`]).
-    pub max_write: u32,
 }
 
 impl Default for Config {
@@ -50,11 +45,6 @@ impl Default for Config {
             range_locks: true,
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
-            read_only: false,
-            squash: crate::config::Squash::None,
-            anon: (65534, 65534),
-            max_read: attrs::MAX_IO,
-            max_write: attrs::MAX_IO,
         }
     }
 }
@@ -62,8 +52,8 @@ impl Default for Config {
 /// One running NFS server instance.
 #[derive(Debug)]
 pub struct Server {
-    /// The exported tree.
-    pub export: Export,
+    /// The exported trees and the pseudo file system joining them.
+    pub exports: Exports,
     /// Clients, sessions, opens and locks.
     pub state: StateTable,
     /// Changes on every start, so clients resend uncommitted writes.
@@ -83,8 +73,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server for `export`.
-    pub fn new(export: Export, config: Config) -> io::Result<Self> {
+    /// A server for one export at "/" with default rules.
+    pub fn new(export: Export, key: HandleKey, config: Config) -> io::Result<Self> {
+        Self::with_exports(Exports::single(export, key)?, config)
+    }
+
+    /// A server for `exports`.
+    pub fn with_exports(exports: Exports, config: Config) -> io::Result<Self> {
         let mut random = [0u8; 12];
         getrandom::getrandom(&mut random).map_err(|e| io::Error::other(e.to_string()))?;
         // Random boot ids tell this instance's client, session and state ids
@@ -94,7 +89,7 @@ impl Server {
         write_verifier.copy_from_slice(&random[4..]);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         Ok(Server {
-            export,
+            exports,
             state: StateTable::new(config.lease, boot_id),
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
@@ -106,15 +101,17 @@ impl Server {
         })
     }
 
-    /// Handles one RPC record and returns the reply record, if any, as
-    /// one vector.
+    /// Handles one RPC record from an in-process caller (tests, fuzzing),
+    /// which every export admits, and returns the reply record, if any,
+    /// as one vector.
     pub fn handle_record(&self, record: &[u8]) -> Option<Vec<u8>> {
-        self.handle_call(record).map(Encoder::into_inner)
+        self.handle_call(record, None).map(Encoder::into_inner)
     }
 
-    /// Handles one RPC record and returns the reply record, if any, with
-    /// file data spliced in by reference (see [`Encoder::into_parts`]).
-    pub fn handle_call(&self, record: &[u8]) -> Option<Encoder> {
+    /// Handles one RPC record from a client at `peer` and returns the
+    /// reply record, if any, with file data spliced in by reference (see
+    /// [`Encoder::into_parts`]).
+    pub fn handle_call(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Encoder> {
         let call = match rpc::parse_call(record) {
             Ok(c) => c,
             Err(e) => return rpc::error_reply(&e).map(Encoder::from),
@@ -135,7 +132,7 @@ impl Server {
             }
             1 => {
                 let mut reply = rpc::accepted_reply(call.xid, AcceptStat::Success);
-                match process_compound(self, &call.cred, args, call.args_at) {
+                match process_compound(self, &call.cred, peer, args, call.args_at) {
                     Some(body) => {
                         reply.append(body);
                         Some(reply)
@@ -147,11 +144,12 @@ impl Server {
         }
     }
 
-    /// The caller identity used for file system access, after squashing.
-    pub fn identity(&self, cred: &Cred) -> crate::engine::cred::Identity {
+    /// The caller identity used for file system access in an export with
+    /// `rules`, after squashing.
+    pub fn identity(cred: &Cred, rules: &Rules) -> crate::engine::cred::Identity {
         use crate::config::Squash;
-        let (anon_uid, anon_gid) = self.config.anon;
-        match self.config.squash {
+        let (anon_uid, anon_gid) = rules.anon;
+        match rules.squash {
             Squash::None => crate::engine::cred::Identity {
                 uid: cred.uid,
                 gid: cred.gid,

@@ -116,11 +116,12 @@ fn open_create(
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
-            let wire = io(cx.srv.export.handle_of(fd.as_fd()))?;
+            let wire = io(cx.ex(dir).fs.handle_of(fd.as_fd()))?;
             return Ok((
                 Fh {
                     wire,
                     fd: Arc::new(fd),
+                    loc: dir.loc,
                 },
                 None,
                 [0; 3],
@@ -129,10 +130,11 @@ fn open_create(
         Err(e) => return io(Err(e)),
     };
     let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-    let wire = io(cx.srv.export.handle_of(pfd.as_fd()))?;
+    let wire = io(cx.ex(dir).fs.handle_of(pfd.as_fd()))?;
     let fh = Fh {
         wire,
         fd: Arc::new(pfd),
+        loc: dir.loc,
     };
     let st = stat_of(&fh)?;
     let mut set = a.mask;
@@ -212,7 +214,7 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         if access == 0 {
             return Err(status::INVAL);
         }
-        if cx.srv.config.read_only
+        if cx.cur_ex().rules.read_only
             && (access & SHARE_ACCESS_WRITE != 0 || !matches!(how, How::NoCreate))
         {
             return Err(status::ROFS);
@@ -226,11 +228,12 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
                 let (fh, fd, set) = match &how {
                     How::NoCreate => {
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        let wire = io(cx.srv.export.handle_of(pfd.as_fd()))?;
+                        let wire = io(cx.ex(&dir).fs.handle_of(pfd.as_fd()))?;
                         (
                             Fh {
                                 wire,
                                 fd: Arc::new(pfd),
+                                loc: dir.loc,
                             },
                             None,
                             [0; 3],
@@ -383,7 +386,7 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
     let st = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(cx.srv.config.max_read) as usize;
+        let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let _shared = cx
@@ -416,7 +419,7 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
             return Err(status::BADXDR);
         }
         // Past the export's limit: a short write, which clients resume.
-        let data = &data[..data.len().min(cx.srv.config.max_write as usize)];
+        let data = &data[..data.len().min(cx.cur_ex().rules.max_write as usize)];
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|end| end > i64::MAX as u64)

@@ -5,6 +5,7 @@
 use super::attrs::{self, AttrSource};
 use super::compound::{Ctx, Fh, OpStatus};
 use super::errno_status;
+use super::exports::Loc;
 use super::state::Stateid;
 use crate::engine::fs::{self, SetTime, Stat};
 use crate::nfs4::consts::{access, attr, ftype, status, FHSIZE};
@@ -60,9 +61,17 @@ pub fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
     CString::new(name).map_err(|_| status::BADNAME)
 }
 
-/// Stats the object behind a filehandle.
+/// Stats the object behind a filehandle of an export.
 pub fn stat_of(fh: &Fh) -> Result<Stat, u32> {
     io(fs::stat(fh.fd.as_fd()))
+}
+
+/// Stats the object behind any filehandle, pseudo directories included.
+pub fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
+    match fh.loc {
+        Loc::Pseudo(n) => Ok(cx.srv.exports.node_stat(n)),
+        Loc::Export(_) => stat_of(fh),
+    }
 }
 
 /// The current filehandle, which must be a directory.
@@ -85,7 +94,8 @@ pub fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
     e.u64(after.change());
 }
 
-/// Encodes the attributes `req` of `fh`.
+/// Encodes the attributes `req` of an object with status `st`, in the
+/// file system of `fs_of` (an export, or the pseudo file system).
 pub fn put_fattr(
     cx: &Ctx<'_>,
     e: &mut Encoder,
@@ -94,30 +104,42 @@ pub fn put_fattr(
     req: &[u32],
     fs_of: &Fh,
 ) {
-    let fs = if attrs::wants_fs_stat(req) {
-        fs::statfs(fs_of.fd.as_fd()).ok()
-    } else {
-        None
+    let exports = &cx.srv.exports;
+    let (fsid, max_read, max_write, fs, mounted_on) = match fs_of.loc {
+        // The pseudo file system is empty and has no space of its own.
+        Loc::Pseudo(_) => ((0, 0), attrs::MAX_IO, attrs::MAX_IO, None, None),
+        Loc::Export(i) => {
+            let ex = cx.ex(fs_of);
+            let fs = if attrs::wants_fs_stat(req) {
+                fs::statfs(fs_of.fd.as_fd()).ok()
+            } else {
+                None
+            };
+            // An export root sits on a fileid of the pseudo file system.
+            let mounted_on =
+                (exports.has_pseudo() && ex.fs.is_root(st)).then(|| exports.mounted_on_fileid(i));
+            // Exports on one device are told apart by the minor number.
+            let fsid = (ex.fs.dev(), i as u64);
+            (fsid, ex.rules.max_read, ex.rules.max_write, fs, mounted_on)
+        }
     };
     let src = AttrSource {
         st,
         fh: fh_wire,
         fs,
-        fsid: cx.srv.export.dev(),
+        fsid,
+        mounted_on,
         lease_secs: cx.srv.config.lease.as_secs() as u32,
-        max_read: cx.srv.config.max_read,
-        max_write: cx.srv.config.max_write,
+        max_read,
+        max_write,
     };
     attrs::encode_fattr(e, req, &src);
 }
 
-/// PUTROOTFH and PUTPUBFH.
+/// PUTROOTFH and PUTPUBFH: the export at "/", or the pseudo root.
 pub fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
-    let ex = &cx.srv.export;
-    cx.cur = Some(Fh {
-        wire: ex.root_fh().to_vec(),
-        fd: ex.root_fd(),
-    });
+    let (wire, fd, loc) = cx.srv.exports.root();
+    cx.cur = Some(Fh { wire, fd, loc });
     status::OK
 }
 
@@ -156,17 +178,19 @@ pub fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> Op
 
 /// Opens `name` in directory `dir` as a new filehandle.
 fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), u32> {
+    let ex = &cx.ex(dir).fs;
     let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
     let st = io(fs::stat(fd.as_fd()))?;
-    if st.dev != cx.srv.export.dev() {
+    if st.dev != ex.dev() {
         // Another file system mounted inside the export is not exported.
         return Err(status::NOENT);
     }
-    let wire = io(cx.srv.export.handle_of(fd.as_fd()))?;
+    let wire = io(ex.handle_of(fd.as_fd()))?;
     Ok((
         Fh {
             wire,
             fd: Arc::new(fd),
+            loc: dir.loc,
         },
         st,
     ))
@@ -183,12 +207,23 @@ pub fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStat
     })
 }
 
-/// LOOKUPP: the parent, never above the export root.
+/// LOOKUPP: the parent, never above the export root but into the
+/// pseudo directory holding it, when there is one.
 pub fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let (dir, st) = cur_dir(cx)?;
-        if cx.srv.export.is_root(&st) {
-            return Err(status::NOENT);
+        if cx.ex(&dir).fs.is_root(&st) {
+            let Loc::Export(i) = dir.loc else {
+                return Err(status::NOENT);
+            };
+            let exports = &cx.srv.exports;
+            let n = exports.parent_of_export(i).ok_or(status::NOENT)?;
+            cx.cur = Some(Fh {
+                wire: exports.node(n).fh.clone(),
+                fd: exports.placeholder(),
+                loc: Loc::Pseudo(n),
+            });
+            return Ok(());
         }
         let (fh, _) = child(cx, &dir, &CString::new("..").expect("no NUL"))?;
         cx.cur = Some(fh);
@@ -201,7 +236,7 @@ pub fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
     run(|| {
         let req = x(d.bitmap(8))?;
         let fh = cx.cur()?;
-        let st = stat_of(fh)?;
+        let st = stat_any(cx, fh)?;
         put_fattr(cx, e, Some(&fh.wire), &st, &req, fh);
         Ok(())
     })
@@ -299,7 +334,7 @@ pub fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
     run(|| {
         let want = x(d.u32())?;
         let fh = cx.cur()?;
-        let st = stat_of(fh)?;
+        let st = stat_any(cx, fh)?;
         let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
         let mut granted = 0;
         let supported = want & 0x3f;
@@ -346,7 +381,8 @@ pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
         let mut n = 0usize;
         let mut eof = false;
         let want_fh = attrs::has(&req, attr::FILEHANDLE);
-        let dev = cx.srv.export.dev();
+        let ex = &cx.ex(&dir).fs;
+        let dev = ex.dev();
         loop {
             let Some(ent) = io(reader.next_entry())? else {
                 eof = true;
@@ -363,7 +399,7 @@ pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
                 continue;
             }
             let wire = if want_fh {
-                cx.srv.export.handle_in(dir.fd.as_fd(), &name).ok()
+                ex.handle_in(dir.fd.as_fd(), &name).ok()
             } else {
                 None
             };
@@ -466,11 +502,12 @@ pub fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
         let name = component(d)?;
         let (dir, before) = cur_dir(cx)?;
         let st = io(fs::stat_at(dir.fd.as_fd(), &name))?;
-        let wire = cx.srv.export.handle_in(dir.fd.as_fd(), &name).ok();
+        let ex = &cx.ex(&dir).fs;
+        let wire = ex.handle_in(dir.fd.as_fd(), &name).ok();
         io(fs::unlink_at(dir.fd.as_fd(), &name, st.is_dir()))?;
         if let Some(w) = wire {
             if st.nlink <= 1 || st.is_dir() {
-                cx.srv.export.forget(&w);
+                ex.forget(&w);
             }
         }
         let after = stat_of(&dir)?;
@@ -491,10 +528,11 @@ pub fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
             return Err(status::NOTDIR);
         }
         // A replaced target loses its name; forget its cached descriptor.
-        let replaced = cx.srv.export.handle_in(tdir.fd.as_fd(), &to).ok();
+        let ex = &cx.ex(&tdir).fs;
+        let replaced = ex.handle_in(tdir.fd.as_fd(), &to).ok();
         io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
         if let Some(w) = replaced {
-            cx.srv.export.forget(&w);
+            ex.forget(&w);
         }
         let safter = stat_of(&sdir)?;
         let tafter = stat_of(&tdir)?;
@@ -531,8 +569,10 @@ pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: 
                 return Err(status::INVAL);
             }
             if style == 1 {
-                let (_, st) = cur_dir(cx)?;
-                if cx.srv.export.is_root(&st) {
+                let (dir, st) = cur_dir(cx)?;
+                if cx.ex(&dir).fs.is_root(&st)
+                    && !matches!(dir.loc, Loc::Export(i) if cx.srv.exports.parent_of_export(i).is_some())
+                {
                     return Err(status::NOENT);
                 }
             } else {
@@ -543,12 +583,17 @@ pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: 
             let (dir, _) = cur_dir(cx)?;
             io(fs::stat_at(dir.fd.as_fd(), &name))?;
         }
-        e.u32(2);
-        e.u32(crate::rpc::AUTH_SYS);
-        e.u32(crate::rpc::AUTH_NONE);
+        put_flavors(e);
         cx.cur = None;
         Ok(())
     })
+}
+
+/// The security flavors of every object: AUTH_SYS and AUTH_NONE.
+pub fn put_flavors(e: &mut Encoder) {
+    e.u32(2);
+    e.u32(crate::rpc::AUTH_SYS);
+    e.u32(crate::rpc::AUTH_NONE);
 }
 
 /// VERIFY (`same` = true) and NVERIFY.
@@ -570,7 +615,7 @@ pub fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: boo
             }
         }
         let fh = cx.cur()?;
-        let st = stat_of(fh)?;
+        let st = stat_any(cx, fh)?;
         let mut ours = Encoder::new();
         put_fattr(cx, &mut ours, Some(&fh.wire), &st, &bm, fh);
         let mut od = Decoder::new(ours.as_slice());

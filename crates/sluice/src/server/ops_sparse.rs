@@ -34,7 +34,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
     let status = run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(cx.srv.config.max_read) as u64;
+        let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as u64;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);

@@ -21,7 +21,10 @@ fn server(tag: &str) -> (Server, PathBuf) {
     let dir = tempdir(tag);
     let export =
         Export::open(&dir, 0, HandleKey::new([3; 32])).expect("export (tests run as root)");
-    (Server::new(export, Config::default()).expect("server"), dir)
+    (
+        Server::new(export, HandleKey::new([3; 32]), Config::default()).expect("server"),
+        dir,
+    )
 }
 
 fn root() -> Cred {
@@ -109,7 +112,7 @@ fn session(srv: &Server) -> [u8; 16] {
 
 /// Runs a COMPOUND as if its RPC header were empty.
 fn pc(srv: &Server, cred: &Cred, args: &[u8]) -> Option<Vec<u8>> {
-    super::process_compound(srv, cred, args, 0).map(Encoder::into_inner)
+    super::process_compound(srv, cred, None, args, 0).map(Encoder::into_inner)
 }
 
 fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {
@@ -244,6 +247,227 @@ fn lookup_refuses_dot_dot_and_stops_at_root() {
         .unwrap(),
     );
     assert_eq!(r.status, status::NOENT);
+}
+
+/// A server with two exports joined by a pseudo file system: "/home"
+/// (read-write, everyone) and "/data/archive" (read-only, 10.0.0.0/8).
+fn two_exports(tag: &str) -> (Server, PathBuf, PathBuf) {
+    use super::exports::{Exported, Exports, Rules};
+    let key = HandleKey::new([4; 32]);
+    let (a, b) = (tempdir(&format!("{tag}-a")), tempdir(&format!("{tag}-b")));
+    std::fs::write(a.join("f"), b"x").unwrap();
+    let list = vec![
+        Exported {
+            fs: Export::open(&a, 0, key.clone()).unwrap(),
+            pseudo: "/home".into(),
+            rules: Rules::default(),
+        },
+        Exported {
+            fs: Export::open(&b, 1, key.clone()).unwrap(),
+            pseudo: "/data/archive".into(),
+            rules: Rules {
+                read_only: true,
+                clients: vec![crate::config::IpRange::parse("10.0.0.0/8").unwrap()],
+                ..Default::default()
+            },
+        },
+    ];
+    let exports = Exports::new(list, key).unwrap();
+    (
+        Server::with_exports(exports, Config::default()).unwrap(),
+        a,
+        b,
+    )
+}
+
+fn lookup_op(name: &str) -> (u32, Vec<u8>) {
+    let mut e = Encoder::new();
+    e.opaque(name.as_bytes());
+    (op::LOOKUP, e.into_inner())
+}
+
+/// Runs SEQUENCE + `ops` from `peer` and returns the decoder positioned
+/// after the SEQUENCE result, with the compound status.
+fn run_from(
+    srv: &Server,
+    sid: &[u8; 16],
+    seq: u32,
+    peer: Option<std::net::IpAddr>,
+    ops: &[(u32, Vec<u8>)],
+) -> (u32, Vec<u8>) {
+    let mut all = vec![sequence(sid, seq, 0, false)];
+    all.extend_from_slice(ops);
+    let body = super::process_compound(srv, &root(), peer, &compound(1, &all), 0)
+        .unwrap()
+        .into_inner();
+    let st = u32::from_be_bytes(body[0..4].try_into().unwrap());
+    // status, tag "t" (4 + 4), count, SEQUENCE op + status + 36 bytes.
+    (st, body[4 + 8 + 4 + 8 + 36..].to_vec())
+}
+
+/// The names in a READDIR result that asked for no attributes; `d` is
+/// positioned at the READDIR op number.
+fn readdir_names(d: &mut Decoder<'_>) -> Vec<String> {
+    assert_eq!(d.u32().unwrap(), op::READDIR);
+    assert_eq!(d.u32().unwrap(), status::OK);
+    d.array::<8>().unwrap();
+    let mut names = Vec::new();
+    while d.bool().unwrap() {
+        d.u64().unwrap();
+        names.push(String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap());
+        d.bitmap(8).unwrap();
+        d.opaque(4096).unwrap();
+    }
+    names
+}
+
+fn readdir_op() -> (u32, Vec<u8>) {
+    let mut e = Encoder::new();
+    e.u64(0);
+    e.opaque_fixed(&[0; 8]);
+    e.u32(4096);
+    e.u32(65536);
+    e.bitmap(&[]);
+    (op::READDIR, e.into_inner())
+}
+
+#[test]
+fn pseudo_file_system_joins_exports() {
+    let (srv, a, _b) = two_exports("pseudo");
+    let sid = session(&srv);
+    let inside: Option<std::net::IpAddr> = Some("10.1.2.3".parse().unwrap());
+    let outside: Option<std::net::IpAddr> = Some("192.0.2.7".parse().unwrap());
+    let put_root = (op::PUTROOTFH, vec![]);
+
+    // The root lists both top-level names to an admitted client.
+    let (st, rest) = run_from(&srv, &sid, 1, inside, &[put_root.clone(), readdir_op()]);
+    assert_eq!(st, status::OK);
+    let mut d = Decoder::new(&rest[8..]);
+    assert_eq!(readdir_names(&mut d), vec!["data", "home"]);
+    // Another client sees only the export open to everyone.
+    let (st, rest) = run_from(&srv, &sid, 2, outside, &[put_root.clone(), readdir_op()]);
+    assert_eq!(st, status::OK);
+    let mut d = Decoder::new(&rest[8..]);
+    assert_eq!(readdir_names(&mut d), vec!["home"]);
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        3,
+        outside,
+        &[put_root.clone(), lookup_op("data")],
+    );
+    assert_eq!(st, status::NOENT);
+
+    // Down into an export and back up to the pseudo root.
+    let getfh = (op::GETFH, vec![]);
+    let (st, rest) = run_from(
+        &srv,
+        &sid,
+        4,
+        inside,
+        &[
+            put_root.clone(),
+            lookup_op("data"),
+            lookup_op("archive"),
+            getfh.clone(),
+            (op::LOOKUPP, vec![]),
+            (op::LOOKUPP, vec![]),
+            getfh.clone(),
+            (op::LOOKUPP, vec![]),
+        ],
+    );
+    assert_eq!(st, status::NOENT, "no parent above the pseudo root");
+    let mut d = Decoder::new(&rest[8 + 8 + 8..]);
+    assert_eq!(
+        (d.u32().unwrap(), d.u32().unwrap()),
+        (op::GETFH, status::OK)
+    );
+    let archive_fh = d.opaque(128).unwrap().to_vec();
+    assert_eq!(archive_fh, srv.exports.list()[1].fs.root_fh());
+    d.u32().unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    d.u32().unwrap();
+    assert_eq!(
+        (d.u32().unwrap(), d.u32().unwrap()),
+        (op::GETFH, status::OK)
+    );
+    assert_eq!(d.opaque(128).unwrap(), srv.exports.root().0.as_slice());
+
+    // The export's handle is refused to a client outside its range.
+    let mut put = Encoder::new();
+    put.opaque(&archive_fh);
+    let putfh = (op::PUTFH, put.into_inner());
+    let (st, _) = run_from(&srv, &sid, 5, outside, &[putfh.clone(), getfh.clone()]);
+    assert_eq!(st, status::ACCESS);
+
+    // Pseudo directories and the read-only export refuse changes.
+    let mut mkdir = Encoder::new();
+    mkdir.u32(crate::nfs4::consts::ftype::DIR);
+    mkdir.opaque(b"new");
+    mkdir.bitmap(&[]);
+    mkdir.opaque(&[]);
+    let mkdir = (op::CREATE, mkdir.into_inner());
+    let (st, _) = run_from(&srv, &sid, 6, inside, &[put_root.clone(), mkdir.clone()]);
+    assert_eq!(st, status::ROFS);
+    let (st, _) = run_from(&srv, &sid, 7, inside, &[putfh.clone(), mkdir.clone()]);
+    assert_eq!(st, status::ROFS);
+    let mut read = Encoder::new();
+    read.u32(0);
+    read.opaque_fixed(&[0; 12]);
+    read.u64(0);
+    read.u32(10);
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        8,
+        inside,
+        &[put_root.clone(), (op::READ, read.into_inner())],
+    );
+    assert_eq!(st, status::ISDIR);
+
+    // The read-write export takes changes; renames between exports do not.
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        9,
+        inside,
+        &[put_root.clone(), lookup_op("home"), mkdir.clone()],
+    );
+    assert_eq!(st, status::OK);
+    assert!(a.join("new").is_dir());
+    let mut names = Encoder::new();
+    names.opaque(b"f");
+    names.opaque(b"g");
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        10,
+        inside,
+        &[
+            put_root.clone(),
+            lookup_op("home"),
+            (op::SAVEFH, vec![]),
+            putfh.clone(),
+            (op::RENAME, names.into_inner()),
+        ],
+    );
+    assert_eq!(st, status::XDEV);
+    assert!(a.join("f").exists());
+
+    // Pseudo directory handles survive a round trip through PUTFH.
+    let mut put = Encoder::new();
+    put.opaque(&srv.exports.root().0);
+    let (st, rest) = run_from(
+        &srv,
+        &sid,
+        11,
+        outside,
+        &[(op::PUTFH, put.into_inner()), readdir_op()],
+    );
+    assert_eq!(st, status::OK);
+    let mut d = Decoder::new(&rest[8..]);
+    assert_eq!(readdir_names(&mut d), vec!["home"]);
 }
 
 proptest! {

@@ -1,0 +1,181 @@
+//! Ops on pseudo directories (RFC 8881 section 7.3): read-only
+//! directories whose entries lead to other pseudo directories or to
+//! export roots. Entries of exports that do not admit the caller's address
+//! are hidden.
+
+use super::compound::{Ctx, Fh, OpStatus};
+use super::exports::{Child, Loc};
+use super::ops_fs::{self, component, put_fattr, put_flavors, run, x};
+use crate::engine::fs;
+use crate::nfs4::consts::{op, status};
+use crate::xdr::{Decoder, Encoder};
+use std::os::fd::AsFd;
+
+/// Runs an op whose current filehandle is pseudo directory `n`.
+pub fn run_op(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    opnum: u32,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
+    match opnum {
+        // These read attributes through ops_fs::stat_any.
+        op::GETATTR => ops_fs::getattr(cx, d, e),
+        op::ACCESS => ops_fs::access(cx, d, e),
+        op::VERIFY => ops_fs::verify(cx, d, e, true),
+        op::NVERIFY => ops_fs::verify(cx, d, e, false),
+        op::LOOKUP => lookup(cx, n, d),
+        op::LOOKUPP => lookupp(cx, n),
+        op::READDIR => readdir(cx, n, d, e),
+        op::SECINFO => secinfo(cx, n, d, e),
+        op::SECINFO_NO_NAME => secinfo_no_name(cx, n, d, e),
+        op::READLINK => status::INVAL,
+        op::OPEN
+        | op::CREATE
+        | op::LINK
+        | op::REMOVE
+        | op::RENAME
+        | op::SETATTR
+        | op::WRITE
+        | op::ALLOCATE
+        | op::DEALLOCATE => status::ROFS,
+        op::CLOSE | op::OPEN_DOWNGRADE | op::DELEGRETURN | op::LOCKU => status::BAD_STATEID,
+        // READ, READ_PLUS, SEEK, COMMIT, LOCK, LOCKT: a directory.
+        _ => status::ISDIR,
+    }
+}
+
+/// The filehandle of `child`.
+fn child_fh(cx: &Ctx<'_>, child: Child) -> Fh {
+    let exports = &cx.srv.exports;
+    match child {
+        Child::Node(m) => node_fh(cx, m),
+        Child::Export(i) => {
+            let ex = &exports.list()[i].fs;
+            Fh {
+                wire: ex.root_fh().to_vec(),
+                fd: ex.root_fd(),
+                loc: Loc::Export(i),
+            }
+        }
+    }
+}
+
+fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
+    let exports = &cx.srv.exports;
+    Fh {
+        wire: exports.node(n).fh.clone(),
+        fd: exports.placeholder(),
+        loc: Loc::Pseudo(n),
+    }
+}
+
+/// The visible entry `name` of pseudo directory `n`.
+fn find(cx: &Ctx<'_>, n: usize, name: &[u8]) -> Result<Child, u32> {
+    let exports = &cx.srv.exports;
+    exports
+        .node(n)
+        .children
+        .iter()
+        .find(|(c, _)| c.as_bytes() == name)
+        .map(|&(_, child)| child)
+        .filter(|&child| exports.visible(child, cx.peer))
+        .ok_or(status::NOENT)
+}
+
+fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>) -> OpStatus {
+    run(|| {
+        let name = component(d)?;
+        let child = find(cx, n, name.as_bytes())?;
+        cx.cur = Some(child_fh(cx, child));
+        Ok(())
+    })
+}
+
+fn lookupp(cx: &mut Ctx<'_>, n: usize) -> OpStatus {
+    if n == 0 {
+        return status::NOENT;
+    }
+    cx.cur = Some(node_fh(cx, cx.srv.exports.node(n).parent));
+    status::OK
+}
+
+/// READDIR: cookies 3, 4, ... number the entries in name order.
+fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let cookie = x(d.u64())?;
+        let _verf: [u8; 8] = x(d.array())?;
+        let dircount = x(d.u32())? as usize;
+        let maxcount = x(d.u32())? as usize;
+        let req = x(d.bitmap(8))?;
+        if cookie == 1 || cookie == 2 {
+            return Err(status::BAD_COOKIE);
+        }
+        let exports = &cx.srv.exports;
+        let budget = maxcount.saturating_sub(8 + 4 + 4 + 16);
+        let mut list = Encoder::new();
+        let mut names_bytes = 0usize;
+        let mut count = 0usize;
+        let mut eof = true;
+        for (k, (name, child)) in exports.node(n).children.iter().enumerate() {
+            let next = k as u64 + 3;
+            if next <= cookie || !exports.visible(*child, cx.peer) {
+                continue;
+            }
+            let fh = child_fh(cx, *child);
+            let st = match fh.loc {
+                Loc::Pseudo(m) => exports.node_stat(m),
+                Loc::Export(_) => match fs::stat(fh.fd.as_fd()) {
+                    Ok(st) => st,
+                    Err(_) => continue,
+                },
+            };
+            let mark = list.len();
+            list.bool(true);
+            list.u64(next);
+            list.opaque(name.as_bytes());
+            put_fattr(cx, &mut list, Some(&fh.wire), &st, &req, &fh);
+            names_bytes += 8 + 4 + name.len().div_ceil(4) * 4;
+            if list.len() > budget || (dircount > 0 && count > 0 && names_bytes > dircount) {
+                list.truncate(mark);
+                eof = false;
+                break;
+            }
+            count += 1;
+        }
+        if count == 0 && !eof {
+            return Err(status::TOOSMALL);
+        }
+        e.opaque_fixed(&[0u8; 8]);
+        e.raw(list.as_slice());
+        e.bool(false);
+        e.bool(eof);
+        Ok(())
+    })
+}
+
+fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let name = component(d)?;
+        find(cx, n, name.as_bytes())?;
+        put_flavors(e);
+        cx.cur = None;
+        Ok(())
+    })
+}
+
+fn secinfo_no_name(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let style = x(d.u32())?;
+        if style > 1 {
+            return Err(status::INVAL);
+        }
+        if style == 1 && n == 0 {
+            return Err(status::NOENT);
+        }
+        put_flavors(e);
+        cx.cur = None;
+        Ok(())
+    })
+}
