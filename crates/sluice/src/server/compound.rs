@@ -113,7 +113,7 @@ pub type OpStatus = u32;
 
 /// Ops that change the file system, refused on a read-only export (OPEN
 /// checks its own arguments).
-fn changes_fs(opnum: u32) -> bool {
+pub fn changes_fs(opnum: u32) -> bool {
     matches!(
         opnum,
         op::CREATE

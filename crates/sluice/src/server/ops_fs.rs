@@ -360,27 +360,82 @@ pub fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
     })
 }
 
-/// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
-/// directory offsets, which stay valid while the directory changes.
-pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    run(|| {
+/// A READDIR reply being built: the arguments and the entries that fit.
+pub struct Listing {
+    /// Where the listing starts (0, or the cookie of the last entry seen).
+    pub cookie: u64,
+    /// Attributes asked for each entry.
+    pub req: Vec<u32>,
+    dircount: usize,
+    budget: usize,
+    list: Encoder,
+    names_bytes: usize,
+    n: usize,
+}
+
+impl Listing {
+    /// Reads READDIR4args; cookies 1 and 2 are reserved.
+    pub fn decode(d: &mut Decoder<'_>) -> Result<Self, u32> {
         let cookie = x(d.u64())?;
         let _verf: [u8; 8] = x(d.array())?;
         let dircount = x(d.u32())? as usize;
         let maxcount = x(d.u32())? as usize;
         let req = x(d.bitmap(8))?;
-        let (dir, _) = cur_dir(cx)?;
         if cookie == 1 || cookie == 2 {
             return Err(status::BAD_COOKIE);
         }
-        // Reply overhead: verifier, end-of-list marker and eof flag.
-        let budget = maxcount.saturating_sub(8 + 4 + 4 + 16);
-        let mut reader = io(fs::DirReader::open(dir.fd.as_fd(), cookie))?;
-        let mut list = Encoder::with_capacity(budget.min(64 * 1024));
-        let mut names_bytes = 0usize;
-        let mut n = 0usize;
+        Ok(Listing {
+            cookie,
+            req,
+            dircount,
+            // Reply overhead: verifier, end-of-list marker and eof flag.
+            budget: maxcount.saturating_sub(8 + 4 + 4 + 16),
+            list: Encoder::with_capacity(maxcount.min(64 * 1024)),
+            names_bytes: 0,
+            n: 0,
+        })
+    }
+
+    /// Adds an entry whose attributes `attrs` writes; false (and nothing
+    /// added) when it does not fit the sizes the client asked for.
+    pub fn add(&mut self, next: u64, name: &[u8], attrs: impl FnOnce(&mut Encoder)) -> bool {
+        let mark = self.list.len();
+        self.list.bool(true);
+        self.list.u64(next);
+        self.list.opaque(name);
+        attrs(&mut self.list);
+        self.names_bytes += 8 + 4 + name.len().div_ceil(4) * 4;
+        let names_full = self.dircount > 0 && self.n > 0 && self.names_bytes > self.dircount;
+        if self.list.len() > self.budget || names_full {
+            self.list.truncate(mark);
+            return false;
+        }
+        self.n += 1;
+        true
+    }
+
+    /// Writes READDIR4resok; NFS4ERR_TOOSMALL when not even one entry fit.
+    pub fn finish(self, e: &mut Encoder, eof: bool) -> Result<(), u32> {
+        if self.n == 0 && !eof {
+            return Err(status::TOOSMALL);
+        }
+        e.opaque_fixed(&[0u8; 8]);
+        e.raw(self.list.as_slice());
+        e.bool(false);
+        e.bool(eof);
+        Ok(())
+    }
+}
+
+/// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
+/// directory offsets, which stay valid while the directory changes.
+pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    run(|| {
+        let mut listing = Listing::decode(d)?;
+        let (dir, _) = cur_dir(cx)?;
+        let mut reader = io(fs::DirReader::open(dir.fd.as_fd(), listing.cookie))?;
         let mut eof = false;
-        let want_fh = attrs::has(&req, attr::FILEHANDLE);
+        let want_fh = attrs::has(&listing.req, attr::FILEHANDLE);
         let ex = &cx.ex(&dir).fs;
         let dev = ex.dev();
         loop {
@@ -403,26 +458,15 @@ pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
             } else {
                 None
             };
-            let mark = list.len();
-            list.bool(true);
-            list.u64(ent.next);
-            list.opaque(&ent.name);
-            put_fattr(cx, &mut list, wire.as_deref(), &st, &req, &dir);
-            names_bytes += 8 + 4 + ent.name.len().div_ceil(4) * 4;
-            if list.len() > budget || (dircount > 0 && n > 0 && names_bytes > dircount) {
-                list.truncate(mark);
+            let req = listing.req.clone();
+            let fits = listing.add(ent.next, &ent.name, |list| {
+                put_fattr(cx, list, wire.as_deref(), &st, &req, &dir)
+            });
+            if !fits {
                 break;
             }
-            n += 1;
         }
-        if n == 0 && !eof {
-            return Err(status::TOOSMALL);
-        }
-        e.opaque_fixed(&[0u8; 8]);
-        e.raw(list.as_slice());
-        e.bool(false);
-        e.bool(eof);
-        Ok(())
+        listing.finish(e, eof)
     })
 }
 

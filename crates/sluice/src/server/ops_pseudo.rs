@@ -3,9 +3,9 @@
 //! export roots. Entries of exports that do not admit the caller's address
 //! are hidden.
 
-use super::compound::{Ctx, Fh, OpStatus};
+use super::compound::{changes_fs, Ctx, Fh, OpStatus};
 use super::exports::{Child, Loc};
-use super::ops_fs::{self, component, put_fattr, put_flavors, run, x};
+use super::ops_fs::{self, component, put_fattr, put_flavors, run, x, Listing};
 use crate::engine::fs;
 use crate::nfs4::consts::{op, status};
 use crate::xdr::{Decoder, Encoder};
@@ -31,15 +31,8 @@ pub fn run_op(
         op::SECINFO => secinfo(cx, n, d, e),
         op::SECINFO_NO_NAME => secinfo_no_name(cx, n, d, e),
         op::READLINK => status::INVAL,
-        op::OPEN
-        | op::CREATE
-        | op::LINK
-        | op::REMOVE
-        | op::RENAME
-        | op::SETATTR
-        | op::WRITE
-        | op::ALLOCATE
-        | op::DEALLOCATE => status::ROFS,
+        op::OPEN => status::ROFS,
+        n if changes_fs(n) => status::ROFS,
         op::CLOSE | op::OPEN_DOWNGRADE | op::DELEGRETURN | op::LOCKU => status::BAD_STATEID,
         // READ, READ_PLUS, SEEK, COMMIT, LOCK, LOCKT: a directory.
         _ => status::ISDIR,
@@ -104,23 +97,12 @@ fn lookupp(cx: &mut Ctx<'_>, n: usize) -> OpStatus {
 /// READDIR: cookies 3, 4, ... number the entries in name order.
 fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let cookie = x(d.u64())?;
-        let _verf: [u8; 8] = x(d.array())?;
-        let dircount = x(d.u32())? as usize;
-        let maxcount = x(d.u32())? as usize;
-        let req = x(d.bitmap(8))?;
-        if cookie == 1 || cookie == 2 {
-            return Err(status::BAD_COOKIE);
-        }
+        let mut listing = Listing::decode(d)?;
         let exports = &cx.srv.exports;
-        let budget = maxcount.saturating_sub(8 + 4 + 4 + 16);
-        let mut list = Encoder::new();
-        let mut names_bytes = 0usize;
-        let mut count = 0usize;
         let mut eof = true;
         for (k, (name, child)) in exports.node(n).children.iter().enumerate() {
             let next = k as u64 + 3;
-            if next <= cookie || !exports.visible(*child, cx.peer) {
+            if next <= listing.cookie || !exports.visible(*child, cx.peer) {
                 continue;
             }
             let fh = child_fh(cx, *child);
@@ -131,27 +113,16 @@ fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> 
                     Err(_) => continue,
                 },
             };
-            let mark = list.len();
-            list.bool(true);
-            list.u64(next);
-            list.opaque(name.as_bytes());
-            put_fattr(cx, &mut list, Some(&fh.wire), &st, &req, &fh);
-            names_bytes += 8 + 4 + name.len().div_ceil(4) * 4;
-            if list.len() > budget || (dircount > 0 && count > 0 && names_bytes > dircount) {
-                list.truncate(mark);
+            let req = listing.req.clone();
+            let fits = listing.add(next, name.as_bytes(), |list| {
+                put_fattr(cx, list, Some(&fh.wire), &st, &req, &fh)
+            });
+            if !fits {
                 eof = false;
                 break;
             }
-            count += 1;
         }
-        if count == 0 && !eof {
-            return Err(status::TOOSMALL);
-        }
-        e.opaque_fixed(&[0u8; 8]);
-        e.raw(list.as_slice());
-        e.bool(false);
-        e.bool(eof);
-        Ok(())
+        listing.finish(e, eof)
     })
 }
 
