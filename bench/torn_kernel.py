@@ -59,7 +59,7 @@ import sluicevm  # noqa: E402
 import torn_read as tr  # noqa: E402
 from harness import fs as fsmod  # noqa: E402
 from harness.servers import Sluice  # noqa: E402
-from harness.util import Teardown, fmt_duration, is_root, log, run  # noqa: E402
+from harness.util import Interrupted, Teardown, fmt_duration, is_root, log, run  # noqa: E402
 
 BINARY = REPO / "target" / "release" / "sluice"
 TOOL_SRC = REPO / "tests" / "tools" / "tornread.c"
@@ -332,6 +332,7 @@ def main(argv=None) -> int:
     stop_watch = threading.Event()
     rows: list[dict] = []
     errors: list[str] = []
+    interrupted = False
     kernel = sluicevm.fetch_kernel(a.kernel)
     try:
         with Teardown("torn_kernel") as td:
@@ -402,15 +403,22 @@ def main(argv=None) -> int:
                         or rows[-1]["write_rpcs"] < r["writes"]):
                     errors.append(f"{name}: fewer RPCs than reads or writes: {st}")
     except KeyboardInterrupt:
+        interrupted = True
         errors.append("interrupted")
-        log("interrupted")
+    except Interrupted as e:  # SIGTERM or SIGHUP, or a server exited
+        interrupted = True
+        errors.append(f"interrupted: {e}")
     except Exception as e:  # noqa: BLE001 - reported below, after teardown
         errors.append(f"{type(e).__name__}: {e}")
     finally:
         stop_watch.set()
         console.close()
-    if errors and console.tail and "interrupted" not in errors:
+    if errors and console.tail and not interrupted:
         log("last guest console lines:\n" + "\n".join(console.tail[-40:]))
+    if not rows:
+        for name, p in console.latest.items():
+            log(f"{name}: last progress line: {p['checked_reads']:,} checked, "
+                f"{p['torn_reads']} torn, {p['writes']:,} writes in {fmt_duration(p['seconds'])}")
     result = {
         "tool": "torn_kernel.py", "kernel": kernel.release, "smp": a.smp,
         "parallel": not a.sequential, "blocks": a.blocks, "writers": a.writers,
