@@ -18,10 +18,21 @@ Sector layout (little endian, 512 bytes; shared with tests/tools/tornread.c):
     24  8  filler word W = mix(block, generation, sector)
     32 480 W repeated 60 times
 
-usage: bench/torn_read.py --port P [--host H] [--file torn.dat] [--blocks N]
+usage: bench/torn_read.py (--port P [--host H] | --fs ext4|xfs|btrfs)
+           [--file torn.dat] [--blocks N]
            [--writers W] [--readers R] [--reads N] [--seconds S]
            [--mode thread|process] [--export-dir DIR] [--prealloc-chunk BYTES]
-           [--stop-after-torn K] [--seed N]
+           [--stop-after-torn K] [--seed N] [--unsafe-no-range-locks]
+
+--port P runs against a server that is already listening. --fs NAME (as
+root) sets one up instead, as bench/run does: a fresh NAME file system on a
+loop device (`losetup --direct-io=on`, bench/harness/fs.py) exported by
+target/release/sluice on 127.0.0.1 (with --unsafe-no-range-locks, the
+hidden test-only flag that turns byte-range locks off), the file made on
+the host; all of it is torn down at exit, also on Ctrl-C. For example
+
+    bench/torn_read.py --fs xfs --blocks 4 --writers 4 --readers 8 \
+        --prealloc-chunk 4096 --reads 1000000
 
 The file is created and preallocated (every block at generation 0) through
 NFS, or directly in the server's exported directory with --export-dir, in
@@ -320,10 +331,50 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def run_on_loop_fs(args: argparse.Namespace) -> dict:
+    """`run` against a sluice of our own on a fresh loop-device file system."""
+    from pathlib import Path
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from harness import fs as fsmod
+    from harness.servers import Sluice
+    from harness.util import Teardown
+
+    binary = Path(__file__).resolve().parents[1] / "target" / "release" / "sluice"
+    if not binary.exists():
+        raise RuntimeError("target/release/sluice is missing: cargo build --release")
+    with Teardown("torn_read") as td:
+        scratch = fsmod.make_scratch(td)
+        tfs = fsmod.create_loop_fs(args.fs, scratch, args.blocks * BLOCK, td)
+        extra = ["--unsafe-no-range-locks"] if args.unsafe_no_range_locks else []
+        server = Sluice(binary, tfs.mountpoint, scratch, extra_args=extra)
+        server.start(td)
+        args.host, args.port, args.export_dir = "127.0.0.1", server.port, str(tfs.mountpoint)
+        result = run(args)
+        if not server.alive():
+            result["errors"].append(f"sluice exited; log:\n{server.log_tail()}")
+        # What the writers left on the server must be consistent too.
+        with open(os.path.join(args.export_dir, args.file), "rb") as f:
+            data = f.read()
+        bad = [b for b in range(args.blocks)
+               if check_block(data[b * BLOCK:(b + 1) * BLOCK], b) is not None]
+        result["server_file_ok"] = not bad
+        if bad and not args.unsafe_no_range_locks:
+            result["errors"].append(f"blocks {bad} of the file on the server are not consistent")
+    result["fs"] = args.fs
+    result["range_locks"] = not args.unsafe_no_range_locks
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="torn-read detector through nfs-rs (NFSv4.1)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="NFS port of a running server")
+    where.add_argument("--fs", choices=("ext4", "xfs", "btrfs"),
+                       help="set up a loop-device file system and a sluice on it (root)")
+    p.add_argument("--unsafe-no-range-locks", action="store_true",
+                   help="with --fs: start sluice without byte-range locks (must fail)")
     p.add_argument("--file", default="torn.dat", help="export-relative path of the test file")
     p.add_argument("--blocks", type=int, default=64, help="file size in 8 KiB blocks")
     p.add_argument("--writers", type=int, default=2)
@@ -343,8 +394,13 @@ def main(argv=None) -> int:
         p.error("--blocks, --writers, --readers and --reads must be positive")
     if args.prealloc_chunk < 1:
         p.error("--prealloc-chunk must be positive")
+    if args.unsafe_no_range_locks and not args.fs:
+        p.error("--unsafe-no-range-locks needs --fs (it is a server flag)")
     try:
-        result = run(args)
+        result = run_on_loop_fs(args) if args.fs else run(args)
+    except KeyboardInterrupt:
+        print("torn_read.py: interrupted", file=sys.stderr)
+        return 2
     except Exception as e:  # noqa: BLE001 - setup failures (connect, prealloc)
         print(f"torn_read.py: {type(e).__name__}: {e}", file=sys.stderr)
         return 2

@@ -16,13 +16,18 @@
  *   tornread selftest                 check the checker; exit 0 if it works
  *   tornread block B G                write block B at generation G to stdout
  *   tornread init FILE BLOCKS         create FILE with BLOCKS blocks at gen 0
- *   tornread run FILE BLOCKS WRITERS READERS READS SECONDS
+ *   tornread run FILE BLOCKS WRITERS READERS READS SECONDS [PROGRESS [STOP]]
  *                                     the workload: READS checked reads in
  *                                     total (shared by the readers), at most
- *                                     SECONDS; writers run until readers stop
+ *                                     SECONDS; writers run until readers stop.
+ *                                     PROGRESS > 0: print a "progress" line
+ *                                     every PROGRESS seconds; STOP > 0: stop
+ *                                     once STOP torn reads were seen
  *
  * `run` prints "checked N torn T writes W ..." and a JSON line; exit 0 when
- * no torn read was seen, 1 when some were, 2 on errors.
+ * no torn read was seen, 1 when some were, 2 on errors. Progress lines read
+ *   progress FILE t S checked N torn T writes W
+ * with running totals.
  *
  * Build: gcc -static -O2 -Wall -pthread -o tornread tornread.c
  * (add -DTORNREAD_BUFFERED for buffered instead of O_DIRECT I/O)
@@ -185,8 +190,11 @@ struct shared {
     uint64_t blocks;
     int writers;
     double deadline;
+    uint64_t stop_after_torn; /* 0: never */
     atomic_int stop;
     atomic_int errors;
+    /* Running totals for progress lines and stop_after_torn. */
+    atomic_ullong reads, torn, writes;
     pthread_mutex_t mu;
     int examples;
 };
@@ -242,6 +250,7 @@ static void *work(void *arg) {
                 break;
             }
             w->done++;
+            atomic_fetch_add_explicit(&sh->writes, 1, memory_order_relaxed);
         } else {
             if (w->done >= w->quota) break;
             if ((w->done & 63) == 0 && now() >= sh->deadline) break;
@@ -257,9 +266,14 @@ static void *work(void *arg) {
             if (check_block(buf, (size_t)n, b, why, sizeof why)) {
                 w->torn++;
                 pthread_mutex_lock(&sh->mu);
-                if (sh->examples++ < MAX_EXAMPLES) printf("torn: %s\n", why);
+                if (sh->examples++ < MAX_EXAMPLES) printf("torn: %s: %s\n", sh->file, why);
                 pthread_mutex_unlock(&sh->mu);
+                uint64_t t = atomic_fetch_add_explicit(&sh->torn, 1, memory_order_relaxed) + 1;
+                if (sh->stop_after_torn && t >= sh->stop_after_torn) atomic_store(&sh->stop, 1);
             }
+            /* Counted after the check, so a progress line never shows a
+             * read whose verdict is not in its torn count yet. */
+            atomic_fetch_add_explicit(&sh->reads, 1, memory_order_relaxed);
         }
     }
     free(buf);
@@ -288,9 +302,40 @@ static int init_file(const char *file, uint64_t blocks) {
     return 0;
 }
 
+/* Sleep until the readers are done (reported through `done`), printing a
+ * progress line every `every` seconds. */
+static void watch(struct shared *sh, atomic_int *done, double t0, double every) {
+    double next = t0 + every;
+    while (!atomic_load(done)) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        double t = now();
+        if (t < next || atomic_load(done)) continue;
+        next += every;
+        printf("progress %s t %.1f checked %llu torn %llu writes %llu\n", sh->file, t - t0,
+               (unsigned long long)atomic_load(&sh->reads),
+               (unsigned long long)atomic_load(&sh->torn),
+               (unsigned long long)atomic_load(&sh->writes));
+    }
+}
+
+struct joiner {
+    pthread_t *th;
+    int from, to;
+    atomic_int done;
+};
+
+static void *join_readers(void *arg) {
+    struct joiner *j = arg;
+    for (int i = j->from; i < j->to; i++) pthread_join(j->th[i], NULL);
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
 static int run(const char *file, uint64_t blocks, int writers, int readers, uint64_t reads,
-               double seconds) {
-    struct shared sh = {.file = file, .blocks = blocks, .writers = writers};
+               double seconds, double progress, uint64_t stop_after_torn) {
+    struct shared sh = {.file = file, .blocks = blocks, .writers = writers,
+                        .stop_after_torn = stop_after_torn};
     pthread_mutex_init(&sh.mu, NULL);
     int n = writers + readers;
     struct worker *ws = calloc((size_t)n, sizeof *ws);
@@ -308,7 +353,18 @@ static int run(const char *file, uint64_t blocks, int writers, int readers, uint
             return 2;
         }
     }
-    for (int i = writers; i < n; i++) pthread_join(th[i], NULL);
+    if (progress > 0) {
+        struct joiner j = {.th = th, .from = writers, .to = n};
+        pthread_t jt;
+        if (pthread_create(&jt, NULL, join_readers, &j) != 0) {
+            fprintf(stderr, "tornread: pthread_create failed\n");
+            return 2;
+        }
+        watch(&sh, &j.done, t0, progress);
+        pthread_join(jt, NULL);
+    } else {
+        for (int i = writers; i < n; i++) pthread_join(th[i], NULL);
+    }
     double t1 = now();
     atomic_store(&sh.stop, 1);
     for (int i = 0; i < writers; i++) pthread_join(th[i], NULL);
@@ -325,11 +381,11 @@ static int run(const char *file, uint64_t blocks, int writers, int readers, uint
     printf("checked %llu torn %llu writes %llu seconds %.3f reads/s %.1f writes/s %.1f errors %d\n",
            (unsigned long long)checked, (unsigned long long)torn, (unsigned long long)writes, el,
            checked / el, writes / el, errors);
-    printf("{\"tool\": \"tornread\", \"blocks\": %llu, \"writers\": %d, \"readers\": %d, "
+    printf("{\"tool\": \"tornread\", \"file\": \"%s\", \"blocks\": %llu, \"writers\": %d, \"readers\": %d, "
            "\"reads_target\": %llu, \"checked_reads\": %llu, \"torn_reads\": %llu, "
            "\"writes\": %llu, \"seconds\": %.3f, \"reads_per_s\": %.1f, \"writes_per_s\": %.1f, "
            "\"errors\": %d}\n",
-           (unsigned long long)blocks, writers, readers, (unsigned long long)reads,
+           file, (unsigned long long)blocks, writers, readers, (unsigned long long)reads,
            (unsigned long long)checked, (unsigned long long)torn, (unsigned long long)writes, el,
            checked / el, writes / el, errors);
     fflush(stdout);
@@ -339,7 +395,7 @@ static int run(const char *file, uint64_t blocks, int writers, int readers, uint
 static int usage(void) {
     fprintf(stderr,
             "usage: tornread selftest | block B G | init FILE BLOCKS |\n"
-            "       run FILE BLOCKS WRITERS READERS READS SECONDS\n");
+            "       run FILE BLOCKS WRITERS READERS READS SECONDS [PROGRESS [STOP]]\n");
     return 2;
 }
 
@@ -354,12 +410,16 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "init") == 0 && argc == 4)
         return init_file(argv[2], strtoull(argv[3], NULL, 0));
-    if (strcmp(argv[1], "run") == 0 && argc == 8) {
+    if (strcmp(argv[1], "run") == 0 && argc >= 8 && argc <= 10) {
         uint64_t blocks = strtoull(argv[3], NULL, 0), reads = strtoull(argv[6], NULL, 0);
         int writers = atoi(argv[4]), readers = atoi(argv[5]);
         double seconds = atof(argv[7]);
-        if (blocks < 1 || writers < 1 || readers < 1 || reads < 1 || seconds <= 0) return usage();
-        return run(argv[2], blocks, writers, readers, reads, seconds);
+        double progress = argc > 8 ? atof(argv[8]) : 0;
+        uint64_t stop = argc > 9 ? strtoull(argv[9], NULL, 0) : 0;
+        if (blocks < 1 || writers < 1 || readers < 1 || reads < 1 || seconds <= 0 ||
+            progress < 0)
+            return usage();
+        return run(argv[2], blocks, writers, readers, reads, seconds, progress, stop);
     }
     return usage();
 }

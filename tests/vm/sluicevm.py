@@ -442,8 +442,11 @@ def run(
     mem_mb: int,
     timeout: float,
     out=None,
+    smp: int = 1,
 ) -> int:
-    """Boot the guest, stream its console to OUT, return the exit status."""
+    """Boot the guest with SMP vCPUs, stream its console to OUT, return the
+    exit status. QEMU is killed if this is interrupted (Ctrl-C, an exception
+    raised by a signal handler)."""
     out = out or sys.stdout
     ensure_packages()
     k = fetch_kernel(series)
@@ -453,7 +456,7 @@ def run(
         initrd.write_bytes(build_initramfs(k, script.read_bytes(), env, bins))
         status = work_p / "status"
         cmd = [
-            "qemu-system-x86_64", *_accel(), "-smp", "1", "-m", str(mem_mb),
+            "qemu-system-x86_64", *_accel(), "-smp", str(smp), "-m", str(mem_mb),
             "-nodefaults", "-display", "none", "-no-reboot",
             "-kernel", str(k.vmlinuz), "-initrd", str(initrd),
             "-append", "console=ttyS0 quiet panic=-1 oops=panic",
@@ -461,7 +464,8 @@ def run(
             "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0",
             "-device", "virtio-rng-pci",
         ]
-        log(f"booting {k.package} ({k.release}), {mem_mb} MiB, timeout {timeout:.0f}s")
+        log(f"booting {k.package} ({k.release}), {smp} vCPU, {mem_mb} MiB, "
+            f"timeout {timeout:.0f}s")
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -488,6 +492,12 @@ def run(
             reader.join(5)
             log(f"timed out after {timeout:.0f}s")
             return EXIT_TIMEOUT
+        except BaseException:
+            if proc.poll() is None:
+                log(f"interrupted: stopping QEMU (pid {proc.pid})")
+                proc.kill()
+                proc.wait()
+            raise
         reader.join(10)
         text = status.read_text(errors="replace").strip() if status.exists() else ""
         if text.isdigit():
