@@ -60,10 +60,10 @@ def sluice_load(binary: Path, address: str, path: str, spec: LoadSpec) -> dict:
     return result
 
 
-def nfsrs_read(port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
+def nfsrs_read(host: str, port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
     """One sequential pass over `path` with nfs-rs (in a child process so a
     hung client cannot hang the harness)."""
-    cmd = [sys.executable, str(NFSRS_READER), "--port", str(port), "--file", path]
+    cmd = [sys.executable, str(NFSRS_READER), "--host", host, "--port", str(port), "--file", path]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -24,7 +24,7 @@ from typing import Callable
 from . import clients
 from .clients import LoadSpec
 from .fs import TestFs
-from .layouts import LAYOUTS
+from .layouts import LAYOUTS, Layout
 from .servers import Server
 from .util import MiB, Progress, log
 
@@ -33,6 +33,8 @@ EXPERIMENTS = ["sparse", "stream", "mix"]
 RA_OFF = "sluice-ra-off"
 # sluice with --read-plus-min-hole 4K (every hole the file system reports).
 HOLE_4K = "sluice-hole4k"
+# The servers a run can start; the variants of the others are left out.
+SERVERS = ["sluice", RA_OFF, HOLE_4K, "ganesha"]
 CACHES = ["cold", "warm"]
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
@@ -47,6 +49,19 @@ class Config:
     mix_size: int
     duration: float  # seconds per random or mixed measurement
     smoke: bool
+    mixed_layout_size: int = 0  # bytes per mixed-* sparse file; 0: size
+    # With --wire: the link's rate, and warm-ups read the file on the
+    # server host instead of over the link.
+    wire_bytes_per_s: float | None = None
+    warm_locally: bool = False
+
+    def layout_size(self, layout: Layout) -> int:
+        return self.mixed_layout_size if layout.segment and self.mixed_layout_size else self.size
+
+    def pass_seconds(self, nbytes: int) -> float:
+        """Rough time of one sequential pass, for the progress estimate."""
+        rate = min(ASSUMED_MB_PER_S, self.wire_bytes_per_s or ASSUMED_MB_PER_S)
+        return nbytes / rate
 
 
 @dataclass
@@ -86,6 +101,8 @@ class Variant:
     warmup: Callable[[Context], object] | None = None
     seconds: float = 1.0  # expected time of the measurement
     warmup_seconds: float = 0.0  # and of the warm-up pass
+    # The file the warm-up reads (None: not a file read, e.g. dd).
+    warm_file: str | None = None
 
 
 @dataclass
@@ -106,6 +123,11 @@ class Round:
         warming = self.cache == "warm" and v.warmup is not None
         return FIXED_SECONDS + v.seconds + (v.warmup_seconds if warming else 0)
 
+    def only(self, servers: list[str]) -> "Round":
+        """This round without the variants of servers not in `servers`."""
+        kept = [v for v in self.variants if v.server == "local" or v.server in servers]
+        return Round(self.experiment, self.case, self.cache, self.run, kept, self.file_bytes)
+
 
 def _load(server: str, path: str, spec: LoadSpec) -> Callable[[Context], dict]:
     def measure(ctx: Context) -> dict:
@@ -119,21 +141,23 @@ def _load(server: str, path: str, spec: LoadSpec) -> Callable[[Context], dict]:
 
 
 def _load_variant(
-    server: str, op: str, path: str, spec: LoadSpec, cfg: Config, warm: LoadSpec | None = None
+    server: str, op: str, path: str, spec: LoadSpec, cfg: Config, warm: LoadSpec | None = None, size: int = 0
 ) -> Variant:
-    """sluice-load runs `spec`; the warm-up is one pass of `warm` (default:
-    the same as the measurement, which must then be a sequential pass)."""
+    """sluice-load runs `spec` on `path` of `size` bytes (default: the
+    configured size); the warm-up is one pass of `warm` (default: the same
+    as the measurement, which must then be a sequential pass)."""
     warm = warm or spec
-    pass_seconds = cfg.size / ASSUMED_MB_PER_S
+    pass_seconds = cfg.pass_seconds(size or cfg.size)
     seconds = pass_seconds if spec.pattern == "seq" else spec.duration
     return Variant(
-        server, "sluice-load", op, _load(server, path, spec), _load(server, path, warm), seconds, pass_seconds
+        server, "sluice-load", op, _load(server, path, spec), _load(server, path, warm), seconds, pass_seconds, path
     )
 
 
 def _nfsrs(server: str, path: str) -> Callable[[Context], dict]:
     def measure(ctx: Context) -> dict:
-        return _check_whole_file(ctx, path, clients.nfsrs_read(ctx.servers[server].port, path))
+        s = ctx.servers[server]
+        return _check_whole_file(ctx, path, clients.nfsrs_read(s.host, s.port, path))
 
     return measure
 
@@ -157,6 +181,8 @@ def run_round(ctx: Context, rnd: Round) -> None:
         ctx.progress.step(label, rnd.step_cost(v))
         if rnd.cache == "cold":
             ctx.fs.drop_caches()
+        elif v.warmup is not None and ctx.config.warm_locally and v.warm_file:
+            ctx.fs.read_through(v.warm_file.lstrip("/"))  # the server's page cache, not over the wire
         elif v.warmup is not None:
             v.warmup(ctx)  # one untimed pass
         server = ctx.servers.get(v.server)
@@ -232,17 +258,18 @@ def _rounds(
 
 def plan_sparse(cfg: Config) -> list[Round]:
     plus = LoadSpec(mode="read-plus", pattern="seq", bs=MiB, inflight=8)
-    cases = {
-        layout.name: [
-            _load_variant("sluice", "read", "/" + layout.name, SEQ_1M, cfg),
-            _load_variant("sluice", "read_plus", "/" + layout.name, plus, cfg),
-            _load_variant(HOLE_4K, "read_plus", "/" + layout.name, plus, cfg),
+    rounds = []
+    for layout in LAYOUTS:
+        path, size = "/" + layout.name, cfg.layout_size(layout)
+        variants = [
+            _load_variant("sluice", "read", path, SEQ_1M, cfg, size=size),
+            _load_variant("sluice", "read_plus", path, plus, cfg, size=size),
+            _load_variant(HOLE_4K, "read_plus", path, plus, cfg, size=size),
             # nfs-ganesha's VFS backend has no usable READ_PLUS (see the notes): READ only.
-            _load_variant("ganesha", "read", "/" + layout.name, SEQ_1M, cfg),
+            _load_variant("ganesha", "read", path, SEQ_1M, cfg, size=size),
         ]
-        for layout in LAYOUTS
-    }
-    return _rounds("sparse", cfg, cases, CACHES, cfg.size)
+        rounds += _rounds("sparse", cfg, {layout.name: variants}, CACHES, size)
+    return rounds
 
 
 # --- stream -----------------------------------------------------------------
@@ -252,7 +279,7 @@ def plan_stream(cfg: Config) -> list[Round]:
     path = "/" + STREAM_FILE
     four = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8, streams=4)
     rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration)
-    pass_seconds = cfg.size / ASSUMED_MB_PER_S
+    pass_seconds = cfg.pass_seconds(cfg.size)
     both = ("sluice", "ganesha")
     three = ("sluice", RA_OFF, "ganesha")
     cases = {
@@ -266,7 +293,7 @@ def plan_stream(cfg: Config) -> list[Round]:
         # sequential READ pass first.
         "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=SEQ_1M) for s in three],
         "nfs-rs-seq-1-stream": [
-            Variant(s, "nfs-rs", "read", _nfsrs(s, path), _nfsrs(s, path), pass_seconds, pass_seconds)
+            Variant(s, "nfs-rs", "read", _nfsrs(s, path), _nfsrs(s, path), pass_seconds, pass_seconds, path)
             for s in both
         ],
     }
@@ -294,3 +321,9 @@ def plan_mix(cfg: Config) -> list[Round]:
 
 
 PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix}
+
+
+def plan(experiment: str, cfg: Config, servers: list[str]) -> list[Round]:
+    """The rounds of `experiment`, with the variants of `servers` only."""
+    rounds = [rnd.only(servers) for rnd in PLANS[experiment](cfg)]
+    return [rnd for rnd in rounds if rnd.variants]

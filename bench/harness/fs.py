@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import wire
 from .util import CommandError, GiB, MiB, Teardown, log, run, wait_until
 
 SCRATCH_PARENT = Path("/var/tmp")
@@ -37,14 +38,19 @@ def make_scratch(teardown: Teardown) -> Path:
     return path
 
 
+def owner_pid(path: Path) -> int:
+    """The PID of the harness that made scratch directory `path` (0 if unknown)."""
+    try:
+        return int((path / "owner.pid").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def stale_scratch() -> list[Path]:
     """Scratch directories whose harness process is gone."""
     stale = []
     for path in SCRATCH_PARENT.glob(SCRATCH_PREFIX + "*"):
-        try:
-            pid = int((path / "owner.pid").read_text())
-        except (OSError, ValueError):
-            pid = 0
+        pid = owner_pid(path)
         if pid <= 0 or not Path(f"/proc/{pid}").exists():
             stale.append(path)
     return stale
@@ -53,7 +59,8 @@ def stale_scratch() -> list[Path]:
 def clean_stale(path: Path) -> None:
     """Undoes what a killed run left in `path`: stops its servers (only
     sluice and ganesha.nfsd processes whose command line names this
-    directory), unmounts, detaches loop devices and removes the directory."""
+    directory), deletes its network namespace and veth pair (named after
+    the same PID), unmounts, detaches loop devices and removes the directory."""
     prefix = str(path) + "/"
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -67,6 +74,8 @@ def clean_stale(path: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    if pid := owner_pid(path):
+        wire.remove_leftovers(pid)
     for line in reversed(Path("/proc/mounts").read_text().splitlines()):
         mountpoint = line.split()[1]
         if mountpoint.startswith(prefix):
@@ -103,6 +112,14 @@ class TestFs:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         if self.device:
             run(["blockdev", "--flushbufs", self.device])
+
+    def read_through(self, name: str) -> None:
+        """Warm cache without a client: reads the file once through the
+        page cache, as the server would."""
+        buf = bytearray(MiB)
+        with open(self.mountpoint / name, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
 
 
 def image_size_for(data_bytes: int) -> int:

@@ -18,11 +18,12 @@ CALL_BYTES = 8 << 20
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--file", required=True, help="path from the export root")
     args = ap.parse_args()
 
-    url = f"nfs://127.0.0.1/?version=4.1&nfsport={args.port}&noresvport=true"
+    url = f"nfs://{args.host}/?version=4.1&nfsport={args.port}&noresvport=true"
     with Client.connect(url, connect_timeout=20, operation_timeout=120) as client:
         limits = client.io_limits
         with client.open(args.file.lstrip("/"), "rb") as f:

@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def read_plus_reply(port: int, name: str, count: int = 65536) -> str:
+def read_plus_reply(host: str, port: int, name: str, count: int = 65536) -> str:
     """Sends one READ_PLUS (NFSv4.2) for the first `count` bytes of `name`
     in the export root and describes the reply: status and segments."""
     sys.path.insert(0, str(REPO / "tests" / "interop"))
@@ -18,7 +18,7 @@ def read_plus_reply(port: int, name: str, count: int = 65536) -> str:
     finally:
         sys.path.pop(0)
 
-    with rc.Conn(port, timeout=10) as conn:
+    with rc.Conn(port, host=host, timeout=10) as conn:
         session = rc.Session(conn)
         r = session.compound([rc.op_putrootfh(), rc.op_lookup(name), rc.op_read_plus(0, count)], minor=2)
     last = r.results[-1]
@@ -47,9 +47,9 @@ def read_plus_reply(port: int, name: str, count: int = 65536) -> str:
     )
 
 
-def describe_ganesha_read_plus(port: int, name: str, count: int = 65536) -> str:
+def describe_ganesha_read_plus(host: str, port: int, name: str, count: int = 65536) -> str:
     try:
-        answer = read_plus_reply(port, name, count)
+        answer = read_plus_reply(host, port, name, count)
     except (Exception, struct.error) as e:  # noqa: BLE001 - a probe never stops the run
         answer = f"probe failed: {e}"
     return f"nfs-ganesha READ_PLUS of {count} bytes at offset 0 of `{name}`: {answer}"

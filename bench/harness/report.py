@@ -105,6 +105,18 @@ RATIOS = {
 }
 
 
+# Ratios between two cases of one experiment, paired by run number (the
+# rounds are not the same, the cache state is): (name, experiment,
+# (numerator case, variant), (denominator case, variant), metric), recorded
+# under the case "NUMERATOR/DENOMINATOR".
+CROSS_RATIOS = [
+    ("hole READ_PLUS/data READ (sluice)", "sparse", ("hole", SLUICE_READ_PLUS), ("data", SLUICE_READ), "mb_per_s"),
+    ("hole READ_PLUS/data READ_PLUS (sluice)", "sparse", ("hole", SLUICE_READ_PLUS), ("data", SLUICE_READ_PLUS),
+     "mb_per_s"),
+]  # fmt: skip
+HOLE_DATA = "hole/data"
+
+
 def ratios(records: list[dict]) -> list[dict]:
     rounds: dict[tuple, dict[tuple, dict]] = defaultdict(dict)
     for rec in records:
@@ -112,12 +124,22 @@ def ratios(records: list[dict]) -> list[dict]:
             round_key = (rec["fs"], rec["experiment"], rec["case"], rec["cache"], rec["run"])
             rounds[round_key][(rec["server"], rec["client"], rec["op"])] = rec["result"]
     per_group: dict[tuple, list[float]] = defaultdict(list)
+
+    def add(where: tuple, name: str, num: dict | None, den: dict | None, metric: str) -> None:
+        if num is not None and den is not None:
+            a, b = metric_of(num, metric), metric_of(den, metric)
+            if a is not None and b:
+                per_group[where + (name,)].append(a / b)
+
     for (fs, exp, case, cache, _run), results in rounds.items():
         for name, num, den, metric in RATIOS.get(exp, []):
-            if num in results and den in results:
-                a, b = metric_of(results[num], metric), metric_of(results[den], metric)
-                if a is not None and b:
-                    per_group[(fs, exp, case, cache, name)].append(a / b)
+            add((fs, exp, case, cache), name, results.get(num), results.get(den), metric)
+    for fs, exp, case, cache, run in list(rounds):
+        for name, cross_exp, (num_case, num), (den_case, den), metric in CROSS_RATIOS:
+            if exp == cross_exp and case == num_case:
+                num_result = rounds[(fs, exp, num_case, cache, run)].get(num)
+                den_result = rounds.get((fs, exp, den_case, cache, run), {}).get(den)
+                add((fs, exp, f"{num_case}/{den_case}", cache), name, num_result, den_result, metric)
     return [
         {"fs": fs, "experiment": exp, "case": case, "cache": cache, "ratio": name, **stats(values)}
         for (fs, exp, case, cache, name), values in per_group.items()
@@ -193,6 +215,11 @@ def bytes_cell(s: dict | None) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table, without the columns that are empty in every row
+    (the variants of servers a run left out)."""
+    keep = [i for i in range(len(header)) if not rows or any(row[i] not in ("", "–") for row in rows)]
+    header = [header[i] for i in keep]
+    rows = [[row[i] for i in keep] for row in rows]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows] + [""]
 
@@ -223,6 +250,40 @@ def _sparse_tables(ix: Index, fs: str) -> list[str]:
               "READ_PLUS 4 KiB holes MB/s", "4 KiB holes/READ",
               "ganesha READ MB/s", "sluice READ_PLUS/ganesha READ", "wire data READ", "wire data READ_PLUS"]  # fmt: skip
     return _table(header, rows)
+
+
+def _sparse_summary(ix: Index, systems: list[str]) -> list[str]:
+    """Per file system and cache state: how much faster the all-hole file
+    reads with READ_PLUS than the all-data file, and the mixed layout that
+    gains least from READ_PLUS (median over runs, and its slowest run)."""
+    rows = []
+    for fs in systems:
+        for cache in ("cold", "warm"):
+            hole_data = ix.ratio((fs, "sparse", HOLE_DATA, cache), "hole READ_PLUS/data READ (sluice)")
+            hole_data_plus = ix.ratio((fs, "sparse", HOLE_DATA, cache), "hole READ_PLUS/data READ_PLUS (sluice)")
+            mixed = {
+                layout.name: r
+                for layout in LAYOUTS
+                if layout.segment
+                and (r := ix.ratio((fs, "sparse", layout.name, cache), "read_plus/read (sluice)")) is not None
+            }
+            worst_median = min(mixed.items(), key=lambda kv: kv[1]["median"], default=None)
+            worst_run = min(mixed.items(), key=lambda kv: kv[1]["min"], default=None)
+            if not (hole_data or hole_data_plus or mixed):
+                continue
+            rows.append(
+                [
+                    fs,
+                    cache,
+                    ratio_cell(hole_data),
+                    ratio_cell(hole_data_plus),
+                    f"{worst_median[0]}: {ratio_cell(worst_median[1])}" if worst_median else "–",
+                    f"{worst_run[0]}: {worst_run[1]['min']:.2f}×" if worst_run else "–",
+                ]
+            )
+    header = ["fs", "cache", "hole READ_PLUS / data READ", "hole READ_PLUS / data READ_PLUS",
+              "mixed layout: lowest median READ_PLUS/READ", "mixed layout: lowest single run"]  # fmt: skip
+    return ["#### summary", ""] + _table(header, rows) if rows else []
 
 
 def _stream_tables(ix: Index, fs: str) -> list[str]:
@@ -292,6 +353,8 @@ def _mix_tables(ix: Index, fs: str) -> list[str]:
     return _table(header, rows) + _table(["case", "ratio", "value"], ratio_rows)
 
 
+# (experiment, heading, introduction, tables per file system, summary over
+# all file systems or None)
 SECTIONS = [
     (
         "sparse",
@@ -301,8 +364,10 @@ SECTIONS = [
         "starting with data or hole. nfs-ganesha: READ only (see the notes). Wire data: bytes of file "
         "data on the wire (READ_PLUS sends holes as segment headers). `READ_PLUS 4 KiB holes`: a second "
         "sluice with `--read-plus-min-hole 4K`, reporting every hole the file system reports, against "
-        "the default 32 KiB threshold, in the same rounds.",
+        "the default 32 KiB threshold, in the same rounds. Summary: the all-hole file against the all-data "
+        "file of the same size, paired by run.",
         _sparse_tables,
+        _sparse_summary,
     ),
     (
         "stream",
@@ -318,6 +383,7 @@ SECTIONS = [
         "`random-8k`, per distinct byte a uniform random pattern of that many reads is expected to "
         "touch, since repeated blocks come from the cache.",
         _stream_tables,
+        None,
     ),
     (
         "mix",
@@ -327,6 +393,7 @@ SECTIONS = [
         "`randread-only` the readers-only baseline. Latencies in microseconds; for latency ratios "
         "lower is better.",
         _mix_tables,
+        None,
     ),
 ]
 
@@ -341,7 +408,9 @@ def markdown_results(results: dict, image_prefix: str) -> str:
         "of file covered per second.",
         "",
     ]
-    for experiment, heading, intro, tables in SECTIONS:
+    if wire := results["environment"].get("wire"):
+        out += [wire_sentence(wire), ""]
+    for experiment, heading, intro, tables, summary in SECTIONS:
         systems = file_systems(results, experiment)
         if not systems:
             continue
@@ -352,6 +421,8 @@ def markdown_results(results: dict, image_prefix: str) -> str:
                 + tables(ix, fs)
                 + [f"![{experiment} {fs}]({image_prefix}{experiment}-{fs}.png)", ""]
             )
+        if summary:
+            out += summary(ix, systems)
 
     if results.get("errors"):
         rows = [
@@ -369,6 +440,19 @@ def markdown_results(results: dict, image_prefix: str) -> str:
     return "\n".join(out)
 
 
+def wire_sentence(wire: dict) -> str:
+    m = wire.get("measured") or {}
+    measured = (
+        f" Measured before the experiments: {m['to_client_mb_per_s']:.1f} MB/s towards the clients, "
+        f"{m['to_server_mb_per_s']:.1f} MB/s towards the servers (one TCP stream of "
+        f"{m['bytes_each_way'] >> 20} MiB each way), round trip {m['rtt_us_median']:.0f} us (median of "
+        "1-byte exchanges)."
+        if m
+        else ""
+    )
+    return f"**Wire: {wire['rate']} each way.** {wire['setup']}.{measured}"
+
+
 def markdown_environment(results: dict) -> str:
     env = results["environment"]
 
@@ -379,7 +463,9 @@ def markdown_environment(results: dict) -> str:
             return "; ".join(f"{k}: {v}" for k, v in value.items())
         return f"`{value}`" if key == "command" else str(value)
 
-    rows = [[k.replace("_", " "), show(k, v)] for k, v in env.items() if k != "file_systems"]
+    rows = [[k.replace("_", " "), show(k, v)] for k, v in env.items() if k not in ("file_systems", "wire")]
+    if wire := env.get("wire"):
+        rows.append(["wire", wire_sentence(wire).replace("**", "")])
     lines = _table(["", ""], rows)
     for fs, d in env.get("file_systems", {}).items():
         lines.append(f"- **{fs}**: " + ", ".join(f"{k} `{v}`" for k, v in d.items() if k != "files"))
@@ -432,16 +518,32 @@ this page, `results.json` (every raw figure and the environment),
 ```sh
 bench/run                                  # everything: ext4, xfs, btrfs; 3 runs; 2 GiB files
 bench/run --fs xfs --experiments mix       # a subset
+bench/run --experiments sparse --servers sluice --wire 1gbit   # over a 1 Gbit/s link
 bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds (the test suite does this)
 ```
 
-Options: `--fs`, `--experiments sparse,stream,mix`, `--runs N` (at least 3
-for published figures), `--size` (per test file), `--mix-size`,
-`--duration` (seconds per random or mixed measurement), `--out DIR`
+Options: `--fs`, `--experiments sparse,stream,mix`, `--servers
+sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
+others' variants are left out), `--runs N` (at least 3 for published
+figures), `--size` (per test file), `--mixed-layout-size` (the sparse
+experiment's mixed-* files, default `--size`), `--mix-size`, `--duration`
+(seconds per random or mixed measurement), `--wire RATE`, `--out DIR`
 (default `docs/bench/`), `--docs FILE` (this page; written by default only
-when `--out` is the default), `--no-build`. A run that was killed outright
-(SIGKILL) cannot tear down; `bench/run --clean-stale` removes what it left
-(its servers, mounts, loop devices and images under `/var/tmp/sluice-bench-*`).
+when `--out` is the default; text below its last line, the marker comment,
+is kept), `--no-build`. A run that was killed outright (SIGKILL) cannot
+tear down; `bench/run --clean-stale` removes what it left (its servers,
+network namespace, mounts, loop devices and images under
+`/var/tmp/sluice-bench-*`).
+
+`--wire RATE` (e.g. `1gbit`) puts a network between the clients and the
+servers: the servers run in a network namespace of their own, joined to
+the host by a veth pair with a token bucket (`tc ... tbf`) on both ends, so
+both directions are limited to RATE; the clients connect to the
+namespace's address. The file systems stay on the host (a network
+namespace shares them). Before the experiments the link is measured (one
+TCP stream each way and small round trips; a link faster than its rate
+stops the run) and the figures go into the results. Warm then means the
+file was read once on the server host, not over the link.
 
 Cache states: **cold** = `sync; echo 3 > /proc/sys/vm/drop_caches` and
 `blockdev --flushbufs` on the loop device before the measurement; **warm** =
@@ -454,8 +556,15 @@ brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
 """
 
 
+# Everything after this line in the page is written by hand (e.g. runs
+# with other options) and kept when bench/run rewrites the page.
+KEPT_BELOW = "<!-- bench/run rewrites everything above this line and keeps what follows -->"
+
+
 def write_docs(results: dict, doc: Path, out: Path) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
+    old = doc.read_text() if doc.exists() else ""
+    kept = old.partition(KEPT_BELOW)[2] if KEPT_BELOW in old else "\n"
     prefix = os.path.relpath(out, doc.parent) + "/"
     env = results["environment"]
     lines = [DOC_HEAD]
@@ -478,8 +587,9 @@ def write_docs(results: dict, doc: Path, out: Path) -> None:
         "## Results",
         "",
         markdown_results(results, prefix),
+        KEPT_BELOW,
     ]
-    doc.write_text("\n".join(lines))
+    doc.write_text("\n".join(lines) + kept)
 
 
 # --- plots --------------------------------------------------------------------
@@ -499,6 +609,7 @@ def _bars(
     """Grouped bars of medians with min–max error bars."""
     import numpy as np
 
+    series = {name: values for name, values in series.items() if any(values)}
     x = np.arange(len(groups))
     width = 0.8 / max(len(series), 1)
     for i, (name, values) in enumerate(series.items()):

@@ -1,5 +1,6 @@
-"""The two servers under test, both on 127.0.0.1 and exporting the same
-directory as their NFSv4 root: sluice and nfs-ganesha (VFS backend)."""
+"""The two servers under test, both on 127.0.0.1 (or, with `--wire`, in the
+rate-limited network namespace) and exporting the same directory as their
+NFSv4 root: sluice and nfs-ganesha (VFS backend)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,32 @@ import time
 from pathlib import Path
 
 from .util import Teardown, log, run, wait_until
+from .wire import Link
 
 READY_TIMEOUT = 60
+LOOPBACK = "127.0.0.1"
 
 
 class Server:
     """A server process we started, in its own session so that Ctrl-C in the
-    terminal reaches only the harness, which then stops it in order."""
+    terminal reaches only the harness, which then stops it in order. With a
+    `link` it runs in the link's network namespace and listens there."""
 
     name = "server"
 
-    def __init__(self):
+    def __init__(self, link: Link | None = None):
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.log_path: Path | None = None
+        self.link = link
+        self.host = link.server_addr if link else LOOPBACK
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    def command(self, argv: list[str]) -> list[str]:
+        return self.link.command(argv) if self.link else argv
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -74,8 +83,10 @@ class Server:
 class Sluice(Server):
     name = "sluice"
 
-    def __init__(self, binary: Path, export: Path, workdir: Path, name: str = "sluice", extra_args=()):
-        super().__init__()
+    def __init__(
+        self, binary: Path, export: Path, workdir: Path, name: str = "sluice", extra_args=(), link: Link | None = None
+    ):
+        super().__init__(link)
         self.binary, self.export, self.workdir = binary, export, workdir
         self.name, self.extra_args = name, list(extra_args)
 
@@ -85,16 +96,18 @@ class Sluice(Server):
         self.log_path = self.workdir / f"{self.name}.log"
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(
-                [
-                    str(self.binary),
-                    "serve",
-                    str(self.export),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--state-dir",
-                    str(state),
-                    *self.extra_args,
-                ],
+                self.command(
+                    [
+                        str(self.binary),
+                        "serve",
+                        str(self.export),
+                        "--listen",
+                        f"{self.host}:0",
+                        "--state-dir",
+                        str(state),
+                        *self.extra_args,
+                    ]
+                ),
                 stdout=subprocess.PIPE,
                 stderr=logf,
                 start_new_session=True,
@@ -114,7 +127,7 @@ GANESHA_CONFIG = """\
 # of the pseudo file system, on {address} only, without grace period.
 NFS_CORE_PARAM {{
     Protocols = 4;
-    Bind_Addr = 127.0.0.1;
+    Bind_Addr = {host};
     NFS_Port = {port};
     Enable_NLM = false;
     Enable_RQUOTA = false;
@@ -150,30 +163,32 @@ LOG {{
 class Ganesha(Server):
     name = "ganesha"
 
-    def __init__(self, export: Path, workdir: Path):
-        super().__init__()
+    def __init__(self, export: Path, workdir: Path, link: Link | None = None):
+        super().__init__(link)
         self.export, self.workdir = export, workdir
 
     def start(self, teardown: Teardown) -> None:
         self.port = free_port()
         config = self.workdir / "ganesha.conf"
         config.write_text(
-            GANESHA_CONFIG.format(export=self.export, address=f"127.0.0.1:{self.port}", port=self.port)
+            GANESHA_CONFIG.format(export=self.export, address=self.address, host=self.host, port=self.port)
         )
         self.log_path = self.workdir / "ganesha.log"
         self.proc = subprocess.Popen(
-            [
-                "ganesha.nfsd",
-                "-F",
-                "-f",
-                str(config),
-                "-L",
-                str(self.log_path),
-                "-p",
-                str(self.workdir / "ganesha.pid"),
-                "-N",
-                "NIV_EVENT",
-            ],
+            self.command(
+                [
+                    "ganesha.nfsd",
+                    "-F",
+                    "-f",
+                    str(config),
+                    "-L",
+                    str(self.log_path),
+                    "-p",
+                    str(self.workdir / "ganesha.pid"),
+                    "-N",
+                    "NIV_EVENT",
+                ]
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -187,7 +202,7 @@ class Ganesha(Server):
         def ready() -> bool:
             if not self.alive():
                 return True
-            return "NFS SERVER INITIALIZED" in self._log_text() and port_open(self.port)
+            return "NFS SERVER INITIALIZED" in self._log_text() and port_open(self.host, self.port)
 
         if not wait_until(ready, READY_TIMEOUT) or not self.alive():
             self.stop()
@@ -216,14 +231,15 @@ class Ganesha(Server):
 
 
 def free_port() -> int:
+    """A port free on the host's loopback (in a fresh namespace every port is)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
 
 
-def port_open(port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
+        with socket.create_connection((host, port), timeout=1):
             return True
     except OSError:
         return False

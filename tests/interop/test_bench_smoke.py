@@ -4,21 +4,29 @@ seconds, tears everything down and writes results.json, results.md and plots.
 
 This checks the pipeline, not the figures: every planned measurement must
 exist, be non-zero and carry no error, and nothing may be left mounted,
-attached or running afterwards.
+attached or running afterwards. With `--wire` the servers sit behind a
+rate-limited link in a network namespace: the link must limit what goes
+over it, and be gone afterwards, also when the run is stopped by SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "run"
+sys.path.insert(0, str(REPO / "bench"))
+from harness.wire import names_for  # noqa: E402
+
+sys.path.pop(0)
 LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "dh"]
 
 pytestmark = pytest.mark.skipif(
@@ -137,3 +145,93 @@ def test_outputs_and_environment(smoke):
     assert len(results["plots"]) == 3 * len(fs)
     # Progress lines during the run.
     assert "(1/" in stderr and "tearing down" in stderr
+
+
+# --- --wire -------------------------------------------------------------------
+
+WIRE = "1gbit"
+WIRE_MB_PER_S = 125.0  # 1 Gbit/s in 10^6 bytes per second
+WIRE_SMOKE = ["--smoke", "--wire", WIRE, "--experiments", "sparse", "--servers", "sluice", "--size", "16M"]
+
+
+def link_exists(pid: int) -> bool:
+    """Whether the network namespace or the host's veth of harness `pid` exists."""
+    namespace, host_if, _ = names_for(pid)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    has_if = subprocess.run(["ip", "link", "show", host_if], capture_output=True).returncode == 0
+    return namespace in listed.split() or has_if
+
+
+@pytest.fixture(scope="module")
+def wire_smoke(sluice_binary, tmp_path_factory):
+    """A sparse smoke run over a 1 Gbit/s link; yields (results, output directory, harness pid)."""
+    out = tmp_path_factory.mktemp("bench-wire")
+    before = leftovers()
+    p = subprocess.Popen(
+        [sys.executable, str(BENCH), *WIRE_SMOKE, "--no-build", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, f"bench/run --wire failed ({p.returncode}):\n{stderr[-6000:]}"
+    assert not link_exists(p.pid), "the network namespace or veth pair outlived the run"
+    assert leftovers() <= before, f"bench/run left things behind: {leftovers() - before}"
+    return json.loads((out / "results.json").read_text()), out, p.pid
+
+
+def test_wire_link_is_recorded_measured_and_limited(wire_smoke):
+    results, out, pid = wire_smoke
+    wire = results["environment"]["wire"]
+    assert results["config"]["wire"] == WIRE
+    assert wire["namespace"] == names_for(pid)[0]
+    assert wire["server_address"] not in ("127.0.0.1", "")
+    for direction in ("to_client_mb_per_s", "to_server_mb_per_s"):
+        assert 0 < wire["measured"][direction] <= 1.05 * WIRE_MB_PER_S, (direction, wire["measured"])
+    assert "Wire: 1 Gbit/s" in (out / "results.md").read_text()
+
+
+def test_wire_limits_data_but_not_holes(wire_smoke):
+    results, _, _ = wire_smoke
+    got = variants(results, "sparse")
+    assert results["errors"] == []
+    for cache in ("cold", "warm"):
+        data = got[("data", cache, "sluice", "sluice-load", "read")]
+        assert data["bytes"] == results["config"]["size"]
+        # On loopback this file reads at about 1 GB/s.
+        assert data["mb_per_s"] <= 1.05 * WIRE_MB_PER_S, (cache, data["mb_per_s"])
+    # An all-hole file sends no data with READ_PLUS: the link does not bound it.
+    hole = got[("hole", "warm", "sluice", "sluice-load", "read_plus")]
+    assert hole["wire_data_bytes"] == 0 and hole["mb_per_s"] > WIRE_MB_PER_S, hole
+    # Only the chosen server ran.
+    assert {r["server"] for r in results["records"]} == {"sluice"}
+
+
+def test_wire_is_torn_down_on_sigterm(sluice_binary, tmp_path):
+    """SIGTERM once the first measurement has started (the namespace exists
+    then): the run stops with 130 and removes the namespace, the veth
+    pair, its servers, mounts and loop devices."""
+    before = leftovers()
+    p = subprocess.Popen(
+        [sys.executable, str(BENCH), *WIRE_SMOKE, "--no-build", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(120, p.kill)
+    watchdog.start()
+    try:
+        seen = []
+        for line in p.stderr:
+            seen.append(line)
+            if "(1/" in line:
+                break
+        assert link_exists(p.pid), "no network namespace while measuring:\n" + "".join(seen[-20:])
+        p.send_signal(signal.SIGTERM)
+        rest = p.stderr.read()
+        p.wait()
+    finally:
+        watchdog.cancel()
+    assert p.returncode == 130, f"exit {p.returncode}:\n{rest[-3000:]}"
+    assert not link_exists(p.pid), "the network namespace or veth pair outlived SIGTERM"
+    assert leftovers() <= before, f"bench/run left things behind: {leftovers() - before}"
