@@ -75,6 +75,21 @@ struct Slot {
     seqid: u32,
     busy: bool,
     reply: Option<Arc<Vec<u8>>>,
+    /// [`request_fingerprint`] of the last request, when it was given.
+    request: Option<u64>,
+}
+
+/// Identifies a request on a slot, so that a retransmission can be told
+/// from a false retry (RFC 8881 section 2.10.6.1.3.1: another request with
+/// the same slot and sequence id): a hash of the caller's identity and of
+/// the COMPOUND's operations after SEQUENCE (`ops`, `nops` of them in all).
+/// SEQUENCE's own arguments are left out: a retry may change the highest
+/// slot it reports.
+pub fn request_fingerprint(cred: &crate::rpc::Cred, nops: usize, ops: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (cred.flavor, cred.uid, cred.gid, &cred.gids, nops, ops).hash(&mut h);
+    h.finish()
 }
 
 /// What SEQUENCE decided for a request.
@@ -107,6 +122,19 @@ pub struct Session {
 impl Session {
     /// Checks slot and sequence id of a SEQUENCE op.
     pub fn begin(&self, slot: u32, seqid: u32) -> Result<SlotDecision, u32> {
+        self.begin_slot(slot, seqid, None)
+    }
+
+    /// Like [`Session::begin`] for a request with [`request_fingerprint`]
+    /// `request`: a retransmission that is not the request the slot last
+    /// executed is a false retry and gets NFS4ERR_SEQ_FALSE_RETRY (RFC
+    /// 8881 section 2.10.6.1.3.1; a MUST when the caller differs) instead
+    /// of the other request's reply.
+    pub fn begin_request(&self, slot: u32, seqid: u32, request: u64) -> Result<SlotDecision, u32> {
+        self.begin_slot(slot, seqid, Some(request))
+    }
+
+    fn begin_slot(&self, slot: u32, seqid: u32, request: Option<u64>) -> Result<SlotDecision, u32> {
         let mut slots = self.slots.lock().map_err(|_| status::SERVERFAULT)?;
         let s = slots.get_mut(slot as usize).ok_or(status::BADSLOT)?;
         if seqid == s.seqid.wrapping_add(1) {
@@ -116,10 +144,16 @@ impl Session {
             s.busy = true;
             s.seqid = seqid;
             s.reply = None;
+            s.request = request;
             Ok(SlotDecision::Execute)
         } else if seqid == s.seqid {
             if s.busy {
                 return Err(status::DELAY);
+            }
+            if let (Some(was), Some(now)) = (s.request, request) {
+                if was != now {
+                    return Err(status::SEQ_FALSE_RETRY);
+                }
             }
             match &s.reply {
                 Some(r) => Ok(SlotDecision::Replay(r.clone())),
@@ -1151,6 +1185,66 @@ mod tests {
         assert!(matches!(s.begin(1, 1), Ok(SlotDecision::Uncached)));
         t.destroy_session(&id).unwrap();
         assert_eq!(t.session(&id).unwrap_err(), status::BADSESSION);
+    }
+
+    #[test]
+    fn false_retries_do_not_get_another_requests_reply() {
+        let t = table();
+        let r = t.exchange_id(b"c", [1; 8]).unwrap();
+        let id: [u8; 16] = t
+            .create_session(r.clientid, 1, attrs(2), attrs(1), |s| s.id.to_vec())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let s = t.session(&id).unwrap();
+        let user = |uid| crate::rpc::Cred {
+            uid,
+            gid: 100,
+            gids: vec![],
+            flavor: crate::rpc::AUTH_SYS,
+        };
+        let getattr = request_fingerprint(&user(1000), 3, b"putfh+getattr");
+        let write = request_fingerprint(&user(1000), 3, b"putfh+write");
+        assert!(matches!(
+            s.begin_request(0, 1, getattr),
+            Ok(SlotDecision::Execute)
+        ));
+        s.finish(0, Some(Arc::new(vec![7])));
+        // The same request again is a retransmission: the cached reply.
+        assert!(matches!(
+            s.begin_request(0, 1, getattr),
+            Ok(SlotDecision::Replay(_))
+        ));
+        // Other operations, or the same ones from another user, with the
+        // same sequence id are a false retry.
+        assert_eq!(
+            s.begin_request(0, 1, write).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        let other_user = request_fingerprint(&user(0), 3, b"putfh+getattr");
+        assert_eq!(
+            s.begin_request(0, 1, other_user).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        // Not cached either: still told apart.
+        assert!(matches!(
+            s.begin_request(1, 1, getattr),
+            Ok(SlotDecision::Execute)
+        ));
+        s.finish(1, None);
+        assert_eq!(
+            s.begin_request(1, 1, write).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        assert!(matches!(
+            s.begin_request(1, 1, getattr),
+            Ok(SlotDecision::Uncached)
+        ));
+        // The next sequence id runs whatever it carries.
+        assert!(matches!(
+            s.begin_request(0, 2, write),
+            Ok(SlotDecision::Execute)
+        ));
     }
 
     #[test]
