@@ -71,6 +71,59 @@ impl Policy {
     }
 }
 
+/// TCP keepalive: after this many seconds without traffic the kernel
+/// probes the peer ...
+const KEEPALIVE_IDLE_SECS: i32 = 60;
+/// ... every this many seconds ...
+const KEEPALIVE_INTERVAL_SECS: i32 = 15;
+/// ... and closes the connection after this many unanswered probes.
+const KEEPALIVE_PROBES: i32 = 4;
+// Silent for 60 s, then 4 probes 15 s apart: gone within 2 minutes.
+const _: () = assert!(KEEPALIVE_IDLE_SECS + KEEPALIVE_INTERVAL_SECS * KEEPALIVE_PROBES <= 120);
+/// Replies the peer leaves unacknowledged (or does not make room for)
+/// this long end the connection (TCP_USER_TIMEOUT).
+const USER_TIMEOUT_MS: u32 = 300_000;
+
+/// Makes the kernel notice a peer that has gone (powered off, unplugged):
+/// its connection is closed within two minutes of silence, and one that
+/// takes no replies for five minutes, instead of both being held (with
+/// their buffers and a place under `max_connections`) indefinitely. Lease
+/// expiry then frees the client's state.
+fn watch_peer(stream: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let set = |level: i32, name: i32, value: i32| -> std::io::Result<()> {
+        // SAFETY: an int option on a socket we own, with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS)?;
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        KEEPALIVE_INTERVAL_SECS,
+    )?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_PROBES)?;
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        USER_TIMEOUT_MS as i32,
+    )
+}
+
 /// Counts requests being processed, so shutdown can wait for them.
 #[derive(Debug, Default)]
 pub struct InFlight {
@@ -149,6 +202,9 @@ pub async fn serve_with(
                 };
                 tracing::debug!(%peer, "connection accepted");
                 let _ = stream.set_nodelay(true);
+                if let Err(e) = watch_peer(&stream) {
+                    tracing::debug!(%peer, error = %e, "cannot set TCP keepalive");
+                }
                 let srv = srv.clone();
                 let inflight = inflight.clone();
                 tokio::spawn(async move {
@@ -391,6 +447,40 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    fn get(stream: &TcpStream, level: i32, name: i32) -> i32 {
+        use std::os::fd::AsRawFd;
+        let mut v: i32 = 0;
+        let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: reads an int option of a socket we own.
+        let r = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                level,
+                name,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        v
+    }
+
+    #[tokio::test]
+    async fn connections_watch_for_vanished_peers() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (_c, (s, _)) = tokio::join!(async { TcpStream::connect(addr).await.unwrap() }, async {
+            l.accept().await.unwrap()
+        });
+        assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
+        watch_peer(&s).unwrap();
+        assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE), 60);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL), 15);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_KEEPCNT), 4);
+        assert_eq!(get(&s, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT), 300_000);
     }
 
     /// True when `fut` is not ready on its first poll.
