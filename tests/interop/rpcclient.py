@@ -69,12 +69,14 @@ class Op:
     READDIR = 26
     SAVEFH = 32
     RESTOREFH = 31
+    WRITE = 38
     EXCHANGE_ID = 42
     CREATE_SESSION = 43
     DESTROY_SESSION = 44
     LAYOUTGET = 50
     SECINFO_NO_NAME = 52
     SEQUENCE = 53
+    DESTROY_CLIENTID = 57
     RECLAIM_COMPLETE = 58
     COPY = 60
     READ_PLUS = 68
@@ -86,15 +88,19 @@ class St:
 
     OK = 0
     NOENT = 2
+    NOSPC = 28
     BADHANDLE = 10001
     NOTSUPP = 10004
+    DELAY = 10008
     MINOR_VERS_MISMATCH = 10021
+    STALE_CLIENTID = 10022
     BADXDR = 10036
     BADNAME = 10041
     OP_ILLEGAL = 10044
     BADSESSION = 10052
     BADSLOT = 10053
     SEQ_MISORDERED = 10063
+    SEQ_FALSE_RETRY = 10076
     SEQUENCE_POS = 10064
     REQ_TOO_BIG = 10065
     REP_TOO_BIG = 10066
@@ -486,6 +492,11 @@ def op_read(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATE
     return (Op.READ, Packer().fixed(stateid).u64(offset).u32(count).bytes())
 
 
+def op_write(offset: int, data: bytes, stable: int = 0, stateid: bytes = ANONYMOUS_STATEID):
+    """WRITE; `stable` 0 is UNSTABLE4, 2 FILE_SYNC4."""
+    return (Op.WRITE, Packer().fixed(stateid).u64(offset).u32(stable).opaque(data).bytes())
+
+
 def op_read_plus(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATEID):
     return (Op.READ_PLUS, Packer().fixed(stateid).u64(offset).u32(count).bytes())
 
@@ -515,6 +526,10 @@ def op_destroy_session(sessionid: bytes):
     return (Op.DESTROY_SESSION, Packer().fixed(sessionid).bytes())
 
 
+def op_destroy_clientid(clientid: int):
+    return (Op.DESTROY_CLIENTID, Packer().u64(clientid).bytes())
+
+
 def op_raw(opnum: int, args: bytes = b""):
     return (opnum, args)
 
@@ -539,7 +554,17 @@ def _channel(u: Unpacker) -> dict:
 
 def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
     """Decodes a successful result body; None when the op is unknown here."""
-    if opnum in (Op.PUTFH, Op.PUTROOTFH, Op.LOOKUP, Op.LOOKUPP, Op.SAVEFH, Op.RESTOREFH, Op.DESTROY_SESSION, Op.RECLAIM_COMPLETE):
+    if opnum in (
+        Op.PUTFH,
+        Op.PUTROOTFH,
+        Op.LOOKUP,
+        Op.LOOKUPP,
+        Op.SAVEFH,
+        Op.RESTOREFH,
+        Op.DESTROY_SESSION,
+        Op.DESTROY_CLIENTID,
+        Op.RECLAIM_COMPLETE,
+    ):
         return {}
     if opnum == Op.GETFH:
         return {"fh": u.opaque()}
@@ -547,6 +572,8 @@ def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
         return {"attrmask": u.bitmap(), "attrvals": u.opaque()}
     if opnum == Op.READ:
         return {"eof": u.bool(), "data": u.opaque()}
+    if opnum == Op.WRITE:
+        return {"count": u.u32(), "committed": u.u32(), "verifier": u.fixed(8)}
     if opnum == Op.SEQUENCE:
         return {
             "sessionid": u.fixed(16),
@@ -648,6 +675,8 @@ class Session:
         if r.status != St.OK:
             raise AssertionError(f"EXCHANGE_ID failed: {r!r}")
         self.clientid = r[0].clientid
+        # Sequence id of this client's next CREATE_SESSION.
+        self.next_cs_seq = r[0].seqid + 1
         if fore is None:
             fore = (0, 1 << 20, 1 << 20, 64 << 10, 16, slots)
         r = conn.compound([op_create_session(self.clientid, r[0].seqid, fore=fore)])

@@ -46,7 +46,10 @@ pub fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         xdr!(d.i64());
         xdr!(d.u32());
     }
-    let r = cx.srv.state.exchange_id(owner, verifier);
+    let r = match cx.srv.state.exchange_id(owner, verifier) {
+        Ok(r) => r,
+        Err(st) => return st,
+    };
     e.u64(r.clientid);
     e.u32(r.seq);
     let mut flags = EXCHGID4_FLAG_USE_NON_PNFS;
@@ -137,7 +140,8 @@ pub fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         max_response: fore.max_response.min(limit),
         max_response_cached: fore.max_response_cached.min(64 * 1024),
         max_ops: fore.max_ops.min(128),
-        max_requests: fore.max_requests.min(64),
+        // The state table grants at most its slot limit.
+        max_requests: fore.max_requests,
     };
     let back = ChannelAttrs {
         header_pad: 0,

@@ -75,6 +75,21 @@ struct Slot {
     seqid: u32,
     busy: bool,
     reply: Option<Arc<Vec<u8>>>,
+    /// [`request_fingerprint`] of the last request, when it was given.
+    request: Option<u64>,
+}
+
+/// Identifies a request on a slot, so that a retransmission can be told
+/// from a false retry (RFC 8881 section 2.10.6.1.3.1: another request with
+/// the same slot and sequence id): a hash of the caller's identity and of
+/// the COMPOUND's operations after SEQUENCE (`ops`, `nops` of them in all).
+/// SEQUENCE's own arguments are left out: a retry may change the highest
+/// slot it reports.
+pub fn request_fingerprint(cred: &crate::rpc::Cred, nops: usize, ops: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (cred.flavor, cred.uid, cred.gid, &cred.gids, nops, ops).hash(&mut h);
+    h.finish()
 }
 
 /// What SEQUENCE decided for a request.
@@ -100,11 +115,26 @@ pub struct Session {
     /// Back channel limits, echoed back to the client.
     pub back: ChannelAttrs,
     slots: Mutex<Vec<Slot>>,
+    /// Largest reply one slot keeps: what the table reserved per slot.
+    slot_bytes: usize,
 }
 
 impl Session {
     /// Checks slot and sequence id of a SEQUENCE op.
     pub fn begin(&self, slot: u32, seqid: u32) -> Result<SlotDecision, u32> {
+        self.begin_slot(slot, seqid, None)
+    }
+
+    /// Like [`Session::begin`] for a request with [`request_fingerprint`]
+    /// `request`: a retransmission that is not the request the slot last
+    /// executed is a false retry and gets NFS4ERR_SEQ_FALSE_RETRY (RFC
+    /// 8881 section 2.10.6.1.3.1; a MUST when the caller differs) instead
+    /// of the other request's reply.
+    pub fn begin_request(&self, slot: u32, seqid: u32, request: u64) -> Result<SlotDecision, u32> {
+        self.begin_slot(slot, seqid, Some(request))
+    }
+
+    fn begin_slot(&self, slot: u32, seqid: u32, request: Option<u64>) -> Result<SlotDecision, u32> {
         let mut slots = self.slots.lock().map_err(|_| status::SERVERFAULT)?;
         let s = slots.get_mut(slot as usize).ok_or(status::BADSLOT)?;
         if seqid == s.seqid.wrapping_add(1) {
@@ -114,10 +144,16 @@ impl Session {
             s.busy = true;
             s.seqid = seqid;
             s.reply = None;
+            s.request = request;
             Ok(SlotDecision::Execute)
         } else if seqid == s.seqid {
             if s.busy {
                 return Err(status::DELAY);
+            }
+            if let (Some(was), Some(now)) = (s.request, request) {
+                if was != now {
+                    return Err(status::SEQ_FALSE_RETRY);
+                }
             }
             match &s.reply {
                 Some(r) => Ok(SlotDecision::Replay(r.clone())),
@@ -128,14 +164,21 @@ impl Session {
         }
     }
 
-    /// Releases a slot after executing, keeping `reply` for retransmissions.
+    /// Releases a slot after executing, keeping `reply` for retransmissions
+    /// if it fits the slot's share of the reply cache.
     pub fn finish(&self, slot: u32, reply: Option<Arc<Vec<u8>>>) {
         if let Ok(mut slots) = self.slots.lock() {
             if let Some(s) = slots.get_mut(slot as usize) {
                 s.busy = false;
-                s.reply = reply;
+                s.reply = reply.filter(|r| r.len() <= self.slot_bytes);
             }
         }
+    }
+
+    /// Reply cache bytes reserved for this session: slots times the
+    /// largest reply a slot keeps.
+    pub fn cache_bytes(&self) -> usize {
+        self.fore.max_requests as usize * self.slot_bytes
     }
 
     /// Highest slot id.
@@ -152,8 +195,8 @@ struct Client {
     confirmed: bool,
     /// Sequence id expected by the next CREATE_SESSION.
     cs_seq: u32,
-    /// The last CREATE_SESSION reply, for its replay.
-    cs_reply: Option<(u32, Vec<u8>)>,
+    /// The last CREATE_SESSION result, for its replay.
+    cs_reply: Option<(u32, Result<Vec<u8>, u32>)>,
     last_renew: Instant,
     sessions: Vec<[u8; SESSIONID_SIZE]>,
     reclaim_complete: bool,
@@ -262,12 +305,62 @@ pub struct ExchangeResult {
     pub confirmed: bool,
 }
 
+/// Replies up to this size are kept in a slot even when the client did
+/// not ask for caching (see `process_compound`), so a slot reserves at
+/// least this much.
+pub const MIN_SLOT_BYTES: usize = 4096;
+
+/// Bounds on the state clients can make the server keep. RFC 8881 leaves
+/// their values to the server; the errors are the ones it allows for each
+/// op (section 15.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Client records, confirmed or not. A new one beyond this pushes out
+    /// the least recently renewed unconfirmed record; when every record
+    /// is confirmed, EXCHANGE_ID gets NFS4ERR_DELAY (section 15.1.1.3).
+    pub clients: usize,
+    /// Sessions of one client id; CREATE_SESSION beyond this gets
+    /// NFS4ERR_NOSPC (section 18.36.4, session creation).
+    pub sessions_per_client: usize,
+    /// Slots of one session: a client asking for more gets this many
+    /// (the server may lower ca_maxrequests, section 18.36.3).
+    pub slots: u32,
+    /// Bytes the reply caches of all sessions may hold together. Each
+    /// session reserves slots x max(ca_maxresponsesize_cached,
+    /// [`MIN_SLOT_BYTES`]); when the rest of the budget is smaller, the
+    /// session gets fewer slots, and NFS4ERR_NOSPC when not even one fits.
+    pub reply_cache: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            clients: 1024,
+            sessions_per_client: 8,
+            slots: 64,
+            reply_cache: 64 << 20,
+        }
+    }
+}
+
+/// How much of the [`Limits`] is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Client records, confirmed or not.
+    pub clients: usize,
+    /// Sessions of all clients.
+    pub sessions: usize,
+    /// Reply cache bytes reserved by all sessions.
+    pub reply_cache: usize,
+}
+
 /// All NFSv4 state of the server.
 #[derive(Debug)]
 pub struct StateTable {
     inner: Mutex<Inner>,
     lease: Duration,
     boot: u32,
+    limits: Limits,
 }
 
 #[derive(Debug, Default)]
@@ -277,6 +370,8 @@ struct Inner {
     sessions: HashMap<[u8; SESSIONID_SIZE], Arc<Session>>,
     states: HashMap<[u8; 12], StateEntry>,
     locks: HashMap<FileKey, Vec<LockRange>>,
+    /// Sum of the sessions' [`Session::cache_bytes`].
+    reply_cache: usize,
 }
 
 impl Inner {
@@ -285,10 +380,16 @@ impl Inner {
         self.counter
     }
 
+    fn remove_session(&mut self, id: &[u8; SESSIONID_SIZE]) -> Option<Arc<Session>> {
+        let s = self.sessions.remove(id)?;
+        self.reply_cache -= s.cache_bytes();
+        Some(s)
+    }
+
     fn remove_client(&mut self, id: u64) {
         if let Some(c) = self.clients.remove(&id) {
             for s in c.sessions {
-                self.sessions.remove(&s);
+                self.remove_session(&s);
             }
         }
         self.states.retain(|_, s| match s {
@@ -333,12 +434,34 @@ pub struct OpenRequest {
 }
 
 impl StateTable {
-    /// An empty table; `boot` distinguishes this server instance's ids.
+    /// An empty table with the default [`Limits`]; `boot` distinguishes
+    /// this server instance's ids.
     pub fn new(lease: Duration, boot: u32) -> Self {
+        Self::with_limits(lease, boot, Limits::default())
+    }
+
+    /// An empty table that keeps within `limits`.
+    pub fn with_limits(lease: Duration, boot: u32, limits: Limits) -> Self {
         StateTable {
             inner: Mutex::new(Inner::default()),
             lease,
             boot,
+            limits,
+        }
+    }
+
+    /// The limits this table keeps within.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// How much of the limits is in use.
+    pub fn usage(&self) -> Usage {
+        let inner = self.lock();
+        Usage {
+            clients: inner.clients.len(),
+            sessions: inner.sessions.len(),
+            reply_cache: inner.reply_cache,
         }
     }
 
@@ -360,30 +483,66 @@ impl StateTable {
     }
 
     /// EXCHANGE_ID (RFC 8881 section 18.35): finds or creates the record of
-    /// the client `owner` with boot `verifier`.
-    pub fn exchange_id(&self, owner: &[u8], verifier: [u8; 8]) -> ExchangeResult {
+    /// the client `owner` with boot `verifier`. NFS4ERR_DELAY when a new
+    /// record is needed and the table is full of confirmed ones.
+    pub fn exchange_id(&self, owner: &[u8], verifier: [u8; 8]) -> Result<ExchangeResult, u32> {
         let mut inner = self.lock();
-        let existing = inner
+        // The owner has at most one confirmed and one unconfirmed record.
+        let mine: Vec<(u64, [u8; 8], bool, u32)> = inner
             .clients
             .iter()
-            .find(|(_, c)| c.owner == owner)
-            .map(|(id, c)| (*id, c.verifier, c.confirmed, c.cs_seq));
-        if let Some((id, v, confirmed, seq)) = existing {
-            if v == verifier {
-                if let Some(c) = inner.clients.get_mut(&id) {
-                    c.last_renew = Instant::now();
-                }
-                return ExchangeResult {
-                    clientid: id,
-                    seq,
-                    confirmed,
-                };
+            .filter(|(_, c)| c.owner == owner)
+            .map(|(id, c)| (*id, c.verifier, c.confirmed, c.cs_seq))
+            .collect();
+        if let Some(&(id, _, confirmed, seq)) = mine.iter().find(|r| r.1 == verifier) {
+            if let Some(c) = inner.clients.get_mut(&id) {
+                c.last_renew = Instant::now();
             }
-            if !confirmed {
+            return Ok(ExchangeResult {
+                clientid: id,
+                seq,
+                confirmed,
+            });
+        }
+        // Another verifier: an unconfirmed record is replaced; a confirmed
+        // one means the client restarted, and its old state goes when the
+        // new record is confirmed. Such a new record may join the old one
+        // beyond the limit, as it soon takes the old one's place.
+        let mut restarted = false;
+        for &(id, _, confirmed, _) in &mine {
+            if confirmed {
+                restarted = true;
+            } else {
                 inner.remove_client(id);
             }
-            // A confirmed record with another verifier: the client
-            // rebooted. Its old state goes when the new record is confirmed.
+        }
+        if !restarted && inner.clients.len() >= self.limits.clients {
+            // Make room by dropping the unconfirmed record renewed longest
+            // ago: it has no sessions and no state, and its client, if it
+            // is still there, gets NFS4ERR_STALE_CLIENTID and starts over.
+            // Confirmed records stay until they expire or are destroyed.
+            let oldest = inner
+                .clients
+                .iter()
+                .filter(|(_, c)| !c.confirmed)
+                .min_by_key(|(id, c)| (c.last_renew, **id))
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(old) => {
+                    tracing::debug!(
+                        clientid = old,
+                        "client table full: dropping an unconfirmed record"
+                    );
+                    inner.remove_client(old);
+                }
+                None => {
+                    tracing::debug!(
+                        limit = self.limits.clients,
+                        "client table full of confirmed clients: EXCHANGE_ID delayed"
+                    );
+                    return Err(status::DELAY);
+                }
+            }
         }
         let id = ((self.boot as u64) << 32) | (inner.next() & 0xffff_ffff);
         inner.clients.insert(
@@ -399,20 +558,23 @@ impl StateTable {
                 reclaim_complete: false,
             },
         );
-        ExchangeResult {
+        Ok(ExchangeResult {
             clientid: id,
             seq: 1,
             confirmed: false,
-        }
+        })
     }
 
     /// CREATE_SESSION (RFC 8881 section 18.36). `make_reply` encodes the
     /// result for the new session so that a replay can return it verbatim.
+    /// The session gets at most [`Limits::slots`] slots, fewer when the
+    /// reply cache budget is short; NFS4ERR_NOSPC when the client has
+    /// [`Limits::sessions_per_client`] sessions or not one slot fits.
     pub fn create_session(
         &self,
         clientid: u64,
         seq: u32,
-        fore: ChannelAttrs,
+        mut fore: ChannelAttrs,
         back: ChannelAttrs,
         make_reply: impl FnOnce(&Session) -> Vec<u8>,
     ) -> Result<Vec<u8>, u32> {
@@ -422,7 +584,7 @@ impl StateTable {
         };
         if let Some((s, reply)) = &c.cs_reply {
             if *s == seq {
-                return Ok(reply.clone());
+                return reply.clone();
             }
         }
         if seq != c.cs_seq {
@@ -430,30 +592,64 @@ impl StateTable {
         }
         let owner = c.owner.clone();
         let was_confirmed = c.confirmed;
-        if !was_confirmed {
-            // Confirming a record replaces any older record of the same owner.
-            let old: Vec<u64> = inner
+        let sessions = c.sessions.len();
+        // Confirming a record replaces any older record of the same owner;
+        // the reply cache its sessions hold is then free for this one.
+        let old: Vec<u64> = if was_confirmed {
+            Vec::new()
+        } else {
+            inner
                 .clients
                 .iter()
                 .filter(|(id, o)| **id != clientid && o.owner == owner)
                 .map(|(id, _)| *id)
-                .collect();
-            for id in old {
-                inner.remove_client(id);
+                .collect()
+        };
+        let freed: usize = old
+            .iter()
+            .filter_map(|id| inner.clients.get(id))
+            .flat_map(|o| o.sessions.iter())
+            .filter_map(|s| inner.sessions.get(s))
+            .map(|s| s.cache_bytes())
+            .sum();
+        let slot_bytes = (fore.max_response_cached as usize).max(MIN_SLOT_BYTES);
+        let room = (self.limits.reply_cache + freed).saturating_sub(inner.reply_cache) / slot_bytes;
+        let slots = fore
+            .max_requests
+            .min(self.limits.slots)
+            .min(u32::try_from(room).unwrap_or(u32::MAX));
+        if sessions >= self.limits.sessions_per_client || slots == 0 {
+            tracing::debug!(
+                clientid,
+                sessions,
+                reply_cache = inner.reply_cache,
+                "CREATE_SESSION refused: no room for another session"
+            );
+            // The sequence slot moves on and the error is what a replay
+            // gets; the client record stays as it was.
+            if let Some(c) = inner.clients.get_mut(&clientid) {
+                c.cs_seq = seq.wrapping_add(1);
+                c.cs_reply = Some((seq, Err(status::NOSPC)));
             }
+            return Err(status::NOSPC);
         }
+        for id in old {
+            inner.remove_client(id);
+        }
+        fore.max_requests = slots;
         let mut id = [0u8; SESSIONID_SIZE];
         id[..8].copy_from_slice(&clientid.to_be_bytes());
         id[8..].copy_from_slice(&inner.next().to_be_bytes());
-        let slots = (0..fore.max_requests).map(|_| Slot::default()).collect();
         let session = Arc::new(Session {
             id,
             clientid,
             fore,
             back,
-            slots: Mutex::new(slots),
+            slots: Mutex::new((0..slots).map(|_| Slot::default()).collect()),
+            slot_bytes,
         });
         let reply = make_reply(&session);
+        inner.reply_cache += session.cache_bytes();
         inner.sessions.insert(id, session);
         let c = inner
             .clients
@@ -461,7 +657,7 @@ impl StateTable {
             .ok_or(status::STALE_CLIENTID)?;
         c.confirmed = true;
         c.cs_seq = seq.wrapping_add(1);
-        c.cs_reply = Some((seq, reply.clone()));
+        c.cs_reply = Some((seq, Ok(reply.clone())));
         c.sessions.push(id);
         c.last_renew = Instant::now();
         Ok(reply)
@@ -480,7 +676,7 @@ impl StateTable {
     /// DESTROY_SESSION.
     pub fn destroy_session(&self, id: &[u8; SESSIONID_SIZE]) -> Result<(), u32> {
         let mut inner = self.lock();
-        let s = inner.sessions.remove(id).ok_or(status::BADSESSION)?;
+        let s = inner.remove_session(id).ok_or(status::BADSESSION)?;
         if let Some(c) = inner.clients.get_mut(&s.clientid) {
             c.sessions.retain(|x| x != id);
         }
@@ -520,14 +716,19 @@ impl StateTable {
         self.expire_at(Instant::now())
     }
 
-    /// Frees the state of clients silent for 1.5 leases before `now`.
+    /// Frees the state of clients silent for 1.5 leases before `now`, and
+    /// unconfirmed records not confirmed within a lease (RFC 8881 section
+    /// 18.35.4 says they SHOULD go then).
     pub fn expire_at(&self, now: Instant) -> usize {
         let mut inner = self.lock();
-        let limit = self.lease + self.lease / 2;
+        let confirmed = self.lease + self.lease / 2;
         let dead: Vec<u64> = inner
             .clients
             .iter()
-            .filter(|(_, c)| now.saturating_duration_since(c.last_renew) > limit)
+            .filter(|(_, c)| {
+                let limit = if c.confirmed { confirmed } else { self.lease };
+                now.saturating_duration_since(c.last_renew) > limit
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in &dead {
@@ -936,7 +1137,7 @@ mod tests {
     #[test]
     fn exchange_and_create_session_with_replay() {
         let t = table();
-        let r = t.exchange_id(b"client-a", [1; 8]);
+        let r = t.exchange_id(b"client-a", [1; 8]).unwrap();
         assert!(!r.confirmed);
         assert_eq!(
             t.create_session(r.clientid, 2, attrs(4), attrs(1), |_| vec![9]),
@@ -951,7 +1152,7 @@ mod tests {
                 .unwrap(),
             reply
         );
-        let again = t.exchange_id(b"client-a", [1; 8]);
+        let again = t.exchange_id(b"client-a", [1; 8]).unwrap();
         assert_eq!(again.clientid, r.clientid);
         assert!(again.confirmed);
         // Unknown client id.
@@ -964,7 +1165,7 @@ mod tests {
     #[test]
     fn slots_detect_replays_and_misordering() {
         let t = table();
-        let r = t.exchange_id(b"c", [1; 8]);
+        let r = t.exchange_id(b"c", [1; 8]).unwrap();
         let reply = t
             .create_session(r.clientid, 1, attrs(2), attrs(1), |s| s.id.to_vec())
             .unwrap();
@@ -984,6 +1185,66 @@ mod tests {
         assert!(matches!(s.begin(1, 1), Ok(SlotDecision::Uncached)));
         t.destroy_session(&id).unwrap();
         assert_eq!(t.session(&id).unwrap_err(), status::BADSESSION);
+    }
+
+    #[test]
+    fn false_retries_do_not_get_another_requests_reply() {
+        let t = table();
+        let r = t.exchange_id(b"c", [1; 8]).unwrap();
+        let id: [u8; 16] = t
+            .create_session(r.clientid, 1, attrs(2), attrs(1), |s| s.id.to_vec())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let s = t.session(&id).unwrap();
+        let user = |uid| crate::rpc::Cred {
+            uid,
+            gid: 100,
+            gids: vec![],
+            flavor: crate::rpc::AUTH_SYS,
+        };
+        let getattr = request_fingerprint(&user(1000), 3, b"putfh+getattr");
+        let write = request_fingerprint(&user(1000), 3, b"putfh+write");
+        assert!(matches!(
+            s.begin_request(0, 1, getattr),
+            Ok(SlotDecision::Execute)
+        ));
+        s.finish(0, Some(Arc::new(vec![7])));
+        // The same request again is a retransmission: the cached reply.
+        assert!(matches!(
+            s.begin_request(0, 1, getattr),
+            Ok(SlotDecision::Replay(_))
+        ));
+        // Other operations, or the same ones from another user, with the
+        // same sequence id are a false retry.
+        assert_eq!(
+            s.begin_request(0, 1, write).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        let other_user = request_fingerprint(&user(0), 3, b"putfh+getattr");
+        assert_eq!(
+            s.begin_request(0, 1, other_user).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        // Not cached either: still told apart.
+        assert!(matches!(
+            s.begin_request(1, 1, getattr),
+            Ok(SlotDecision::Execute)
+        ));
+        s.finish(1, None);
+        assert_eq!(
+            s.begin_request(1, 1, write).unwrap_err(),
+            status::SEQ_FALSE_RETRY
+        );
+        assert!(matches!(
+            s.begin_request(1, 1, getattr),
+            Ok(SlotDecision::Uncached)
+        ));
+        // The next sequence id runs whatever it carries.
+        assert!(matches!(
+            s.begin_request(0, 2, write),
+            Ok(SlotDecision::Execute)
+        ));
     }
 
     #[test]
@@ -1088,7 +1349,9 @@ mod tests {
     #[test]
     fn silent_clients_expire() {
         let t = StateTable::new(Duration::from_secs(10), 1);
-        let r = t.exchange_id(b"gone", [0; 8]);
+        let r = t.exchange_id(b"gone", [0; 8]).unwrap();
+        t.create_session(r.clientid, r.seq, attrs(4), attrs(1), |_| vec![])
+            .unwrap();
         t.open(
             OpenRequest {
                 clientid: r.clientid,
@@ -1104,5 +1367,171 @@ mod tests {
         assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(14)), 0);
         assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(16)), 1);
         assert_eq!(t.client_count(), 0);
+        assert_eq!(t.usage(), Usage::default());
+    }
+
+    #[test]
+    fn unconfirmed_records_expire_after_one_lease() {
+        let t = StateTable::new(Duration::from_secs(10), 1);
+        let u = t.exchange_id(b"unconfirmed", [0; 8]).unwrap();
+        let c = t.exchange_id(b"confirmed", [0; 8]).unwrap();
+        t.create_session(c.clientid, c.seq, attrs(4), attrs(1), |_| vec![])
+            .unwrap();
+        assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(9)), 0);
+        assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(11)), 1);
+        assert_eq!(
+            t.create_session(u.clientid, u.seq, attrs(4), attrs(1), |_| vec![]),
+            Err(status::STALE_CLIENTID)
+        );
+        assert_eq!(t.client_count(), 1);
+    }
+
+    fn small_limits() -> Limits {
+        Limits {
+            clients: 3,
+            sessions_per_client: 2,
+            slots: 8,
+            reply_cache: 64 * MIN_SLOT_BYTES,
+        }
+    }
+
+    /// A confirmed client with one session; returns its id and the
+    /// sequence id for its next CREATE_SESSION.
+    fn confirmed(t: &StateTable, owner: &[u8], slots: u32) -> (u64, u32) {
+        let r = t.exchange_id(owner, [1; 8]).unwrap();
+        t.create_session(r.clientid, r.seq, attrs(slots), attrs(1), |_| vec![])
+            .unwrap();
+        (r.clientid, r.seq + 1)
+    }
+
+    fn session_id(reply: Vec<u8>) -> [u8; SESSIONID_SIZE] {
+        reply.try_into().unwrap()
+    }
+
+    #[test]
+    fn sessions_per_client_are_capped_with_nospc() {
+        let t = StateTable::with_limits(Duration::from_secs(90), 1, small_limits());
+        let (id, seq) = confirmed(&t, b"a", 1);
+        let second = t
+            .create_session(id, seq, attrs(1), attrs(1), |s| s.id.to_vec())
+            .unwrap();
+        // A third is refused; the sequence slot moves on and a replay gets
+        // the same error.
+        assert_eq!(
+            t.create_session(id, seq + 1, attrs(1), attrs(1), |_| vec![]),
+            Err(status::NOSPC)
+        );
+        assert_eq!(
+            t.create_session(id, seq + 1, attrs(1), attrs(1), |_| vec![]),
+            Err(status::NOSPC)
+        );
+        assert_eq!(t.usage().sessions, 2);
+        // Another client is not affected.
+        confirmed(&t, b"b", 1);
+        // Destroying one makes room again.
+        t.destroy_session(&session_id(second)).unwrap();
+        t.create_session(id, seq + 2, attrs(1), attrs(1), |_| vec![])
+            .unwrap();
+        assert_eq!(t.usage().sessions, 3);
+    }
+
+    #[test]
+    fn slots_are_capped_and_shrink_to_the_reply_cache_budget() {
+        let t = StateTable::with_limits(Duration::from_secs(90), 1, small_limits());
+        let big = |slots, cached| ChannelAttrs {
+            max_requests: slots,
+            max_response_cached: cached,
+            max_ops: 8,
+            ..Default::default()
+        };
+        // 1000 slots asked, the limit (8) granted; each reserves 4 KiB.
+        let r = t.exchange_id(b"a", [1; 8]).unwrap();
+        let sid = session_id(
+            t.create_session(r.clientid, r.seq, big(1000, 0), attrs(1), |s| s.id.to_vec())
+                .unwrap(),
+        );
+        let s = t.session(&sid).unwrap();
+        assert_eq!(s.fore.max_requests, 8);
+        assert_eq!(s.begin(8, 1).unwrap_err(), status::BADSLOT);
+        assert!(matches!(s.begin(7, 1), Ok(SlotDecision::Execute)));
+        assert_eq!(t.usage().reply_cache, 8 * MIN_SLOT_BYTES);
+        // 8 slots of 24 KiB (48 pages) fit in the 56 pages left.
+        let r = t.exchange_id(b"b", [1; 8]).unwrap();
+        t.create_session(r.clientid, r.seq, big(8, 6 * 4096), attrs(1), |_| vec![])
+            .unwrap();
+        assert_eq!(t.usage().reply_cache, 56 * MIN_SLOT_BYTES);
+        // 8 pages left: one slot of 32 KiB does not fit ...
+        let r = t.exchange_id(b"c", [1; 8]).unwrap();
+        assert_eq!(
+            t.create_session(r.clientid, r.seq, big(8, 9 * 4096), attrs(1), |_| vec![]),
+            Err(status::NOSPC)
+        );
+        // ... but the next try with 4 KiB replies gets the 8 slots left,
+        // shrunk from the 64 asked for.
+        let sid = session_id(
+            t.create_session(r.clientid, r.seq + 1, big(64, 1024), attrs(1), |s| {
+                s.id.to_vec()
+            })
+            .unwrap(),
+        );
+        assert_eq!(t.session(&sid).unwrap().fore.max_requests, 8);
+        assert_eq!(t.usage().reply_cache, 64 * MIN_SLOT_BYTES);
+        // Replies longer than the slot's share are not kept.
+        let s = t.session(&sid).unwrap();
+        assert!(matches!(s.begin(0, 1), Ok(SlotDecision::Execute)));
+        s.finish(0, Some(Arc::new(vec![0; MIN_SLOT_BYTES + 1])));
+        assert!(matches!(s.begin(0, 1), Ok(SlotDecision::Uncached)));
+        // Expiry gives the budget back.
+        assert_eq!(t.expire_at(Instant::now() + Duration::from_secs(200)), 3);
+        assert_eq!(t.usage(), Usage::default());
+    }
+
+    #[test]
+    fn full_client_table_drops_unconfirmed_records_then_delays() {
+        let t = StateTable::with_limits(Duration::from_secs(90), 1, small_limits());
+        let (a, _) = confirmed(&t, b"a", 1);
+        let u1 = t.exchange_id(b"u1", [1; 8]).unwrap();
+        let u2 = t.exchange_id(b"u2", [1; 8]).unwrap();
+        assert_eq!(t.client_count(), 3);
+        // A fourth owner pushes out the oldest unconfirmed record (u1).
+        let u3 = t.exchange_id(b"u3", [1; 8]).unwrap();
+        assert_eq!(t.client_count(), 3);
+        assert_eq!(
+            t.create_session(u1.clientid, u1.seq, attrs(1), attrs(1), |_| vec![]),
+            Err(status::STALE_CLIENTID)
+        );
+        t.create_session(u2.clientid, u2.seq, attrs(1), attrs(1), |_| vec![])
+            .unwrap();
+        t.create_session(u3.clientid, u3.seq, attrs(1), attrs(1), |_| vec![])
+            .unwrap();
+        // All three confirmed: a new owner waits, known owners carry on.
+        assert_eq!(t.exchange_id(b"new", [1; 8]).unwrap_err(), status::DELAY);
+        assert_eq!(t.exchange_id(b"a", [1; 8]).unwrap().clientid, a);
+        // A restarted client (new verifier) gets in beside its old record,
+        // then takes its place.
+        let restarted = t.exchange_id(b"a", [2; 8]).unwrap();
+        assert_ne!(restarted.clientid, a);
+        assert_eq!(t.client_count(), 4);
+        let again = t.exchange_id(b"a", [3; 8]).unwrap();
+        assert_eq!(t.client_count(), 4);
+        t.create_session(again.clientid, again.seq, attrs(1), attrs(1), |_| vec![])
+            .unwrap();
+        assert_eq!(t.client_count(), 3);
+        assert_eq!(
+            t.create_session(restarted.clientid, 1, attrs(1), attrs(1), |_| vec![]),
+            Err(status::STALE_CLIENTID)
+        );
+        // A destroyed client makes room.
+        let r = t.exchange_id(b"u2", [1; 8]).unwrap();
+        assert_eq!(r.clientid, u2.clientid);
+        let sid = t
+            .lock()
+            .clients
+            .get(&u2.clientid)
+            .map(|c| c.sessions[0])
+            .unwrap();
+        t.destroy_session(&sid).unwrap();
+        t.destroy_client(u2.clientid).unwrap();
+        assert!(t.exchange_id(b"new", [1; 8]).is_ok());
     }
 }
