@@ -459,11 +459,6 @@ def test_sequence_replay_misorder_and_bad_session(sluice_server):
     assert_serves(sluice_server)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the state table detects false retries (Session::begin_request), but COMPOUND "
-    "processing does not pass it the request yet",
-)
 def test_false_retry_does_not_get_another_requests_reply(sluice_server):
     """RFC 8881 section 2.10.6.1.3.1: a request that reuses a slot and
     sequence id but is not the request that ran (other operations, or another

@@ -2,7 +2,7 @@
 //! SEQUENCE and the reply cache, and the per-request context.
 
 use super::exports::{Exported, Loc};
-use super::state::{SlotDecision, Stateid};
+use super::state::{request_fingerprint, SlotDecision, Stateid};
 use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, Server};
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
@@ -334,7 +334,10 @@ pub fn process_compound(
         res.u32(status::REQ_TOO_BIG);
         return Some(finish(status::REQ_TOO_BIG, tag, 1, res));
     }
-    match session.begin(slot, seqid) {
+    // A retransmission carries the same operations from the same caller;
+    // anything else on the same slot and sequence id is a false retry.
+    let request = request_fingerprint(rpc_cred, nops, &args[d.position()..]);
+    match session.begin_request(slot, seqid, request) {
         Err(st) => {
             res.u32(st);
             return Some(finish(st, tag, 1, res));

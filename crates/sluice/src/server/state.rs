@@ -82,15 +82,29 @@ struct Slot {
 /// Identifies a request on a slot, so that a retransmission can be told
 /// from a false retry (RFC 8881 section 2.10.6.1.3.1: another request with
 /// the same slot and sequence id): a hash of the caller's identity and of
-/// the COMPOUND's operations after SEQUENCE (`ops`, `nops` of them in all).
-/// SEQUENCE's own arguments are left out: a retry may change the highest
-/// slot it reports.
+/// the COMPOUND's operations after SEQUENCE (`ops`, `nops` of them in all):
+/// their length and first [`FINGERPRINT_SAMPLE`] bytes, so a 1 MiB WRITE
+/// is not hashed whole on every request. SEQUENCE's own arguments are
+/// left out: a retry may change the highest slot it reports.
 pub fn request_fingerprint(cred: &crate::rpc::Cred, nops: usize, ops: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (cred.flavor, cred.uid, cred.gid, &cred.gids, nops, ops).hash(&mut h);
+    let sample = &ops[..ops.len().min(FINGERPRINT_SAMPLE)];
+    (
+        cred.flavor,
+        cred.uid,
+        cred.gid,
+        &cred.gids,
+        nops,
+        ops.len(),
+        sample,
+    )
+        .hash(&mut h);
     h.finish()
 }
+
+/// Bytes of a request's operations that go into its fingerprint.
+pub const FINGERPRINT_SAMPLE: usize = 512;
 
 /// What SEQUENCE decided for a request.
 #[derive(Debug)]
