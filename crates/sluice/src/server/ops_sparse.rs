@@ -8,6 +8,7 @@ use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
 use crate::xdr::{Decoder, Encoder};
+use bytes::Bytes;
 use std::io as stdio;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
@@ -47,16 +48,25 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
             e.u32(0);
             return Ok(());
         }
-        // One read of the whole range keeps readahead going over holes.
-        let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
-        let n = buf.len();
-        let end = offset + n as u64;
         let min_hole = cx.srv.config.min_hole;
         let data = io(cx
             .srv
             .extents
             .data_extents(fd.as_fd(), &st, offset, end, min_hole))?;
-        let segs = extents::segments(&data, offset, end, min_hole);
+        let mut segs = extents::segments(&data, offset, end, min_hole);
+        // One read of the whole range keeps readahead going over holes; a
+        // range that is all hole needs no read at all (reading holes costs
+        // the file system an extent lookup per page: btrfs, cold).
+        let buf = if segs.iter().any(|s| matches!(s, Segment::Data(..))) {
+            let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
+            let got = offset + buf.len() as u64;
+            if got < end {
+                segs = extents::segments(&data, offset, got, min_hole);
+            }
+            buf
+        } else {
+            Bytes::new()
+        };
         let mut budget = count as usize + DATA_HEADER;
         let mut body = Encoder::with_capacity(256);
         let mut nsegs = 0u32;
