@@ -33,7 +33,7 @@ works), so the rate is a few hundred checked reads per second: measure it
 with a short run (--reads 20000) before a long one. On a shared machine,
 serialise heavy runs, e.g.
 
-    flock /var/tmp/sluice-heavy.lock bench/torn_kernel.py --reads 1000000
+    bench/torn_kernel.py --reads 1000000
 
 Exit status: 0 when no read was torn, 1 when some were, 2 on errors.
 """
