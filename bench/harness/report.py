@@ -529,8 +529,8 @@ figures), `--size` (per test file), `--mixed-layout-size` (the sparse
 experiment's mixed-* files, default `--size`), `--mix-size`, `--duration`
 (seconds per random or mixed measurement), `--wire RATE`, `--out DIR`
 (default `docs/bench/`), `--docs FILE` (this page; written by default only
-when `--out` is the default; text below its last line, the marker comment,
-is kept), `--no-build`. A run that was killed outright (SIGKILL) cannot
+when `--out` is the default; hand-written text after the marker comment
+that ends the generated part is kept), `--no-build`. A run that was killed outright (SIGKILL) cannot
 tear down; `bench/run --clean-stale` removes what it left (its servers,
 network namespace, mounts, loop devices and images under
 `/var/tmp/sluice-bench-*`).
