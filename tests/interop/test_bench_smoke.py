@@ -35,7 +35,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def leftovers() -> set[str]:
-    """Mounts, loop devices and scratch directories of any bench/run."""
+    """Mounts, loop devices and scratch directories of bench/run processes
+    that are gone. Those of runs still going (other users of this machine)
+    are not leftovers: each scratch directory names its owner."""
     found = {
         line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if "sluice-bench-" in line
     }
@@ -44,7 +46,18 @@ def leftovers() -> set[str]:
     )
     found |= {line.strip() for line in loops.stdout.splitlines() if "sluice-bench-" in line}
     found |= {str(p) for p in Path("/var/tmp").glob("sluice-bench-*")}
-    return found
+    return {path for path in found if not owner_alive(path)}
+
+
+def owner_alive(path: str) -> bool:
+    """Whether the bench/run that made the scratch directory holding `path`
+    (/var/tmp/sluice-bench-*/...) is still running."""
+    scratch = Path(*Path(path).parts[:4])
+    try:
+        pid = int((scratch / "owner.pid").read_text())
+    except (OSError, ValueError):
+        return False
+    return Path(f"/proc/{pid}").exists()
 
 
 @pytest.fixture(scope="module")
