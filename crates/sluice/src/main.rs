@@ -337,8 +337,26 @@ fn tune_allocator() {
 /// 219 threads.
 const REQUEST_THREADS: usize = 128;
 
+/// Raises the soft limit on open descriptors to the hard one: every open
+/// file holds a descriptor and the handle cache keeps up to 8192, far
+/// past the usual soft limit of 1024.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
 fn main() {
     tune_allocator();
+    raise_fd_limit();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
