@@ -171,6 +171,11 @@ pub struct IpRange {
     prefix: u8,
 }
 
+/// True when `ip` lies in one of `ranges`; an empty list admits everyone.
+pub fn admitted(ranges: &[IpRange], ip: IpAddr) -> bool {
+    ranges.is_empty() || ranges.iter().any(|r| r.contains(ip))
+}
+
 impl IpRange {
     /// Parses "ADDR" or "ADDR/PREFIX".
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -268,30 +273,13 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
             crate::server::exports::MAX_EXPORTS
         ));
     }
-    let pseudo_line = |p: &str| line_of(&format!("{p:?}"));
-    let mut paths = Vec::new();
-    for ex in &cfg.exports {
-        let parts = crate::server::exports::pseudo_components(&ex.pseudo)
-            .map_err(|m| format!("{name}{}: export.pseudo: {m}", pseudo_line(&ex.pseudo)))?;
-        if parts.is_empty() && cfg.exports.len() > 1 {
-            return Err(format!(
-                "{name}{}: export.pseudo: each of the {} exports needs a path of its own such as \"/data\" (\"/\", the default, is for a single export)",
-                pseudo_line(&ex.pseudo),
-                cfg.exports.len()
-            ));
-        }
-        if let Some((other, _)) = paths
-            .iter()
-            .find(|(_, p): &&(&str, Vec<&str>)| p.starts_with(&parts) || parts.starts_with(p))
-        {
-            return Err(format!(
-                "{name}{}: export.pseudo = {:?} is the same as or nested with {other:?}; exports cannot share or nest pseudo paths",
-                pseudo_line(&ex.pseudo),
-                ex.pseudo
-            ));
-        }
-        paths.push((ex.pseudo.as_str(), parts));
-    }
+    let pseudo: Vec<&str> = cfg.exports.iter().map(|e| e.pseudo.as_str()).collect();
+    crate::server::exports::check_pseudo_paths(&pseudo).map_err(|(i, m)| {
+        format!(
+            "{name}{}: export.pseudo: {m}",
+            line_of(&format!("{:?}", pseudo[i]))
+        )
+    })?;
     for ex in &cfg.exports {
         for (key, v) in [("max_read", ex.max_read), ("max_write", ex.max_write)] {
             if let Some(Size(n)) = v {

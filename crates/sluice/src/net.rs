@@ -61,7 +61,7 @@ impl Default for Policy {
 impl Policy {
     /// Why a connection from `peer` is refused, or None to serve it.
     pub fn refuse(&self, peer: SocketAddr) -> Option<&'static str> {
-        if !self.clients.is_empty() && !self.clients.iter().any(|r| r.contains(peer.ip())) {
+        if !crate::config::admitted(&self.clients, peer.ip()) {
             return Some("address not in any export's client list");
         }
         if self.require_privileged_port && peer.port() >= 1024 {

@@ -56,7 +56,7 @@ impl Rules {
     /// in-process caller (tests, fuzzing), which may use everything.
     pub fn admits(&self, peer: Option<IpAddr>) -> bool {
         match peer {
-            Some(ip) => self.clients.is_empty() || self.clients.iter().any(|r| r.contains(ip)),
+            Some(ip) => crate::config::admitted(&self.clients, ip),
             None => true,
         }
     }
@@ -132,6 +132,39 @@ pub fn pseudo_components(path: &str) -> Result<Vec<&str>, String> {
     Ok(parts)
 }
 
+/// Checks the pseudo paths of a server's exports: each well formed, none
+/// the same as or nested in another, and "/" only for a single export.
+/// Returns their components, or the index of a bad path and why.
+pub fn check_pseudo_paths<'a>(paths: &[&'a str]) -> Result<Vec<Vec<&'a str>>, (usize, String)> {
+    let mut seen: Vec<Vec<&str>> = Vec::with_capacity(paths.len());
+    for (i, path) in paths.iter().enumerate() {
+        let parts = pseudo_components(path).map_err(|m| (i, m))?;
+        if parts.is_empty() && paths.len() > 1 {
+            return Err((
+                i,
+                format!(
+                    "each of the {} exports needs a pseudo path of its own such as \"/data\" (\"/\", the default, is for a single export)",
+                    paths.len()
+                ),
+            ));
+        }
+        if let Some(j) = seen
+            .iter()
+            .position(|p| p.starts_with(&parts) || parts.starts_with(p))
+        {
+            return Err((
+                i,
+                format!(
+                    "pseudo path {path:?} is the same as or nested with {:?}; exports cannot share or nest pseudo paths",
+                    paths[j]
+                ),
+            ));
+        }
+        seen.push(parts);
+    }
+    Ok(seen)
+}
+
 impl Exports {
     /// One export at "/" with default rules.
     pub fn single(fs: Export, key: HandleKey) -> io::Result<Self> {
@@ -153,32 +186,14 @@ impl Exports {
         if list.is_empty() || list.len() > MAX_EXPORTS {
             return Err(bad(format!("serve 1 to {MAX_EXPORTS} exports")));
         }
-        let mut paths = Vec::new();
         for (i, e) in list.iter().enumerate() {
             if e.fs.id() as usize != i {
                 return Err(bad(format!("export {i} was opened with id {}", e.fs.id())));
             }
-            paths.push(pseudo_components(&e.pseudo).map_err(bad)?);
         }
-        for (i, a) in paths.iter().enumerate() {
-            if a.is_empty() && list.len() > 1 {
-                return Err(bad(format!(
-                    "{} is exported at \"/\" next to other exports; give each its own pseudo path",
-                    list[i].fs.path().display()
-                )));
-            }
-            for (j, b) in paths.iter().enumerate() {
-                if i != j && b.len() >= a.len() && b[..a.len()] == a[..] {
-                    return Err(bad(format!(
-                        "pseudo path {:?} of {} lies inside {:?} of {}; exports cannot be nested",
-                        list[j].pseudo,
-                        list[j].fs.path().display(),
-                        list[i].pseudo,
-                        list[i].fs.path().display()
-                    )));
-                }
-            }
-        }
+        let pseudo: Vec<&str> = list.iter().map(|e| e.pseudo.as_str()).collect();
+        let paths = check_pseudo_paths(&pseudo)
+            .map_err(|(i, m)| bad(format!("{}: {m}", list[i].fs.path().display())))?;
         let mut nodes = Vec::new();
         if !(list.len() == 1 && paths[0].is_empty()) {
             nodes.push(PseudoNode {
@@ -268,20 +283,20 @@ impl Exports {
     /// The root the client starts from: (handle, descriptor, location).
     pub fn root(&self) -> (Vec<u8>, Arc<OwnedFd>, Loc) {
         if self.has_pseudo() {
-            (
-                self.nodes[0].fh.clone(),
-                self.placeholder.clone(),
-                Loc::Pseudo(0),
-            )
+            self.node_handle(0)
         } else {
             let e = &self.list[0].fs;
             (e.root_fh().to_vec(), e.root_fd(), Loc::Export(0))
         }
     }
 
-    /// The placeholder descriptor of pseudo directory handles.
-    pub fn placeholder(&self) -> Arc<OwnedFd> {
-        self.placeholder.clone()
+    /// The handle, descriptor and location of pseudo directory `n`.
+    pub fn node_handle(&self, n: usize) -> (Vec<u8>, Arc<OwnedFd>, Loc) {
+        (
+            self.nodes[n].fh.clone(),
+            self.placeholder.clone(),
+            Loc::Pseudo(n),
+        )
     }
 
     /// The pseudo directory holding export `i`, when there is one.

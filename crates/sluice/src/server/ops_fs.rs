@@ -216,13 +216,8 @@ pub fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpSt
             let Loc::Export(i) = dir.loc else {
                 return Err(status::NOENT);
             };
-            let exports = &cx.srv.exports;
-            let n = exports.parent_of_export(i).ok_or(status::NOENT)?;
-            cx.cur = Some(Fh {
-                wire: exports.node(n).fh.clone(),
-                fd: exports.placeholder(),
-                loc: Loc::Pseudo(n),
-            });
+            let n = cx.srv.exports.parent_of_export(i).ok_or(status::NOENT)?;
+            cx.cur = Some(super::ops_pseudo::node_fh(cx, n));
             return Ok(());
         }
         let (fh, _) = child(cx, &dir, &CString::new("..").expect("no NUL"))?;

@@ -55,13 +55,10 @@ fn child_fh(cx: &Ctx<'_>, child: Child) -> Fh {
     }
 }
 
-fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
-    let exports = &cx.srv.exports;
-    Fh {
-        wire: exports.node(n).fh.clone(),
-        fd: exports.placeholder(),
-        loc: Loc::Pseudo(n),
-    }
+/// The filehandle of pseudo directory `n`.
+pub fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
+    let (wire, fd, loc) = cx.srv.exports.node_handle(n);
+    Fh { wire, fd, loc }
 }
 
 /// The visible entry `name` of pseudo directory `n`.
