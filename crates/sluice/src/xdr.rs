@@ -66,6 +66,12 @@ impl<'a> Decoder<'a> {
         Ok(s)
     }
 
+    /// Moves past `n` bytes already decoded once (to continue where an
+    /// earlier decoder of the same buffer stopped).
+    pub fn skip(&mut self, n: usize) -> XdrResult<()> {
+        self.take(n).map(|_| ())
+    }
+
     /// Reads an unsigned 32-bit integer.
     pub fn u32(&mut self) -> XdrResult<u32> {
         let b = self.take(4)?;

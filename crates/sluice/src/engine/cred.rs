@@ -6,8 +6,6 @@
 //! files the caller's ownership. The calls are made as raw system calls,
 //! which act on the calling thread only.
 
-use std::cell::Cell;
-
 /// A caller's identity on the backing file system.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -20,23 +18,47 @@ pub struct Identity {
 }
 
 thread_local! {
-    static CURRENT_UID: Cell<u32> = const { Cell::new(0) };
+    /// The calling thread's file system identity, so switching to the
+    /// identity it already has costs no system calls.
+    static CURRENT: std::cell::RefCell<(u32, u32, Vec<u32>)> =
+        const { std::cell::RefCell::new((0, 0, Vec::new())) };
 }
 
 fn set_groups(groups: &[u32]) {
+    let same = CURRENT.with(|c| c.borrow().2 == groups);
+    if same {
+        return;
+    }
     // SAFETY: the pointer and length describe a valid slice of gid_t.
     unsafe {
         libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
     }
+    CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        c.2.clear();
+        c.2.extend_from_slice(groups);
+    });
 }
 
 fn set_fs_ids(uid: u32, gid: u32) {
+    let (cur_uid, cur_gid) = CURRENT.with(|c| {
+        let c = c.borrow();
+        (c.0, c.1)
+    });
     // SAFETY: plain system calls with integer arguments.
     unsafe {
-        libc::syscall(libc::SYS_setfsgid, gid);
-        libc::syscall(libc::SYS_setfsuid, uid);
+        if gid != cur_gid {
+            libc::syscall(libc::SYS_setfsgid, gid);
+        }
+        if uid != cur_uid {
+            libc::syscall(libc::SYS_setfsuid, uid);
+        }
     }
-    CURRENT_UID.with(|c| c.set(uid));
+    CURRENT.with(|c| {
+        let mut c = c.borrow_mut();
+        c.0 = uid;
+        c.1 = gid;
+    });
 }
 
 /// Runs with `id` as the thread's file system identity until dropped.
@@ -62,18 +84,62 @@ impl Drop for IdentityGuard {
 /// Runs `f` with root's file system identity (needed to open handles),
 /// then restores the caller's.
 pub fn as_root<T>(f: impl FnOnce() -> T) -> T {
-    let uid = CURRENT_UID.with(|c| c.get());
-    if uid == 0 {
+    let (old_uid, old_gid) = CURRENT.with(|c| {
+        let c = c.borrow();
+        (c.0, c.1)
+    });
+    if old_uid == 0 && old_gid == 0 {
         return f();
     }
-    // SAFETY: plain system calls; the previous fsgid is read back by
-    // setfsgid's return value.
-    let (old_uid, old_gid) = unsafe {
-        let g = libc::syscall(libc::SYS_setfsgid, 0u32) as u32;
-        let u = libc::syscall(libc::SYS_setfsuid, 0u32) as u32;
-        (u, g)
-    };
+    set_fs_ids(0, 0);
     let r = f();
     set_fs_ids(old_uid, old_gid);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs_ids() -> (u32, u32) {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let field = |name: &str| -> u32 {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+            // Real, effective, saved, file system: the fourth.
+            line.split_whitespace().nth(4).unwrap().parse().unwrap()
+        };
+        (field("Uid:"), field("Gid:"))
+    }
+
+    /// The kernel's view follows every switch, also when an identity is
+    /// assumed twice in a row (which skips the system calls) and around
+    /// `as_root`. Runs on a thread of its own; needs root, like the server.
+    #[test]
+    fn identity_switches_reach_the_kernel() {
+        std::thread::spawn(|| {
+            let a = Identity {
+                uid: 1234,
+                gid: 5678,
+                groups: vec![5678, 42],
+            };
+            {
+                let _g = assume(&a);
+                assert_eq!(fs_ids(), (1234, 5678));
+                let _g2 = assume(&a);
+                assert_eq!(fs_ids(), (1234, 5678));
+                as_root(|| assert_eq!(fs_ids(), (0, 0)));
+                assert_eq!(fs_ids(), (1234, 5678));
+            }
+            assert_eq!(fs_ids(), (0, 0));
+            let root = Identity {
+                uid: 0,
+                gid: 0,
+                groups: vec![],
+            };
+            let _g = assume(&root);
+            assert_eq!(fs_ids(), (0, 0));
+        })
+        .join()
+        .unwrap();
+    }
 }

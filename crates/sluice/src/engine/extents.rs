@@ -200,6 +200,13 @@ impl Validator {
     }
 }
 
+/// What the cache knows of a range without looking.
+enum Known {
+    Extents(Vec<(u64, u64)>),
+    Fragmented,
+    Unknown,
+}
+
 #[derive(Debug)]
 enum Map {
     /// Every data extent of the file (small holes merged in).
@@ -247,6 +254,41 @@ impl ExtentCache {
         }
     }
 
+    /// What is known of `[start, end)` without a lookup.
+    fn known(&self, st: &Stat, start: u64, end: u64) -> Known {
+        let end = end.min(st.size);
+        if start >= end {
+            return Known::Extents(Vec::new());
+        }
+        if st.blocks.saturating_mul(512) >= st.size {
+            // Every byte can have storage: no hole worth a lookup.
+            return Known::Extents(vec![(start, end)]);
+        }
+        let v = Validator::of(st);
+        self.maps
+            .lock()
+            .ok()
+            .and_then(|m| match m.files.get(&(st.dev, st.ino)) {
+                Some((cv, Map::Complete(ext))) if *cv == v => {
+                    Some(Known::Extents(overlapping(ext, start, end)))
+                }
+                Some((cv, Map::Fragmented)) if *cv == v => Some(Known::Fragmented),
+                Some((cv, Map::Dense)) if *cv == v => Some(Known::Extents(vec![(start, end)])),
+                _ => None,
+            })
+            .unwrap_or(Known::Unknown)
+    }
+
+    /// Like [`ExtentCache::data_extents`], but only when the answer needs
+    /// no lookup in the file system (a file with no unallocated space, or
+    /// one whose map is kept); None otherwise.
+    pub fn cached_extents(&self, st: &Stat, start: u64, end: u64) -> Option<Vec<(u64, u64)>> {
+        match self.known(st, start, end) {
+            Known::Extents(ext) => Some(ext),
+            _ => None,
+        }
+    }
+
     /// Data extents overlapping `[start, end)` of the file open at `fd`
     /// whose status is `st`, with holes shorter than `min_hole` reported as
     /// data. The caller holds the file's lock so the map and the data it
@@ -269,25 +311,12 @@ impl ExtentCache {
         let key = (st.dev, st.ino);
         let v = Validator::of(st);
         let end = end.min(st.size);
-        if start >= end {
-            return Ok(Vec::new());
-        }
-        if st.blocks.saturating_mul(512) >= st.size {
-            // Every byte can have storage: no hole worth a lookup.
-            return Ok(vec![(start, end)]);
-        }
-        let cached = self.maps.lock().ok().and_then(|m| match m.files.get(&key) {
-            Some((cv, Map::Complete(ext))) if *cv == v => Some(Some(overlapping(ext, start, end))),
-            Some((cv, Map::Fragmented)) if *cv == v => Some(None),
-            Some((cv, Map::Dense)) if *cv == v => Some(Some(vec![(start, end)])),
-            _ => None,
-        });
-        match cached {
-            Some(Some(ext)) => return Ok(ext),
-            Some(None) => {
+        match self.known(st, start, end) {
+            Known::Extents(ext) => return Ok(ext),
+            Known::Fragmented => {
                 return walk(fd, start, end, MAX_SEEKS_PER_REQUEST, min_hole).map(|w| w.data)
             }
-            None => {}
+            Known::Unknown => {}
         }
         // Build the whole map once, bounded: first a probe that tells a
         // dense file, then the rest.

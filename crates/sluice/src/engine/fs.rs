@@ -595,6 +595,57 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
     Ok((buf, cached))
 }
 
+/// Reads up to `len` bytes at `offset` like [`read_buf`], but only from
+/// the page cache: None when any of it would have to come from the disk
+/// (or the kernel cannot tell, without non-blocking buffered reads).
+pub fn read_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Option<BytesMut>> {
+    if !NOWAIT_WORKS.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    if offset > i64::MAX as u64 {
+        return Ok(Some(BytesMut::new()));
+    }
+    let len = len.min((i64::MAX as u64 - offset) as usize);
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let done = buf.len();
+        let spare = buf.spare_capacity_mut();
+        let iov = libc::iovec {
+            iov_base: spare.as_mut_ptr() as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: as in read_buf: the iovec covers spare capacity of `buf`.
+        let n = unsafe {
+            libc::preadv2(
+                fd.as_raw_fd(),
+                &iov,
+                1,
+                (offset + done as u64) as i64,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(None),
+                Some(libc::EOPNOTSUPP) => {
+                    NOWAIT_WORKS.store(false, Ordering::Relaxed);
+                    return Ok(None);
+                }
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            // End of file (a range not cached is EAGAIN, not 0).
+            break;
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+    }
+    Ok(Some(buf))
+}
+
 /// False once the kernel refused RWF_NOWAIT for buffered reads.
 static NOWAIT_WORKS: AtomicBool = AtomicBool::new(true);
 
@@ -648,6 +699,46 @@ pub fn display_name(name: &[u8]) -> &OsStr {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn cached_reads_give_cached_data_and_refuse_the_rest() {
+        // Next to the build, on a disk-backed file system (temp_dir may be
+        // tmpfs, whose pages never leave memory).
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!(".sluice-cached-{}", std::process::id()));
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        let _ = std::fs::remove_file(&p);
+        // Just written: in the page cache.
+        let b = read_cached(f.as_fd(), 1000, 100_000)
+            .unwrap()
+            .expect("cached");
+        assert_eq!(&b[..], &data[1000..101_000]);
+        // Up to the end of the file and past it.
+        let b = read_cached(f.as_fd(), 250_000, 100_000)
+            .unwrap()
+            .expect("cached");
+        assert_eq!(&b[..], &data[250_000..]);
+        assert!(read_cached(f.as_fd(), 400_000, 10)
+            .unwrap()
+            .unwrap()
+            .is_empty());
+        // Dropped from the cache: refused, not read from the disk.
+        f.sync_all().unwrap();
+        // SAFETY: advice on a descriptor we own.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert!(read_cached(f.as_fd(), 0, 4096).unwrap().is_none());
+        // A blocking read brings it back.
+        let (b, _) = read_buf(f.as_fd(), 0, 4096).unwrap();
+        assert_eq!(&b[..], &data[..4096]);
+        assert_eq!(
+            &read_cached(f.as_fd(), 0, 4096)
+                .unwrap()
+                .expect("cached again")[..],
+            &data[..4096]
+        );
+    }
 
     #[test]
     fn read_buf_reads_to_eof_and_reports_cache() {

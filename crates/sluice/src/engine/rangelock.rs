@@ -116,16 +116,40 @@ impl RangeLocks {
     /// Locks `[start, end)` of file `key`, shared or exclusive, waiting for
     /// earlier conflicting requests.
     pub fn lock(&self, key: (u64, u64), start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+        self.acquire(key, start, end, exclusive, true)
+            .expect("a waiting lock is always granted")
+    }
+
+    /// Locks `[start, end)` of file `key` if no earlier conflicting
+    /// request holds or waits for it; None (and nothing held) otherwise.
+    pub fn try_lock(
+        &self,
+        key: (u64, u64),
+        start: u64,
+        end: u64,
+        exclusive: bool,
+    ) -> Option<RangeGuard<'_>> {
+        self.acquire(key, start, end, exclusive, false)
+    }
+
+    fn acquire(
+        &self,
+        key: (u64, u64),
+        start: u64,
+        end: u64,
+        exclusive: bool,
+        wait: bool,
+    ) -> Option<RangeGuard<'_>> {
         let end = end.max(start.saturating_add(1));
         if !self.enabled {
-            return RangeGuard {
+            return Some(RangeGuard {
                 owner: self,
                 key,
                 table: None,
                 ticket: 0,
                 start,
                 end,
-            };
+            });
         }
         let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
         let table = files.entry(key).or_default().clone();
@@ -140,18 +164,34 @@ impl RangeLocks {
         // The request is in the table before the file map is let go, so a
         // table found empty under the map's mutex has no users and can go.
         drop(files);
-        while r.blocked(ticket, start, e) {
-            r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
+        let blocked = r.blocked(ticket, start, e);
+        if blocked && !wait {
+            drop(r);
+            // Dropping the guard takes the request out again.
+            drop(RangeGuard {
+                owner: self,
+                key,
+                table: Some(table),
+                ticket,
+                start,
+                end,
+            });
+            return None;
+        }
+        if blocked {
+            while r.blocked(ticket, start, e) {
+                r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
+            }
         }
         drop(r);
-        RangeGuard {
+        Some(RangeGuard {
             owner: self,
             key,
             table: Some(table),
             ticket,
             start,
             end,
-        }
+        })
     }
 
     /// Shared lock for reading `[start, end)`.
@@ -162,6 +202,11 @@ impl RangeLocks {
     /// Exclusive lock for changing `[start, end)`.
     pub fn write(&self, key: (u64, u64), start: u64, end: u64) -> RangeGuard<'_> {
         self.lock(key, start, end, true)
+    }
+
+    /// Shared lock for reading `[start, end)` if it is free now.
+    pub fn try_read(&self, key: (u64, u64), start: u64, end: u64) -> Option<RangeGuard<'_>> {
+        self.try_lock(key, start, end, false)
     }
 
     /// Number of files with held or waiting ranges.
@@ -204,6 +249,24 @@ mod tests {
     use std::time::Duration;
 
     const K: (u64, u64) = (1, 1);
+
+    #[test]
+    fn try_lock_takes_free_ranges_and_leaves_no_trace_otherwise() {
+        let l = RangeLocks::default();
+        let w = l.write(K, 100, 200);
+        // Overlapping the writer: refused, and nothing left waiting.
+        assert!(l.try_read(K, 150, 250).is_none());
+        assert!(l.try_read(K, 0, 101).is_none());
+        // Beside it, or a read beside a read: granted.
+        let r = l.try_read(K, 200, 300).expect("free range");
+        let r2 = l.try_read(K, 250, 260).expect("shared with a read");
+        assert!(l.try_lock(K, 290, 310, true).is_none());
+        drop((w, r, r2));
+        assert_eq!(l.files_in_use(), 0);
+        let all = l.try_lock(K, 0, 1000, true).expect("all free");
+        drop(all);
+        assert_eq!(l.files_in_use(), 0);
+    }
 
     #[test]
     fn non_overlapping_and_shared_ranges_do_not_wait() {

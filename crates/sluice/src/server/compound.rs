@@ -244,6 +244,129 @@ fn finish(status_: u32, tag: &[u8], count: u32, results: Encoder) -> Encoder {
 /// Bytes of an accepted RPC reply header in front of the COMPOUND4res.
 const REPLY_HEADER: usize = 24;
 
+thread_local! {
+    static MUST_NOT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True while the COMPOUND runs on a thread that must not wait (the
+/// connection's network task): ops that would have to wait for the disk
+/// or for a range lock answer [`WOULD_BLOCK`] instead.
+pub fn must_not_wait() -> bool {
+    MUST_NOT_WAIT.with(|c| c.get())
+}
+
+/// Sets [`must_not_wait`] for the calling thread until dropped.
+struct NoWaitGuard;
+
+impl NoWaitGuard {
+    fn new() -> Self {
+        MUST_NOT_WAIT.with(|c| c.set(true));
+        NoWaitGuard
+    }
+}
+
+impl Drop for NoWaitGuard {
+    fn drop(&mut self) {
+        MUST_NOT_WAIT.with(|c| c.set(false));
+    }
+}
+
+/// An op's answer, under [`must_not_wait`], when it would have to wait:
+/// it has changed nothing (its arguments are decoded again later), and
+/// the COMPOUND goes on from it on a worker thread. Never sent.
+pub const WOULD_BLOCK: u32 = 0xffff_0001;
+
+/// Ops that may run where waiting is not allowed: they touch only what is
+/// in memory (state, cached handles and attributes), or check (READ and
+/// READ_PLUS read only what the page cache holds, take their range lock
+/// only if it is free, and READ_PLUS uses only extent maps already known).
+fn runs_without_waiting(opnum: u32) -> bool {
+    matches!(
+        opnum,
+        op::PUTFH
+            | op::PUTROOTFH
+            | op::PUTPUBFH
+            | op::GETFH
+            | op::SAVEFH
+            | op::RESTOREFH
+            | op::GETATTR
+            | op::ACCESS
+            | op::READ
+            | op::READ_PLUS
+    )
+}
+
+/// What became of a COMPOUND run where waiting is not allowed.
+pub enum Step {
+    /// Finished: the COMPOUND4res, or None for GARBAGE_ARGS.
+    Done(Option<Encoder>),
+    /// Stopped before an op that may wait; [`Paused::resume`] finishes it
+    /// on a thread that may.
+    Paused(Paused),
+}
+
+/// A COMPOUND stopped before an op that may have to wait.
+pub struct Paused(PausedAt);
+
+enum PausedAt {
+    /// Before its first op (one outside a session, which may wait).
+    Start(Args),
+    /// After SEQUENCE and the ops that could run.
+    Midway(Box<Running>),
+}
+
+/// A COMPOUND's arguments and caller, owned so it can move between threads.
+struct Args {
+    /// Holds the COMPOUND4args at `at`.
+    buf: Vec<u8>,
+    at: usize,
+    /// Size of the call's RPC header (counts against the session's limit).
+    rpc_header: usize,
+    cred: Cred,
+    peer: Option<IpAddr>,
+}
+
+impl Args {
+    fn args(&self) -> &[u8] {
+        &self.buf[self.at..]
+    }
+}
+
+/// A COMPOUND that has passed SEQUENCE, with what its remaining ops need.
+struct Running {
+    args: Args,
+    /// Where the tag is in the arguments.
+    tag: std::ops::Range<usize>,
+    /// Where the next op starts in the arguments.
+    next: usize,
+    /// Ops not yet run.
+    left: usize,
+    /// Results encoded so far, and their number.
+    res: Encoder,
+    count: u32,
+    cur: Option<Fh>,
+    saved: Option<Fh>,
+    clientid: u64,
+    cur_sid: Option<Stateid>,
+    session: Arc<super::state::Session>,
+    slot: u32,
+    cachethis: bool,
+}
+
+impl Paused {
+    /// Finishes the COMPOUND on the calling thread, which may wait.
+    pub fn resume(self, srv: &Server) -> Option<Encoder> {
+        let step = match self.0 {
+            PausedAt::Start(args) => start(srv, args, false),
+            PausedAt::Midway(r) => run_ops(srv, r, false),
+        };
+        match step {
+            Step::Done(body) => body,
+            Step::Paused(_) => unreachable!("a COMPOUND allowed to wait does not pause"),
+        }
+    }
+}
+
 /// Runs one COMPOUND and returns the encoded COMPOUND4res, or None when the
 /// arguments cannot even be framed (GARBAGE_ARGS). `rpc_header` is the size
 /// of the call's RPC header, which counts against the session's request
@@ -255,51 +378,97 @@ pub fn process_compound(
     args: &[u8],
     rpc_header: usize,
 ) -> Option<Encoder> {
-    let mut d = Decoder::new(args);
-    let tag = d.opaque(MAX_TAG).ok()?;
-    let minor = d.u32().ok()?;
-    let nops = d.u32().ok()? as usize;
+    let args = Args {
+        buf: args.to_vec(),
+        at: 0,
+        rpc_header,
+        cred: rpc_cred.clone(),
+        peer,
+    };
+    match start(srv, args, false) {
+        Step::Done(body) => body,
+        Step::Paused(p) => p.resume(srv),
+    }
+}
+
+/// Runs the COMPOUND4args at `at` in `buf` (an RPC record whose header has
+/// `at` bytes) as far as it can go without waiting.
+pub fn try_compound(
+    srv: &Server,
+    buf: Vec<u8>,
+    at: usize,
+    cred: Cred,
+    peer: Option<IpAddr>,
+) -> Step {
+    let _nowait = NoWaitGuard::new();
+    let args = Args {
+        buf,
+        at,
+        rpc_header: at,
+        cred,
+        peer,
+    };
+    start(srv, args, true)
+}
+
+/// Decodes the COMPOUND header and runs SEQUENCE (or the one op allowed
+/// outside a session), then the ops.
+fn start(srv: &Server, args: Args, nowait: bool) -> Step {
+    let mut d = Decoder::new(args.args());
+    let Ok(tag) = d.opaque(MAX_TAG) else {
+        return Step::Done(None);
+    };
+    let tag_at = d.position() - tag.len().div_ceil(4) * 4;
+    let tag_range = tag_at..tag_at + tag.len();
+    let (Ok(minor), Ok(nops)) = (d.u32(), d.u32()) else {
+        return Step::Done(None);
+    };
+    let nops = nops as usize;
+    let done = |st: u32, count: u32, res: Encoder| Step::Done(Some(finish(st, tag, count, res)));
     if minor != 1 && minor != 2 {
-        return Some(finish(status::MINOR_VERS_MISMATCH, tag, 0, Encoder::new()));
+        return done(status::MINOR_VERS_MISMATCH, 0, Encoder::new());
     }
     if nops == 0 {
-        return Some(finish(status::OK, tag, 0, Encoder::new()));
+        return done(status::OK, 0, Encoder::new());
     }
-    let mut cx = Ctx {
-        srv,
-        cred: rpc_cred,
-        peer,
-        id: Server::identity(rpc_cred, &srv.exports.list()[0].rules),
-        cur: None,
-        saved: None,
-        clientid: None,
-        cur_sid: None,
-    };
     let mut res = Encoder::with_capacity(512);
     let Ok(first) = d.u32() else {
-        return Some(finish(status::BADXDR, tag, 0, Encoder::new()));
+        return done(status::BADXDR, 0, Encoder::new());
     };
 
     if first != op::SEQUENCE {
         if !(op::ACCESS..=op::LAST_KNOWN).contains(&first) {
             res.u32(op::ILLEGAL);
             res.u32(status::OP_ILLEGAL);
-            return Some(finish(status::OP_ILLEGAL, tag, 1, res));
+            return done(status::OP_ILLEGAL, 1, res);
         }
         res.u32(first);
         let st = if !sessionless_ok(first) {
             status::OP_NOT_IN_SESSION
         } else if nops > 1 {
             status::NOT_ONLY_OP
+        } else if nowait {
+            // Client and session set-up may write to the state directory.
+            return Step::Paused(Paused(PausedAt::Start(args)));
         } else {
+            let mut cx = Ctx {
+                srv,
+                cred: &args.cred,
+                peer: args.peer,
+                id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
+                cur: None,
+                saved: None,
+                clientid: None,
+                cur_sid: None,
+            };
             let at = res.len();
             res.u32(0);
             let st = run_op(&mut cx, first, &mut d, &mut res);
             res.patch_u32(at, st);
-            return Some(finish(st, tag, 1, res));
+            return done(st, 1, res);
         };
         res.u32(st);
-        return Some(finish(st, tag, 1, res));
+        return done(st, 1, res);
     }
 
     // SEQUENCE first: find the session and the slot.
@@ -316,36 +485,38 @@ pub fn process_compound(
         Ok(v) => v,
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res));
+            return done(st, 1, res);
         }
     };
     let session = match srv.state.session(&sid) {
         Ok(s) => s,
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res));
+            return done(st, 1, res);
         }
     };
     if nops > session.fore.max_ops as usize {
         res.u32(status::TOO_MANY_OPS);
-        return Some(finish(status::TOO_MANY_OPS, tag, 1, res));
+        return done(status::TOO_MANY_OPS, 1, res);
     }
-    if args.len() + rpc_header > session.fore.max_request as usize {
+    if args.args().len() + args.rpc_header > session.fore.max_request as usize {
         res.u32(status::REQ_TOO_BIG);
-        return Some(finish(status::REQ_TOO_BIG, tag, 1, res));
+        return done(status::REQ_TOO_BIG, 1, res);
     }
     // A retransmission carries the same operations from the same caller;
     // anything else on the same slot and sequence id is a false retry.
-    let request = request_fingerprint(rpc_cred, nops, &args[d.position()..]);
+    let request = request_fingerprint(&args.cred, nops, &args.args()[d.position()..]);
     match session.begin_request(slot, seqid, request) {
         Err(st) => {
             res.u32(st);
-            return Some(finish(st, tag, 1, res));
+            return done(st, 1, res);
         }
-        Ok(SlotDecision::Replay(body)) => return Some(Encoder::from(body.as_ref().clone())),
+        Ok(SlotDecision::Replay(body)) => {
+            return Step::Done(Some(Encoder::from(body.as_ref().clone())))
+        }
         Ok(SlotDecision::Uncached) => {
             res.u32(status::RETRY_UNCACHED_REP);
-            return Some(finish(status::RETRY_UNCACHED_REP, tag, 1, res));
+            return done(status::RETRY_UNCACHED_REP, 1, res);
         }
         Ok(SlotDecision::Execute) => {}
     }
@@ -356,34 +527,91 @@ pub fn process_compound(
     res.u32(session.highest_slot());
     res.u32(session.highest_slot());
     res.u32(0); // status flags
-    cx.clientid = Some(session.clientid);
+    let next = d.position();
+    let clientid = session.clientid;
+    run_ops(
+        srv,
+        Box::new(Running {
+            args,
+            tag: tag_range,
+            next,
+            left: nops - 1,
+            res,
+            count: 1,
+            cur: None,
+            saved: None,
+            clientid,
+            cur_sid: None,
+            session,
+            slot,
+            cachethis,
+        }),
+        nowait,
+    )
+}
 
-    let mut count = 1u32;
+/// Runs the ops after SEQUENCE, then finishes the slot. With `nowait`,
+/// stops before an op that may wait and returns the rest.
+fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
     let mut last = status::OK;
-    // Reply size limits (RFC 8881 section 18.36.3): the whole reply must
-    // fit max_response, and one the client asked to cache must fit
-    // max_response_cached.
-    let fixed = REPLY_HEADER + 12 + tag.len().div_ceil(4) * 4;
-    let max_reply = session.fore.max_response as usize;
-    let max_cached = session.fore.max_response_cached as usize;
+    let mut paused = false;
     {
+        let Running {
+            args,
+            tag,
+            next,
+            left,
+            res,
+            count,
+            cur,
+            saved,
+            clientid,
+            cur_sid,
+            session,
+            cachethis,
+            ..
+        } = &mut *r;
+        let mut cx = Ctx {
+            srv,
+            cred: &args.cred,
+            peer: args.peer,
+            id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
+            cur: cur.take(),
+            saved: saved.take(),
+            clientid: Some(*clientid),
+            cur_sid: *cur_sid,
+        };
+        let mut d = Decoder::new(&args.buf[args.at..]);
+        let _ = d.skip(*next);
+        // Reply size limits (RFC 8881 section 18.36.3): the whole reply must
+        // fit max_response, and one the client asked to cache must fit
+        // max_response_cached.
+        let fixed = REPLY_HEADER + 12 + tag.len().div_ceil(4) * 4;
+        let max_reply = session.fore.max_response as usize;
+        let max_cached = session.fore.max_response_cached as usize;
         // The caller's identity follows the export of the current
         // filehandle, whose squash rules apply.
         let mut as_caller: Option<(Loc, cred::IdentityGuard)> = None;
-        for _ in 1..nops {
+        while *left > 0 {
+            let op_at = d.position();
             let Ok(opnum) = d.u32() else {
                 // The op array ended early: the next op cannot be decoded.
                 res.u32(op::ILLEGAL);
                 res.u32(status::BADXDR);
-                count += 1;
+                *count += 1;
                 last = status::BADXDR;
                 break;
             };
-            count += 1;
             if !(op::ACCESS..=op::LAST_KNOWN).contains(&opnum) {
                 res.u32(op::ILLEGAL);
                 res.u32(status::OP_ILLEGAL);
+                *count += 1;
                 last = status::OP_ILLEGAL;
+                break;
+            }
+            if nowait && !runs_without_waiting(opnum) {
+                *next = op_at;
+                paused = true;
                 break;
             }
             res.u32(opnum);
@@ -399,9 +627,18 @@ pub fn process_compound(
                 cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
                 as_caller = Some((loc, cred::assume(&cx.id)));
             }
-            let mut st = run_op(&mut cx, opnum, &mut d, &mut res);
+            let mut st = run_op(&mut cx, opnum, &mut d, res);
+            if st == WOULD_BLOCK {
+                debug_assert!(nowait, "op {opnum} would block where waiting is allowed");
+                res.truncate(at - 4);
+                *next = op_at;
+                paused = true;
+                break;
+            }
+            *count += 1;
+            *left -= 1;
             let size = fixed + res.len();
-            if size > max_reply || (cachethis && size > max_cached) {
+            if size > max_reply || (*cachethis && size > max_cached) {
                 res.truncate(at + 4);
                 st = if size > max_reply {
                     status::REP_TOO_BIG
@@ -416,8 +653,24 @@ pub fn process_compound(
                 break;
             }
         }
+        *cur = cx.cur.take();
+        *saved = cx.saved.take();
+        *cur_sid = cx.cur_sid;
     }
-    let body = finish(last, tag, count, res);
+    if paused {
+        return Step::Paused(Paused(PausedAt::Midway(r)));
+    }
+    let Running {
+        args,
+        tag,
+        res,
+        count,
+        session,
+        slot,
+        cachethis,
+        ..
+    } = *r;
+    let body = finish(last, &args.args()[tag], count, res);
     let cached = if cachethis {
         Some(Arc::new(body.to_vec()))
     } else {
@@ -426,5 +679,5 @@ pub fn process_compound(
         (body.len() <= 4096).then(|| Arc::new(body.to_vec()))
     };
     session.finish(slot, cached);
-    Some(body)
+    Step::Done(Some(body))
 }

@@ -112,35 +112,61 @@ impl Server {
     /// reply record, if any, with file data spliced in by reference (see
     /// [`Encoder::into_parts`]).
     pub fn handle_call(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Encoder> {
-        let call = match rpc::parse_call(record) {
+        match self.call(record.to_vec(), peer, false) {
+            Call::Done(reply) => reply,
+            Call::Paused(p) => p.resume(self),
+        }
+    }
+
+    /// Handles one RPC record as far as it goes without waiting for the
+    /// disk or a lock (for the connection's own task): requests for
+    /// cached data and in-memory state are answered at once, the rest is
+    /// handed back to be finished by [`Paused::resume`] on a thread that
+    /// may wait.
+    pub fn try_call(&self, record: Vec<u8>, peer: Option<IpAddr>) -> Call {
+        self.call(record, peer, true)
+    }
+
+    fn call(&self, record: Vec<u8>, peer: Option<IpAddr>, nowait: bool) -> Call {
+        let call = match rpc::parse_call(&record) {
             Ok(c) => c,
-            Err(e) => return rpc::error_reply(&e).map(Encoder::from),
+            Err(e) => return Call::Done(rpc::error_reply(&e).map(Encoder::from)),
         };
         if call.prog != rpc::NFS_PROGRAM {
-            return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail));
+            return Call::Done(Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail)));
         }
         if call.vers != 4 {
-            return Some(Encoder::from(rpc::prog_mismatch(call.xid, 4, 4)));
+            return Call::Done(Some(Encoder::from(rpc::prog_mismatch(call.xid, 4, 4))));
         }
-        let args = &record[call.args_at..];
+        let xid = call.xid;
         match call.proc_ {
             0 => {
-                if !args.is_empty() {
-                    return rpc::error_reply(&CallError::Garbage(call.xid)).map(Encoder::from);
+                if record.len() > call.args_at {
+                    return Call::Done(
+                        rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from),
+                    );
                 }
-                Some(rpc::accepted_reply(call.xid, AcceptStat::Success))
+                Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::Success)))
             }
             1 => {
-                let mut reply = rpc::accepted_reply(call.xid, AcceptStat::Success);
-                match process_compound(self, &call.cred, peer, args, call.args_at) {
-                    Some(body) => {
-                        reply.append(body);
-                        Some(reply)
-                    }
-                    None => rpc::error_reply(&CallError::Garbage(call.xid)).map(Encoder::from),
+                let step = if nowait {
+                    compound::try_compound(self, record, call.args_at, call.cred, peer)
+                } else {
+                    let args = &record[call.args_at..];
+                    compound::Step::Done(process_compound(
+                        self,
+                        &call.cred,
+                        peer,
+                        args,
+                        call.args_at,
+                    ))
+                };
+                match step {
+                    compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
+                    compound::Step::Paused(rest) => Call::Paused(Paused { xid, rest }),
                 }
             }
-            _ => Some(rpc::accepted_reply(call.xid, AcceptStat::ProcUnavail)),
+            _ => Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail))),
         }
     }
 
@@ -166,6 +192,40 @@ impl Server {
                 groups: Vec::new(),
             },
         }
+    }
+}
+
+/// What became of a call run without waiting.
+pub enum Call {
+    /// Answered: the reply record, if any.
+    Done(Option<Encoder>),
+    /// To be finished where waiting is allowed.
+    Paused(Paused),
+}
+
+/// A COMPOUND call stopped before an op that may wait.
+pub struct Paused {
+    xid: u32,
+    rest: compound::Paused,
+}
+
+impl Paused {
+    /// Finishes the call on the calling thread, which may wait, and
+    /// returns the reply record.
+    pub fn resume(self, srv: &Server) -> Option<Encoder> {
+        compound_reply(self.xid, self.rest.resume(srv))
+    }
+}
+
+/// The reply record for a COMPOUND4res (None: GARBAGE_ARGS).
+fn compound_reply(xid: u32, body: Option<Encoder>) -> Option<Encoder> {
+    match body {
+        Some(body) => {
+            let mut reply = rpc::accepted_reply(xid, AcceptStat::Success);
+            reply.append(body);
+            Some(reply)
+        }
+        None => rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from),
     }
 }
 

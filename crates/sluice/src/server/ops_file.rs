@@ -2,7 +2,8 @@
 //! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
 
 use super::attrs::{self, MAX_IO};
-use super::compound::{Ctx, Fh, OpStatus};
+use super::compound::{must_not_wait, Ctx, Fh, OpStatus, WOULD_BLOCK};
+use super::errno_status;
 use super::ops_fs::{
     apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, stat_of, stateid, x,
 };
@@ -365,6 +366,22 @@ pub fn read_data(
 ) -> Result<Bytes, u32> {
     let srv = cx.srv;
     let stream = stream_id(&cx.stateid(sid)?);
+    if must_not_wait() {
+        // Only what the page cache holds; the rest is read where waiting
+        // is allowed (also the reopen a write-only open needs).
+        let buf = match fs::read_cached(fd.as_fd(), offset, count) {
+            Ok(Some(buf)) => buf,
+            Ok(None) => return Err(WOULD_BLOCK),
+            Err(err) if err.raw_os_error() == Some(libc::EBADF) => return Err(WOULD_BLOCK),
+            Err(err) => return Err(errno_status(&err)),
+        };
+        let access = srv
+            .readahead
+            .access(file_key(st), stream, fd, offset, count as u64, st.size);
+        srv.readahead.record(access, true);
+        srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
+        return Ok(buf.freeze());
+    }
     let access = srv
         .readahead
         .access(file_key(st), stream, fd, offset, count as u64, st.size);
@@ -389,10 +406,15 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let _shared = cx
-            .srv
-            .locks
-            .read(file_key(&st), offset, offset.saturating_add(count as u64));
+        let range = (file_key(&st), offset, offset.saturating_add(count as u64));
+        let _shared = if must_not_wait() {
+            cx.srv
+                .locks
+                .try_read(range.0, range.1, range.2)
+                .ok_or(WOULD_BLOCK)?
+        } else {
+            cx.srv.locks.read(range.0, range.1, range.2)
+        };
         let data = read_data(cx, &fh, &fd, &st, sid, offset, count)?;
         let size = io(fs::stat(fd.as_fd()))?.size;
         let eof = offset.saturating_add(data.len() as u64) >= size;
@@ -404,7 +426,9 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         e.opaque_shared(data);
         Ok(())
     });
-    cx.srv.metrics.read_latency.observe(started.elapsed());
+    if st != WOULD_BLOCK {
+        cx.srv.metrics.read_latency.observe(started.elapsed());
+    }
     st
 }
 

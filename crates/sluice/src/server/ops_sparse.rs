@@ -1,7 +1,7 @@
 //! NFSv4.2 sparse file ops (RFC 7862): READ_PLUS, SEEK, ALLOCATE and
 //! DEALLOCATE.
 
-use super::compound::{Ctx, OpStatus};
+use super::compound::{must_not_wait, Ctx, OpStatus, WOULD_BLOCK};
 use super::ops_file::{cur_file, file_key, io_fd, read_data};
 use super::ops_fs::{io, run, stateid, x};
 use crate::engine::extents::{self, Segment};
@@ -39,7 +39,15 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);
-        let _shared = cx.srv.locks.read(key, offset, offset.saturating_add(count));
+        let range_end = offset.saturating_add(count);
+        let _shared = if must_not_wait() {
+            cx.srv
+                .locks
+                .try_read(key, offset, range_end)
+                .ok_or(WOULD_BLOCK)?
+        } else {
+            cx.srv.locks.read(key, offset, range_end)
+        };
         // Size and layout are read under the lock, with the data.
         let st = io(fs::stat(fd.as_fd()))?;
         let end = offset.saturating_add(count).min(st.size);
@@ -49,10 +57,18 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
             return Ok(());
         }
         let min_hole = cx.srv.config.min_hole;
-        let data = io(cx
-            .srv
-            .extents
-            .data_extents(fd.as_fd(), &st, offset, end, min_hole))?;
+        let data = if must_not_wait() {
+            // Extent lookups may read metadata from the disk.
+            cx.srv
+                .extents
+                .cached_extents(&st, offset, end)
+                .ok_or(WOULD_BLOCK)?
+        } else {
+            io(cx
+                .srv
+                .extents
+                .data_extents(fd.as_fd(), &st, offset, end, min_hole))?
+        };
         let mut segs = extents::segments(&data, offset, end, min_hole);
         // One read of the whole range keeps readahead going over holes; a
         // range that is all hole needs no read at all (reading holes costs
@@ -114,7 +130,9 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         e.append(body);
         Ok(())
     });
-    cx.srv.metrics.read_latency.observe(started.elapsed());
+    if status != WOULD_BLOCK {
+        cx.srv.metrics.read_latency.observe(started.elapsed());
+    }
     status
 }
 

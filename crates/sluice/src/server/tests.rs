@@ -495,3 +495,166 @@ thread_local! {
         (std::sync::Arc::new(s), d)
     };
 }
+
+/// Runs a COMPOUND as the connection task does: as far as it goes without
+/// waiting, then (if it stopped) the rest as a worker does. Returns the
+/// body and whether it had to stop.
+fn run_split(srv: &Server, args: Vec<u8>) -> (Vec<u8>, bool) {
+    match super::compound::try_compound(srv, args, 0, root(), None) {
+        super::compound::Step::Done(body) => (body.expect("framed").into_inner(), false),
+        super::compound::Step::Paused(p) => (p.resume(srv).expect("framed").into_inner(), true),
+    }
+}
+
+/// A COMPOUND4res: status, (op, status) of each result, the READ data and
+/// the GETFH handle, if any.
+type Results = (u32, Vec<(u32, u32)>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Parses a COMPOUND4res of SEQUENCE, PUTFH, LOOKUP, GETFH, READ and the
+/// like.
+fn split_results(body: &[u8]) -> Results {
+    let mut d = Decoder::new(body);
+    let st = d.u32().unwrap();
+    d.opaque(1024).unwrap();
+    let n = d.u32().unwrap();
+    let (mut results, mut data, mut fh) = (Vec::new(), None, None);
+    for _ in 0..n {
+        let (o, s) = (d.u32().unwrap(), d.u32().unwrap());
+        results.push((o, s));
+        if s != status::OK {
+            break;
+        }
+        match o {
+            op::SEQUENCE => {
+                d.array::<36>().unwrap();
+            }
+            op::GETFH => fh = Some(d.opaque(128).unwrap().to_vec()),
+            op::READ => {
+                d.bool().unwrap();
+                data = Some(d.opaque(1 << 20).unwrap().to_vec());
+            }
+            _ => {}
+        }
+    }
+    (st, results, data, fh)
+}
+
+fn read_op(offset: u64, count: u32) -> (u32, Vec<u8>) {
+    let mut e = Encoder::new();
+    e.u32(0);
+    e.opaque_fixed(&[0; 12]);
+    e.u64(offset);
+    e.u32(count);
+    (op::READ, e.into_inner())
+}
+
+/// The connection task answers what needs no waiting and hands the rest
+/// on: a COMPOUND stops before an op that may wait (LOOKUP), before a
+/// READ of data not in the page cache, and before a READ whose range a
+/// writer holds, and finishes from there with each op run once.
+#[test]
+fn compounds_stop_before_waiting_and_finish_elsewhere() {
+    use std::os::fd::AsRawFd;
+    let (srv, dir) = server("nowait");
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(dir.join("f"), &data).unwrap();
+    let sid = session(&srv);
+    let ops = |seq: u32, rest: &[(u32, Vec<u8>)]| {
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend_from_slice(rest);
+        compound(1, &all)
+    };
+
+    // LOOKUP may wait: the COMPOUND stops there and finishes elsewhere.
+    let (body, stopped) = run_split(
+        &srv,
+        ops(
+            1,
+            &[
+                (op::PUTROOTFH, vec![]),
+                lookup_op("f"),
+                (op::GETFH, vec![]),
+                read_op(1000, 2000),
+            ],
+        ),
+    );
+    assert!(stopped);
+    let (st, results, got, fh) = split_results(&body);
+    assert_eq!(st, status::OK, "{results:?}");
+    let names: Vec<u32> = results.iter().map(|r| r.0).collect();
+    assert_eq!(
+        names,
+        [op::SEQUENCE, op::PUTROOTFH, op::LOOKUP, op::GETFH, op::READ]
+    );
+    assert!(got.unwrap() == data[1000..3000]);
+    let fh = fh.unwrap();
+    // SEQUENCE ran once: the retransmission gets the same (cached, as it
+    // is small) reply, and the next sequence id is accepted below.
+    let (again, _) = run_split(
+        &srv,
+        ops(
+            1,
+            &[
+                (op::PUTROOTFH, vec![]),
+                lookup_op("f"),
+                (op::GETFH, vec![]),
+                read_op(1000, 2000),
+            ],
+        ),
+    );
+    assert!(again == body, "the retransmission got another reply");
+
+    let mut putfh = Encoder::new();
+    putfh.opaque(&fh);
+    let putfh = (op::PUTFH, putfh.into_inner());
+    // Cached data: answered without stopping.
+    let (body, stopped) = run_split(&srv, ops(2, &[putfh.clone(), read_op(150_000, 100_000)]));
+    assert!(!stopped);
+    let (st, results, got, _) = split_results(&body);
+    assert_eq!((st, results.len()), (status::OK, 3));
+    assert!(got.unwrap() == data[150_000..]);
+
+    // READ_PLUS of the cached, fully allocated file: no stop either.
+    let read_plus = (op::READ_PLUS, read_op(0, 4096).1);
+    let (body, stopped) = run_split(&srv, ops(3, &[putfh.clone(), read_plus.clone()]));
+    assert!(!stopped);
+    let (st, results, _, _) = split_results(&body);
+    assert_eq!(st, status::OK);
+    assert_eq!(results.last(), Some(&(op::READ_PLUS, status::OK)));
+    assert!(body.windows(4096).any(|w| w == &data[..4096]));
+
+    // Out of the page cache: stops before READ, which runs once.
+    let f = std::fs::File::open(dir.join("f")).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on a descriptor we own.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let (body, stopped) = run_split(&srv, ops(4, &[putfh.clone(), read_op(0, 70_000)]));
+    assert!(stopped, "a READ of uncached data was done without waiting");
+    let (st, results, got, _) = split_results(&body);
+    assert_eq!((st, results.len()), (status::OK, 3), "{results:?}");
+    assert!(got.unwrap() == data[..70_000]);
+
+    // A writer holds the range: stops, and reads once the writer is done.
+    let meta = std::fs::metadata(dir.join("f")).unwrap();
+    let key = {
+        use std::os::unix::fs::MetadataExt;
+        (meta.dev(), meta.ino())
+    };
+    let held = srv.locks.write(key, 0, 10);
+    let paused = match super::compound::try_compound(
+        &srv,
+        ops(5, &[putfh.clone(), read_op(0, 100)]),
+        0,
+        root(),
+        None,
+    ) {
+        super::compound::Step::Paused(p) => p,
+        super::compound::Step::Done(_) => panic!("READ went past a held write lock"),
+    };
+    drop(held);
+    let body = paused.resume(&srv).unwrap().into_inner();
+    let (st, results, got, _) = split_results(&body);
+    assert_eq!((st, results.len()), (status::OK, 3), "{results:?}");
+    assert!(got.unwrap() == data[..100]);
+    let _ = std::fs::remove_dir_all(dir);
+}
