@@ -102,10 +102,15 @@ impl Server {
     }
 
     /// Handles one RPC record from an in-process caller (tests, fuzzing),
-    /// which every export admits, and returns the reply record, if any,
-    /// as one vector.
+    /// which every export admits, the way a connection does (first without
+    /// waiting, then the rest), and returns the reply record, if any, as
+    /// one vector.
     pub fn handle_record(&self, record: &[u8]) -> Option<Vec<u8>> {
-        self.handle_call(record, None).map(Encoder::into_inner)
+        let reply = match self.try_call(record.to_vec(), None) {
+            Call::Done(reply) => reply,
+            Call::Paused(p) => p.resume(self),
+        };
+        reply.map(Encoder::into_inner)
     }
 
     /// Handles one RPC record from a client at `peer` and returns the
