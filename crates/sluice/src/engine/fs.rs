@@ -537,23 +537,8 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
     let mut short_nowait = false;
     while buf.len() < len {
         let done = buf.len();
-        let spare = buf.spare_capacity_mut();
-        let iov = libc::iovec {
-            iov_base: spare.as_mut_ptr() as *mut libc::c_void,
-            iov_len: len - done,
-        };
         let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
-        // SAFETY: valid fd; the iovec covers spare capacity of `buf`, which
-        // the kernel fills and set_len below exposes only as far as filled.
-        let n = unsafe {
-            libc::preadv2(
-                fd.as_raw_fd(),
-                &iov,
-                1,
-                (offset + done as u64) as i64,
-                flags,
-            )
-        };
+        let n = pread_spare(fd, &mut buf, len - done, offset + done as u64, flags);
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
@@ -595,6 +580,27 @@ pub fn read_buf(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<(Byte
     Ok((buf, cached))
 }
 
+/// One `preadv2` of up to `want` bytes at `offset` into the spare
+/// capacity of `buf` (which must have that much); the raw result. The
+/// caller extends `buf` by what was read.
+fn pread_spare(
+    fd: BorrowedFd<'_>,
+    buf: &mut BytesMut,
+    want: usize,
+    offset: u64,
+    flags: i32,
+) -> isize {
+    let spare = buf.spare_capacity_mut();
+    assert!(spare.len() >= want, "read past the buffer");
+    let iov = libc::iovec {
+        iov_base: spare.as_mut_ptr() as *mut libc::c_void,
+        iov_len: want,
+    };
+    // SAFETY: valid fd; the iovec covers spare capacity of `buf`, which
+    // the kernel fills and the caller exposes only as far as filled.
+    unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, offset as i64, flags) }
+}
+
 /// Reads up to `len` bytes at `offset` like [`read_buf`], but only from
 /// the page cache: None when any of it would have to come from the disk
 /// (or the kernel cannot tell, without non-blocking buffered reads).
@@ -609,21 +615,13 @@ pub fn read_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Op
     let mut buf = BytesMut::with_capacity(len);
     while buf.len() < len {
         let done = buf.len();
-        let spare = buf.spare_capacity_mut();
-        let iov = libc::iovec {
-            iov_base: spare.as_mut_ptr() as *mut libc::c_void,
-            iov_len: len - done,
-        };
-        // SAFETY: as in read_buf: the iovec covers spare capacity of `buf`.
-        let n = unsafe {
-            libc::preadv2(
-                fd.as_raw_fd(),
-                &iov,
-                1,
-                (offset + done as u64) as i64,
-                libc::RWF_NOWAIT,
-            )
-        };
+        let n = pread_spare(
+            fd,
+            &mut buf,
+            len - done,
+            offset + done as u64,
+            libc::RWF_NOWAIT,
+        );
         if n < 0 {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {

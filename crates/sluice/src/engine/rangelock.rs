@@ -164,34 +164,25 @@ impl RangeLocks {
         // The request is in the table before the file map is let go, so a
         // table found empty under the map's mutex has no users and can go.
         drop(files);
-        let blocked = r.blocked(ticket, start, e);
-        if blocked && !wait {
-            drop(r);
-            // Dropping the guard takes the request out again.
-            drop(RangeGuard {
-                owner: self,
-                key,
-                table: Some(table),
-                ticket,
-                start,
-                end,
-            });
-            return None;
-        }
-        if blocked {
-            while r.blocked(ticket, start, e) {
-                r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        drop(r);
-        Some(RangeGuard {
+        let guard = RangeGuard {
             owner: self,
             key,
-            table: Some(table),
+            table: Some(table.clone()),
             ticket,
             start,
             end,
-        })
+        };
+        if !wait && r.blocked(ticket, start, e) {
+            drop(r);
+            // Dropping the guard takes the request out again.
+            drop(guard);
+            return None;
+        }
+        while r.blocked(ticket, start, e) {
+            r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(r);
+        Some(guard)
     }
 
     /// Shared lock for reading `[start, end)`.
