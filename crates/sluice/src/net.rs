@@ -310,19 +310,15 @@ async fn connection(
         let first =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| srv.try_call(record, ip)));
         let paused = match first {
-            Err(_) => {
-                tracing::error!("request handler panicked; no reply sent");
-                continue;
-            }
-            Ok(Call::Done(reply)) => {
-                if let Some(r) = reply {
-                    let mut mem = mem;
-                    shrink(&mut mem, r.len() + 4);
-                    outbox.send(r, Held(mem, permit));
-                }
-                continue;
-            }
             Ok(Call::Paused(p)) => p,
+            Ok(Call::Done(reply)) => {
+                outbox.deliver(Ok(reply), mem, permit);
+                continue;
+            }
+            Err(e) => {
+                outbox.deliver(Err(e), mem, permit);
+                continue;
+            }
         };
         let srv = srv.clone();
         let outbox = outbox.clone();
@@ -331,16 +327,7 @@ async fn connection(
         drop(tokio::task::spawn_blocking(move || {
             let reply =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
-            match reply {
-                Ok(Some(r)) => {
-                    // The record is gone; keep what the reply takes.
-                    let mut mem = mem;
-                    shrink(&mut mem, r.len() + 4);
-                    outbox.send(r, Held(mem, permit));
-                }
-                Ok(None) => {}
-                Err(_) => tracing::error!("request handler panicked; no reply sent"),
-            }
+            outbox.deliver(reply, mem, permit);
             drop(busy);
         }));
     };
@@ -410,6 +397,26 @@ impl Outbox {
         self.lock().failed
     }
 
+    /// Sends the reply a handler made, if any, keeping of the request's
+    /// memory reservation only what the reply takes; a handler that
+    /// panicked sends nothing.
+    fn deliver(
+        &self,
+        reply: std::thread::Result<Option<Encoder>>,
+        mut mem: OwnedSemaphorePermit,
+        slot: OwnedSemaphorePermit,
+    ) {
+        match reply {
+            Ok(Some(r)) => {
+                // The record is gone; keep what the reply takes.
+                shrink(&mut mem, r.len() + 4);
+                self.send(r, Held(mem, slot));
+            }
+            Ok(None) => {}
+            Err(_) => tracing::error!("request handler panicked; no reply sent"),
+        }
+    }
+
     /// Sends one reply record: at once if the socket takes it, else
     /// after the replies queued before it.
     fn send(&self, reply: Encoder, held: Held) {
@@ -420,20 +427,49 @@ impl Outbox {
         if q.failed {
             return;
         }
-        if !q.draining && q.replies.is_empty() {
-            match write_some(&self.wr, &mut parts) {
-                Ok(()) if parts.is_empty() => return,
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "reply not sent; connection broken");
-                    q.failed = true;
-                    return;
+        q.replies.push_back(Queued { parts, _held: held });
+        if q.draining {
+            // The writer task owns the socket and will get to it.
+            return;
+        }
+        match self.drain(&mut q) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                q.draining = true;
+                self.wake.notify_one();
+            }
+            Err(e) => Self::fail(&mut q, e),
+        }
+    }
+
+    /// Writes queued replies, several per writev, until the queue is
+    /// empty (Ok) or the socket is full (WouldBlock) or broken.
+    fn drain(&self, q: &mut Queue) -> std::io::Result<()> {
+        while !q.replies.is_empty() {
+            let n = {
+                let slices: Vec<IoSlice<'_>> = q
+                    .replies
+                    .iter()
+                    .flat_map(|r| r.parts.iter())
+                    .take(IOV_PER_WRITE)
+                    .map(|b| IoSlice::new(b))
+                    .collect();
+                self.wr.try_write_vectored(&slices)?
+            };
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            let mut left = n;
+            while left > 0 {
+                let r = q.replies.front_mut().expect("written bytes were queued");
+                left = advance(&mut r.parts, left);
+                if r.parts.is_empty() {
+                    // Written: its memory and slot are free again.
+                    q.replies.pop_front();
                 }
             }
-            q.draining = true;
-            self.wake.notify_one();
         }
-        q.replies.push_back(Queued { parts, _held: held });
+        Ok(())
     }
 
     /// No more replies will be sent; the writer task ends once the queue
@@ -457,92 +493,24 @@ impl Outbox {
                 self.wake.notified().await;
                 continue;
             }
-            if let Err(e) = self.wr.writable().await {
-                self.fail(e);
-                return;
-            }
+            let ready = self.wr.writable().await;
             let mut q = self.lock();
-            loop {
-                if q.replies.is_empty() {
-                    q.draining = false;
-                    break;
-                }
-                // Gather the heads of several replies into one writev.
-                let r = {
-                    let slices: Vec<IoSlice<'_>> = q
-                        .replies
-                        .iter()
-                        .flat_map(|r| r.parts.iter())
-                        .take(IOV_PER_WRITE)
-                        .map(|b| IoSlice::new(b))
-                        .collect();
-                    self.wr.try_write_vectored(&slices)
-                };
-                let r = match r {
-                    Ok(0) => Err(std::io::ErrorKind::WriteZero.into()),
-                    Ok(n) => {
-                        let mut left = n;
-                        while left > 0 {
-                            let r = q.replies.front_mut().expect("written bytes were queued");
-                            left = advance(&mut r.parts, left);
-                            if r.parts.is_empty() {
-                                q.replies.pop_front();
-                            }
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
-                match r {
-                    Ok(()) => {
-                        while q.replies.front().is_some_and(|r| r.parts.is_empty()) {
-                            q.replies.pop_front();
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        drop(q);
-                        self.fail(e);
-                        return;
-                    }
-                }
+            match ready.and_then(|()| self.drain(&mut q)) {
+                Ok(()) => q.draining = false,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => Self::fail(&mut q, e),
             }
         }
     }
 
-    fn fail(&self, e: std::io::Error) {
+    /// The connection is broken: drops what is queued (giving back what
+    /// it holds) and every later reply.
+    fn fail(q: &mut Queue, e: std::io::Error) {
         tracing::debug!(error = %e, "replies not sent; connection broken");
-        let mut q = self.lock();
         q.failed = true;
         q.draining = false;
         q.replies.clear();
     }
-}
-
-/// Writes from the front of `parts` what the socket takes now (without
-/// waiting), dropping what went out. Ok with `parts` not empty means the
-/// socket is full.
-fn write_some(
-    wr: &tokio::net::tcp::OwnedWriteHalf,
-    parts: &mut std::collections::VecDeque<Bytes>,
-) -> std::io::Result<()> {
-    while !parts.is_empty() {
-        let n = {
-            let slices: Vec<IoSlice<'_>> = parts
-                .iter()
-                .take(IOV_PER_WRITE)
-                .map(|b| IoSlice::new(b))
-                .collect();
-            match wr.try_write_vectored(&slices) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        };
-        advance(parts, n);
-    }
-    Ok(())
 }
 
 /// Drops `n` written bytes from the front of `parts` (or as many as it
@@ -609,6 +577,17 @@ mod tests {
         assert_eq!(p.refuse("127.0.0.1:800".parse().unwrap()), None);
     }
 
+    /// A connected (client, server) pair on loopback.
+    async fn socket_pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (client, (server, _)) =
+            tokio::join!(async { TcpStream::connect(addr).await.unwrap() }, async {
+                l.accept().await.unwrap()
+            });
+        (client, server)
+    }
+
     fn get(stream: &TcpStream, level: i32, name: i32) -> i32 {
         use std::os::fd::AsRawFd;
         let mut v: i32 = 0;
@@ -629,11 +608,7 @@ mod tests {
 
     #[tokio::test]
     async fn connections_watch_for_vanished_peers() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (_c, (s, _)) = tokio::join!(async { TcpStream::connect(addr).await.unwrap() }, async {
-            l.accept().await.unwrap()
-        });
+        let (_c, s) = socket_pair().await;
         assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);
         watch_peer(&s).unwrap();
         assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 1);
@@ -686,12 +661,7 @@ mod tests {
     /// slots and memory given back once written.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replies_from_many_workers_arrive_whole() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (client, (server, _)) =
-            tokio::join!(async { TcpStream::connect(addr).await.unwrap() }, async {
-                l.accept().await.unwrap()
-            });
+        let (client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
         let writer = tokio::spawn(outbox.clone().run());
@@ -751,12 +721,7 @@ mod tests {
     /// dropped with what they hold, and the writer task ends.
     #[tokio::test]
     async fn replies_to_a_closed_peer_are_dropped() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let (client, (server, _)) =
-            tokio::join!(async { TcpStream::connect(addr).await.unwrap() }, async {
-                l.accept().await.unwrap()
-            });
+        let (client, server) = socket_pair().await;
         drop(client);
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));

@@ -113,26 +113,13 @@ impl Server {
         reply.map(Encoder::into_inner)
     }
 
-    /// Handles one RPC record from a client at `peer` and returns the
-    /// reply record, if any, with file data spliced in by reference (see
-    /// [`Encoder::into_parts`]).
-    pub fn handle_call(&self, record: &[u8], peer: Option<IpAddr>) -> Option<Encoder> {
-        match self.call(record.to_vec(), peer, false) {
-            Call::Done(reply) => reply,
-            Call::Paused(p) => p.resume(self),
-        }
-    }
-
-    /// Handles one RPC record as far as it goes without waiting for the
-    /// disk or a lock (for the connection's own task): requests for
-    /// cached data and in-memory state are answered at once, the rest is
-    /// handed back to be finished by [`Paused::resume`] on a thread that
-    /// may wait.
+    /// Handles one RPC record from a client at `peer` as far as it goes
+    /// without waiting for the disk or a lock (for the connection's own
+    /// task): requests for cached data and in-memory state are answered at
+    /// once, with file data spliced into the reply by reference (see
+    /// [`Encoder::into_parts`]); the rest is handed back to be finished by
+    /// [`Paused::resume`] on a thread that may wait.
     pub fn try_call(&self, record: Vec<u8>, peer: Option<IpAddr>) -> Call {
-        self.call(record, peer, true)
-    }
-
-    fn call(&self, record: Vec<u8>, peer: Option<IpAddr>, nowait: bool) -> Call {
         let call = match rpc::parse_call(&record) {
             Ok(c) => c,
             Err(e) => return Call::Done(rpc::error_reply(&e).map(Encoder::from)),
@@ -154,18 +141,7 @@ impl Server {
                 Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::Success)))
             }
             1 => {
-                let step = if nowait {
-                    compound::try_compound(self, record, call.args_at, call.cred, peer)
-                } else {
-                    let args = &record[call.args_at..];
-                    compound::Step::Done(process_compound(
-                        self,
-                        &call.cred,
-                        peer,
-                        args,
-                        call.args_at,
-                    ))
-                };
+                let step = compound::try_compound(self, record, call.args_at, call.cred, peer);
                 match step {
                     compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
                     compound::Step::Paused(rest) => Call::Paused(Paused { xid, rest }),
