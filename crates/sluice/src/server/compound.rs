@@ -127,26 +127,30 @@ pub fn changes_fs(opnum: u32) -> bool {
     )
 }
 
+/// Ops that set, save, restore or return the current filehandle, without
+/// touching the object behind it.
+fn moves_filehandle(opnum: u32) -> bool {
+    matches!(
+        opnum,
+        op::PUTFH | op::PUTROOTFH | op::PUTPUBFH | op::GETFH | op::SAVEFH | op::RESTOREFH
+    )
+}
+
 /// Ops that act on the object behind the current filehandle.
 fn uses_cur_object(opnum: u32) -> bool {
-    !matches!(
-        opnum,
-        op::PUTFH
-            | op::PUTROOTFH
-            | op::PUTPUBFH
-            | op::GETFH
-            | op::SAVEFH
-            | op::RESTOREFH
-            | op::SEQUENCE
-            | op::EXCHANGE_ID
-            | op::CREATE_SESSION
-            | op::DESTROY_SESSION
-            | op::DESTROY_CLIENTID
-            | op::BIND_CONN_TO_SESSION
-            | op::RECLAIM_COMPLETE
-            | op::FREE_STATEID
-            | op::TEST_STATEID
-    )
+    !moves_filehandle(opnum)
+        && !matches!(
+            opnum,
+            op::SEQUENCE
+                | op::EXCHANGE_ID
+                | op::CREATE_SESSION
+                | op::DESTROY_SESSION
+                | op::DESTROY_CLIENTID
+                | op::BIND_CONN_TO_SESSION
+                | op::RECLAIM_COMPLETE
+                | op::FREE_STATEID
+                | op::TEST_STATEID
+        )
 }
 
 fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
@@ -281,19 +285,7 @@ pub const WOULD_BLOCK: u32 = 0xffff_0001;
 /// READ_PLUS read only what the page cache holds, take their range lock
 /// only if it is free, and READ_PLUS uses only extent maps already known).
 fn runs_without_waiting(opnum: u32) -> bool {
-    matches!(
-        opnum,
-        op::PUTFH
-            | op::PUTROOTFH
-            | op::PUTPUBFH
-            | op::GETFH
-            | op::SAVEFH
-            | op::RESTOREFH
-            | op::GETATTR
-            | op::ACCESS
-            | op::READ
-            | op::READ_PLUS
-    )
+    moves_filehandle(opnum) || matches!(opnum, op::GETATTR | op::ACCESS | op::READ | op::READ_PLUS)
 }
 
 /// What became of a COMPOUND run where waiting is not allowed.

@@ -366,31 +366,33 @@ pub fn read_data(
 ) -> Result<Bytes, u32> {
     let srv = cx.srv;
     let stream = stream_id(&cx.stateid(sid)?);
-    if must_not_wait() {
+    let access = || {
+        srv.readahead
+            .access(file_key(st), stream, fd, offset, count as u64, st.size)
+    };
+    let (buf, access, cached) = if must_not_wait() {
         // Only what the page cache holds; the rest is read where waiting
-        // is allowed (also the reopen a write-only open needs).
+        // is allowed (also the reopen a write-only open needs). The
+        // readahead engine hears of the request once it has been served,
+        // so a request finished elsewhere is not counted twice.
         let buf = match fs::read_cached(fd.as_fd(), offset, count) {
             Ok(Some(buf)) => buf,
             Ok(None) => return Err(WOULD_BLOCK),
             Err(err) if err.raw_os_error() == Some(libc::EBADF) => return Err(WOULD_BLOCK),
             Err(err) => return Err(errno_status(&err)),
         };
-        let access = srv
-            .readahead
-            .access(file_key(st), stream, fd, offset, count as u64, st.size);
-        srv.readahead.record(access, true);
-        srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-        return Ok(buf.freeze());
-    }
-    let access = srv
-        .readahead
-        .access(file_key(st), stream, fd, offset, count as u64, st.size);
-    let (buf, cached) = match fs::read_buf(fd.as_fd(), offset, count) {
-        Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
-            let rfd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
-            io(fs::read_buf(rfd.as_fd(), offset, count))?
-        }
-        r => io(r)?,
+        (buf, access(), true)
+    } else {
+        // Readahead starts before this request waits for the disk.
+        let access = access();
+        let (buf, cached) = match fs::read_buf(fd.as_fd(), offset, count) {
+            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
+                let rfd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
+                io(fs::read_buf(rfd.as_fd(), offset, count))?
+            }
+            r => io(r)?,
+        };
+        (buf, access, cached)
     };
     srv.readahead.record(access, cached);
     srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
