@@ -391,14 +391,20 @@ impl Listing {
         })
     }
 
-    /// Adds an entry whose attributes `attrs` writes; false (and nothing
-    /// added) when it does not fit the sizes the client asked for.
-    pub fn add(&mut self, next: u64, name: &[u8], attrs: impl FnOnce(&mut Encoder)) -> bool {
+    /// Adds an entry whose attributes `attrs` writes (given the attributes
+    /// asked for); false (and nothing added) when it does not fit the
+    /// sizes the client asked for.
+    pub fn add(
+        &mut self,
+        next: u64,
+        name: &[u8],
+        attrs: impl FnOnce(&mut Encoder, &[u32]),
+    ) -> bool {
         let mark = self.list.len();
         self.list.bool(true);
         self.list.u64(next);
         self.list.opaque(name);
-        attrs(&mut self.list);
+        attrs(&mut self.list, &self.req);
         self.names_bytes += 8 + 4 + name.len().div_ceil(4) * 4;
         let names_full = self.dircount > 0 && self.n > 0 && self.names_bytes > self.dircount;
         if self.list.len() > self.budget || names_full {
@@ -453,9 +459,8 @@ pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
             } else {
                 None
             };
-            let req = listing.req.clone();
-            let fits = listing.add(ent.next, &ent.name, |list| {
-                put_fattr(cx, list, wire.as_deref(), &st, &req, &dir)
+            let fits = listing.add(ent.next, &ent.name, |list, req| {
+                put_fattr(cx, list, wire.as_deref(), &st, req, &dir)
             });
             if !fits {
                 break;

@@ -110,9 +110,8 @@ fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> 
                     Err(_) => continue,
                 },
             };
-            let req = listing.req.clone();
-            let fits = listing.add(next, name.as_bytes(), |list| {
-                put_fattr(cx, list, Some(&fh.wire), &st, &req, &fh)
+            let fits = listing.add(next, name.as_bytes(), |list, req| {
+                put_fattr(cx, list, Some(&fh.wire), &st, req, &fh)
             });
             if !fits {
                 eof = false;
