@@ -466,7 +466,9 @@ SEQ_FILE = 256 * MiB
 
 @pytest.mark.parametrize("ra_max", [READAHEAD_MAX, 0], ids=["readahead-16M", "readahead-off"])
 def test_sequential_read_hits_and_is_not_amplified(start_server, ra_max):
-    s = start_server("--readahead-max", str(ra_max))
+    """The page-cache path (direct reads switched off): server readahead
+    hits, and nothing is read twice."""
+    s = start_server("--readahead-max", str(ra_max), "--direct-read-min", "0")
     make_cold(s.export / "seq", SEQ_FILE, seed=256)
     events = cache_events()
     before = s.scrape()
@@ -481,6 +483,7 @@ def test_sequential_read_hits_and_is_not_amplified(start_server, ra_max):
     assert r["bytes"] == SEQ_FILE and r["ops"] == SEQ_FILE // MiB
     assert d["sluice_reads_total"] == r["ops"]
     assert d["sluice_read_bytes_sent_total"] == SEQ_FILE
+    assert d["sluice_direct_read_bytes_total"] == 0
     check_sequential_disk(d, SEQ_FILE, ra_max, events)
     check_histogram(d)
     if ra_max:
@@ -490,3 +493,91 @@ def test_sequential_read_hits_and_is_not_amplified(start_server, ra_max):
         assert d["sluice_readahead_hits_total"] > 0, "no readahead hit"
     else:
         assert d["sluice_readahead_issued_bytes_total"] == 0
+
+
+def wait_settled(path: Path):
+    """The server keeps no data of a file changed within the last second (a
+    local writer may still be at work): wait until PATH's change time is
+    that old, by the clock the server reads."""
+    while time.time() < path.stat().st_ctime + 1.1:
+        time.sleep(0.05)
+
+
+def nfsrs_md5(server, name: str) -> tuple[str, int]:
+    """MD5 and size of /NAME read through nfs-rs (NFSv4.1) in 8 MiB calls,
+    which nfs-rs sends as eight 1 MiB READs in flight."""
+    from nfs_rs import Client
+
+    url = f"nfs://127.0.0.1/?version=4.1&nfsport={server.port}&noresvport=true"
+    h, total = hashlib.md5(), 0
+    with Client.connect(url, connect_timeout=20, operation_timeout=120) as client:
+        with client.open(name, "rb") as f:
+            buf = bytearray(8 * MiB)
+            while n := f.readinto_at(buf, total):
+                h.update(memoryview(buf)[:n])
+                total += n
+    return h.hexdigest(), total
+
+
+def test_cold_stream_reads_direct_then_from_the_servers_cache(start_server):
+    """The default: a cold stream with 8 READs of 1 MiB in flight is read
+    with O_DIRECT (no page-cache readahead, no byte read twice), checksum
+    exact, and the next passes come from the server's own cache without
+    touching the disk."""
+    s = start_server("--readahead-max", str(READAHEAD_MAX))
+    want = make_cold(s.export / "direct", SEQ_FILE, seed=257)
+    wait_settled(s.export / "direct")
+    passes = []
+    for n in range(3):
+        events = cache_events()
+        before = s.scrape()
+        if n == 1:
+            r = run_load(s, "direct", "--pattern", "seq", "--bs", str(MiB), "--inflight", "8",
+                         "--streams", "1", "--duration", "120")
+            assert r["bytes"] == SEQ_FILE and r["ops"] == SEQ_FILE // MiB
+            print(f"pass 2, sluice-load: {r['ops']} reads of 1 MiB ({r['mb_per_s']:.0f} MB/s)")
+        else:
+            t = time.monotonic()
+            got, size = nfsrs_md5(s, "direct")
+            print(f"pass {n + 1}, nfs-rs: {size} bytes in {time.monotonic() - t:.2f} s, md5 {got}")
+            assert (got, size) == (want, SEQ_FILE), "the data read differs from the file's"
+        d = delta(before, s.scrape())
+        print("server metric deltas:\n" + summary(d) +
+              f"\n  sluice_direct_read_bytes_total += {d['sluice_direct_read_bytes_total']:.0f}" +
+              f"\n  sluice_read_cache_hits_total += {d['sluice_read_cache_hits_total']:.0f}")
+        assert d["sluice_read_bytes_sent_total"] == SEQ_FILE
+        check_histogram(d)
+        passes.append((d, events))
+
+    (cold, events), (warm, _), (again, _) = passes
+    # Cold: read past the page cache (the first request, alone, may take the
+    # page cache), without readahead beyond it, and nothing twice.
+    assert cold["sluice_direct_read_bytes_total"] >= SEQ_FILE - 2 * MiB
+    assert cold["sluice_readahead_issued_bytes_total"] <= 4 * MiB
+    check_sequential_disk(cold, SEQ_FILE, 4 * MiB, events)
+    res = resident_bytes(s.export / "direct")
+    assert res is None or res <= 8 * MiB, f"direct reads left {res} bytes in the page cache"
+    # Warm: READs from the server's cache (the first of a pass, alone, may
+    # have gone through the page cache), no disk, next to no readahead.
+    for d in (warm, again):
+        assert d["sluice_read_cache_hits_total"] >= 0.95 * d["sluice_reads_total"]
+        assert d["sluice_disk_read_bytes_total"] <= DISK_SLACK
+        assert d["sluice_readahead_issued_bytes_total"] <= 4 * MiB
+    assert s.scrape()["sluice_read_cache_bytes"] >= SEQ_FILE - 2 * MiB
+
+
+def test_one_request_at_a_time_keeps_page_cache_readahead(start_server):
+    """A cold reader with one 1 MiB READ in flight keeps the device busy
+    only through server readahead: it stays on the page-cache path."""
+    s = start_server("--readahead-max", str(READAHEAD_MAX))
+    make_cold(s.export / "qd1", 64 * MiB, seed=258)
+    before = s.scrape()
+    r = run_load(s, "qd1", "--pattern", "seq", "--bs", str(MiB), "--inflight", "1", "--streams", "1",
+                 "--duration", "120")
+    d = delta(before, s.scrape())
+    print(f"sluice-load: {r['ops']} reads in {r['seconds']:.2f} s ({r['mb_per_s']:.0f} MB/s)")
+    print("server metric deltas:\n" + summary(d))
+    assert r["bytes"] == 64 * MiB
+    assert d["sluice_direct_read_bytes_total"] == 0
+    assert d["sluice_readahead_issued_bytes_total"] > 0
+    assert d["sluice_readahead_hits_total"] > 0, "no readahead hit"

@@ -7,6 +7,8 @@
 //! lease_time = 90
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
+//! direct_read_min = "256K"
+//! read_cache = "2G"
 //! read_plus_min_hole = "32K"
 //! require_privileged_port = false
 //! max_connections = 1024
@@ -62,6 +64,10 @@ pub struct ServerSection {
     pub metrics: Option<String>,
     /// Largest readahead window.
     pub readahead_max: Option<Size>,
+    /// Smallest READ of a cold sequential stream read with O_DIRECT.
+    pub direct_read_min: Option<Size>,
+    /// Memory for data read with O_DIRECT, kept for the next reader.
+    pub read_cache: Option<Size>,
     /// READ_PLUS hole reporting threshold.
     pub read_plus_min_hole: Option<Size>,
     /// Refuse connections from source ports of 1024 and above.
@@ -332,6 +338,8 @@ mod tests {
 listen = "127.0.0.1:2049"
 lease_time = 30
 readahead_max = "8M"
+direct_read_min = "1M"
+read_cache = "512M"
 require_privileged_port = true
 max_connections = 10
 
@@ -348,6 +356,8 @@ max_write = "512K"
         )
         .unwrap();
         assert_eq!(c.server.readahead_max, Some(Size(8 << 20)));
+        assert_eq!(c.server.direct_read_min, Some(Size(1 << 20)));
+        assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];
         assert!(e.read_only);

@@ -53,6 +53,16 @@ struct ServeCli {
     /// [default: 16M].
     #[arg(long, value_parser = sluice::config::parse_size)]
     readahead_max: Option<u64>,
+    /// READs of at least this many bytes (suffixes K, M, G) by a cold
+    /// sequential reader with several READs in flight are read with
+    /// O_DIRECT, past the page cache; 0 never does [default: 256K].
+    #[arg(long, value_parser = sluice::config::parse_size)]
+    direct_read_min: Option<u64>,
+    /// Memory (suffixes K, M, G) for data read with O_DIRECT, kept so that
+    /// the next pass over a file is served from it [default: an eighth of
+    /// the machine's memory].
+    #[arg(long, value_parser = sluice::config::parse_size)]
+    read_cache: Option<u64>,
     /// READ_PLUS reports holes of at least this many bytes (suffixes K, M,
     /// G); shorter holes are sent as data [default: 32K].
     #[arg(long, value_parser = sluice::config::parse_size)]
@@ -165,6 +175,12 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(max) = cli.readahead_max.or(srv.readahead_max.map(|Size(n)| n)) {
         config.readahead.max = max;
+    }
+    if let Some(min) = cli.direct_read_min.or(srv.direct_read_min.map(|Size(n)| n)) {
+        config.readahead.direct_min = min;
+    }
+    if let Some(n) = cli.read_cache.or(srv.read_cache.map(|Size(n)| n)) {
+        config.read_cache = n;
     }
     if let Some(hole) = cli
         .read_plus_min_hole

@@ -85,7 +85,7 @@ pub fn render(srv: &Server) -> String {
     let m = &srv.metrics;
     let ra = &srv.readahead.stats;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let counters: [(&str, &str, u64); 8] = [
+    let counters: [(&str, &str, u64); 10] = [
         (
             "sluice_reads_total",
             "READ and READ_PLUS operations served.",
@@ -126,6 +126,16 @@ pub fn render(srv: &Server) -> String {
             "Bytes read ahead that no read reached before the stream moved or ended.",
             load(&ra.wasted_bytes),
         ),
+        (
+            "sluice_direct_read_bytes_total",
+            "Bytes of cold sequential streams read with O_DIRECT, past the page cache.",
+            load(&ra.direct_bytes),
+        ),
+        (
+            "sluice_read_cache_hits_total",
+            "READs served from the server's cache of data read with O_DIRECT.",
+            load(&srv.bufcache.stats.hits),
+        ),
     ];
     let mut out = String::with_capacity(4096);
     for (name, help, v) in counters {
@@ -137,6 +147,13 @@ pub fn render(srv: &Server) -> String {
          # TYPE sluice_readahead_max_bytes gauge\n\
          sluice_readahead_max_bytes {}",
         srv.readahead.config().max
+    );
+    let _ = writeln!(
+        out,
+        "# HELP sluice_read_cache_bytes Bytes held by the cache of data read with O_DIRECT.\n\
+         # TYPE sluice_read_cache_bytes gauge\n\
+         sluice_read_cache_bytes {}",
+        load(&srv.bufcache.stats.bytes)
     );
     m.read_latency.render(
         &mut out,

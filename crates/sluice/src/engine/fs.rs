@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 /// A point in time as seconds and nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -644,6 +644,96 @@ pub fn read_cached(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Op
     Ok(Some(buf))
 }
 
+/// Alignment of O_DIRECT reads: offsets, lengths and buffers are multiples
+/// of this (the largest logical block size in common use).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// Whether every page of `len` bytes at `offset` is in the page cache,
+/// asked with `cachestat(2)` (Linux 6.5), which starts no I/O: a
+/// non-blocking read of a missing page would itself start reading it.
+/// None when the kernel cannot tell.
+pub fn cached_fully(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Option<bool> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        const SYS_CACHESTAT: libc::c_long = 451;
+        if !CACHESTAT_WORKS.load(Ordering::Relaxed) {
+            return None;
+        }
+        let page = 4096u64;
+        let first = offset / page * page;
+        let end = offset.saturating_add(len.max(1));
+        let range: [u64; 2] = [first, end - first];
+        // nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
+        let mut out = [0u64; 5];
+        // SAFETY: both pointers are to live arrays of the kernel's layout
+        // (struct cachestat_range, struct cachestat); flags must be 0.
+        let r = unsafe {
+            libc::syscall(
+                SYS_CACHESTAT,
+                fd.as_raw_fd(),
+                range.as_ptr(),
+                out.as_mut_ptr(),
+                0u32,
+            )
+        };
+        if r != 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+                CACHESTAT_WORKS.store(false, Ordering::Relaxed);
+            }
+            return None;
+        }
+        // Pages past the end of the file count as missing: callers ask
+        // only for ranges within it.
+        let pages = (end - first).div_ceil(page);
+        Some(out[0] >= pages)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = (fd, offset, len);
+        None
+    }
+}
+
+static CACHESTAT_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// Reads up to `len` bytes at `offset` through an `O_DIRECT` descriptor,
+/// straight from the device into a new buffer (no page cache, so no copy
+/// out of it), stopping early only at the end of the file. `offset` must
+/// be a multiple of [`DIRECT_ALIGN`]; the device is asked for `len`
+/// rounded up to it. EINVAL means the file system refused the alignment
+/// or direct I/O altogether.
+pub fn read_direct(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<BytesMut> {
+    if !offset.is_multiple_of(DIRECT_ALIGN as u64) || offset > i64::MAX as u64 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let want = len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let mut buf = BytesMut::with_capacity(want + DIRECT_ALIGN);
+    // Skip to the first aligned byte of the allocation.
+    let pad = buf.as_ptr().align_offset(DIRECT_ALIGN);
+    buf.resize(pad, 0);
+    buf.advance(pad);
+    debug_assert_eq!(buf.as_ptr() as usize % DIRECT_ALIGN, 0);
+    while buf.len() < want {
+        let done = buf.len();
+        let n = pread_spare(fd, &mut buf, want - done, offset + done as u64, 0);
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: the kernel initialised `n` more bytes.
+        unsafe { buf.set_len(done + n as usize) };
+        if n == 0 || !(n as usize).is_multiple_of(DIRECT_ALIGN) {
+            // The end of the file (a short read ends where the file does).
+            break;
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
 /// False once the kernel refused RWF_NOWAIT for buffered reads.
 static NOWAIT_WORKS: AtomicBool = AtomicBool::new(true);
 
@@ -697,6 +787,7 @@ pub fn display_name(name: &[u8]) -> &OsStr {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn cached_reads_give_cached_data_and_refuse_the_rest() {
@@ -736,6 +827,48 @@ mod tests {
                 .expect("cached again")[..],
             &data[..4096]
         );
+    }
+
+    #[test]
+    fn direct_reads_match_buffered_reads_and_cachestat_sees_the_cache() {
+        // On a disk-backed file system next to the build: O_DIRECT and
+        // page-cache eviction need one.
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!(".sluice-direct-{}", std::process::id()));
+        let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 253) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        let d = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p);
+        let _ = std::fs::remove_file(&p);
+        if cached_fully(f.as_fd(), 0, 1).is_some() {
+            // Just written: cached.
+            assert_eq!(cached_fully(f.as_fd(), 0, 1_000_000), Some(true));
+            f.sync_all().unwrap();
+            // SAFETY: advice on a descriptor we own.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            assert_eq!(cached_fully(f.as_fd(), 0, 1_000_000), Some(false));
+            assert_eq!(cached_fully(f.as_fd(), 4096, 8192), Some(false));
+        }
+        let d = d.expect("O_DIRECT open on the build's file system");
+        let b = read_direct(d.as_fd(), 0, 262_144).unwrap();
+        assert_eq!(&b[..], &data[..262_144]);
+        assert_eq!(b.as_ptr() as usize % DIRECT_ALIGN, 0);
+        // An odd length, and the end of the file inside the last block.
+        let b = read_direct(d.as_fd(), 4096, 100_001).unwrap();
+        assert_eq!(&b[..], &data[4096..104_097]);
+        let b = read_direct(d.as_fd(), 983_040, 1 << 20).unwrap();
+        assert_eq!(&b[..], &data[983_040..]);
+        assert!(read_direct(d.as_fd(), 2 << 20, 4096).unwrap().is_empty());
+        // Unaligned offsets are refused, not read wrong.
+        let e = read_direct(d.as_fd(), 100, 4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        // Direct reads leave the page cache alone.
+        if let Some(c) = cached_fully(f.as_fd(), 0, 262_144) {
+            assert!(!c, "a direct read filled the page cache");
+        }
     }
 
     #[test]

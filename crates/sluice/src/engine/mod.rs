@@ -1,6 +1,7 @@
 //! The storage engine: exports, file handles, identities and file system
 //! access. It knows nothing about NFS.
 
+pub mod bufcache;
 pub mod cred;
 pub mod export;
 pub mod extents;

@@ -17,6 +17,13 @@
 //! request resets the stream and issues nothing, and the kernel's own
 //! readahead is switched off on the descriptors this engine sees
 //! (`POSIX_FADV_RANDOM`), so random reads are not amplified.
+//!
+//! A sequential reader that keeps several large requests in flight and
+//! finds its data not cached is served past the page cache instead
+//! ([`Access::direct`]): its own requests already keep the device busy,
+//! and reading straight into the reply's buffer saves the page cache's
+//! allocation and copy, which limit a cold buffered stream well below the
+//! device's rate. No readahead is issued for such requests.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -34,6 +41,9 @@ pub struct Config {
     pub initial: u64,
     /// Largest window; 0 switches server readahead off.
     pub max: u64,
+    /// Smallest request of a sequential reader that may be read past the
+    /// page cache (see [`Access::direct`]); 0 never does.
+    pub direct_min: u64,
 }
 
 impl Default for Config {
@@ -41,6 +51,7 @@ impl Default for Config {
         Config {
             initial: 512 * 1024,
             max: 16 * 1024 * 1024,
+            direct_min: 256 * 1024,
         }
     }
 }
@@ -59,15 +70,29 @@ pub struct Stats {
     pub hits: AtomicU64,
     /// Reads on a sequential stream that had to wait for the disk.
     pub misses: AtomicU64,
+    /// Bytes read past the page cache for sequential readers.
+    pub direct_bytes: AtomicU64,
 }
 
-/// What [`Readahead::access`] found out about one request.
+/// What [`Readahead::access`] or [`Readahead::begin`] found out about one
+/// request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
     /// The request continues a sequential stream.
     pub sequential: bool,
     /// Bytes of readahead this request started.
     pub issued: u64,
+    /// Read this request past the page cache (O_DIRECT): it is large and
+    /// aligned, continues a sequential reader with other requests in
+    /// flight, and its data is not cached.
+    pub direct: bool,
+    /// The request belongs to a reader that reads past the page cache:
+    /// whatever it reads is worth keeping in the server's own cache,
+    /// where the reader's next pass will look.
+    pub keep: bool,
+    /// The reader counting this request in flight until
+    /// [`Readahead::record`]: (file, stream, reader).
+    inflight: Option<(FileId, u64, u64)>,
 }
 
 /// Streams per (file, stream id): parallel sequential readers of one open.
@@ -97,6 +122,14 @@ struct Reader {
     run: u32,
     /// Last use, for forgetting.
     tick: u64,
+    /// Requests begun and not yet recorded.
+    inflight: u32,
+    /// Requests announced by [`Readahead::queued`] and not yet begun.
+    queued: u32,
+    /// Names the reader while its requests are in flight.
+    id: u64,
+    /// Its data is read past the page cache: no readahead for it.
+    direct: bool,
 }
 
 impl Reader {
@@ -107,6 +140,10 @@ impl Reader {
             window: 0,
             run: 1,
             tick,
+            inflight: 0,
+            queued: 0,
+            id: tick,
+            direct: false,
         }
     }
 
@@ -119,6 +156,9 @@ impl Reader {
 #[derive(Debug, Default)]
 struct Table {
     streams: HashMap<(FileId, u64), Vec<Reader>>,
+    /// O_DIRECT descriptors of streams that read past the page cache,
+    /// kept while the stream is.
+    direct_fds: HashMap<(FileId, u64), Arc<OwnedFd>>,
     tick: u64,
 }
 
@@ -181,8 +221,9 @@ impl Readahead {
     }
 
     /// Records a read of `len` bytes at `offset` of `file` (of `size`
-    /// bytes) by stream `stream` through `fd`, and starts readahead when
-    /// the stream is sequential and its window needs refilling.
+    /// bytes) by stream `stream` through `fd` that has been served already,
+    /// and starts readahead when the stream is sequential and its window
+    /// needs refilling.
     pub fn access(
         &self,
         file: FileId,
@@ -192,6 +233,83 @@ impl Readahead {
         len: u64,
         size: u64,
     ) -> Access {
+        self.note(file, stream, fd, offset, len, size, Phase::Served)
+    }
+
+    /// Like [`Readahead::access`] for a read served from the server's own
+    /// cache of data read past the page cache: the reader is one that
+    /// reads past the page cache, and no readahead is issued for it.
+    pub fn access_own_cache(
+        &self,
+        file: FileId,
+        stream: u64,
+        fd: &Arc<OwnedFd>,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Access {
+        self.note(file, stream, fd, offset, len, size, Phase::OwnCache)
+    }
+
+    /// Like [`Readahead::access`] for a read about to be served, whose data
+    /// is `uncached` (not all in the page cache): the request counts as in
+    /// flight until it is passed to [`Readahead::record`], and the answer
+    /// says whether to read it past the page cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin(
+        &self,
+        file: FileId,
+        stream: u64,
+        fd: &Arc<OwnedFd>,
+        offset: u64,
+        len: u64,
+        size: u64,
+        uncached: bool,
+    ) -> Access {
+        self.note(
+            file,
+            stream,
+            fd,
+            offset,
+            len,
+            size,
+            Phase::Begin { uncached },
+        )
+    }
+
+    /// Announces a request that [`Readahead::begin`] will see shortly, for
+    /// its reader's count of requests on their way: a client with several
+    /// in flight sends them back to back, and they are announced as they
+    /// arrive, before any has been served.
+    pub fn queued(&self, file: FileId, stream: u64, fd: &Arc<OwnedFd>, offset: u64, len: u64) {
+        self.note(file, stream, fd, offset, len, u64::MAX, Phase::Queued);
+    }
+
+    /// Whether a request of `len` bytes at `offset` is one that
+    /// [`Readahead::begin`] may send past the page cache (when it finds the
+    /// reader and the cache as that needs): worth asking the page cache.
+    pub fn direct_candidate(&self, offset: u64, len: u64) -> bool {
+        self.config.max > 0
+            && self.config.direct_min > 0
+            && len >= self.config.direct_min
+            && offset.is_multiple_of(crate::engine::fs::DIRECT_ALIGN as u64)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn note(
+        &self,
+        file: FileId,
+        stream: u64,
+        fd: &Arc<OwnedFd>,
+        offset: u64,
+        len: u64,
+        size: u64,
+        phase: Phase,
+    ) -> Access {
+        let begin = match phase {
+            Phase::Begin { uncached } => Some(uncached),
+            _ => None,
+        };
         let end = offset.saturating_add(len);
         let mut job = None;
         let access = {
@@ -220,14 +338,37 @@ impl Readahead {
             let mut result = Access {
                 sequential: false,
                 issued: 0,
+                direct: false,
+                keep: false,
+                inflight: None,
             };
             match found {
+                Some(r) if phase == Phase::Queued => {
+                    r.tick = tick;
+                    r.queued = r.queued.saturating_add(1);
+                }
                 Some(r) => {
                     r.tick = tick;
                     r.run = r.run.saturating_add(1);
                     r.hi = r.hi.max(end);
+                    if begin.is_some() {
+                        // This request is no longer only announced.
+                        r.queued = r.queued.saturating_sub(1);
+                        r.inflight = r.inflight.saturating_add(1);
+                        result.inflight = Some((file, stream, r.id));
+                    }
                     if r.run >= SEQ_THRESHOLD && self.config.max > 0 {
                         result.sequential = true;
+                        // A cold reader with another request on its way: the
+                        // client keeps the device busy by itself. Once direct,
+                        // it stays so (no readahead fills the cache ahead of
+                        // it any more).
+                        result.direct = begin == Some(true)
+                            && (r.direct || r.inflight + r.queued >= 2)
+                            && self.direct_candidate(offset, len);
+                        r.direct |= result.direct
+                            || (phase == Phase::OwnCache && self.direct_candidate(offset, len));
+                        result.keep = r.direct;
                         r.window = if r.window == 0 {
                             // Small requests start with a small window.
                             len.saturating_mul(4)
@@ -238,7 +379,10 @@ impl Readahead {
                         .min(self.config.max.max(len));
                         let target = r.hi.saturating_add(r.window).min(size);
                         // Refill once less than half the window lies ahead.
-                        if r.ra_end < target && r.ra_end.saturating_sub(r.hi) < r.window / 2 {
+                        if !r.direct
+                            && r.ra_end < target
+                            && r.ra_end.saturating_sub(r.hi) < r.window / 2
+                        {
                             let from = r.ra_end.max(r.hi);
                             if target > from {
                                 job = Some((from, target - from));
@@ -261,15 +405,24 @@ impl Readahead {
                             .wasted_bytes
                             .fetch_add(old.unused(), Ordering::Relaxed);
                     }
-                    readers.push(Reader::new(end, tick));
+                    let mut r = Reader::new(end, tick);
                     if offset == 0 {
                         // Reading from the start is the usual beginning of a
                         // stream: treat it as sequential at once, as the
                         // kernel does.
-                        if let Some(r) = readers.last_mut() {
-                            r.run = SEQ_THRESHOLD - 1;
-                        }
+                        r.run = SEQ_THRESHOLD - 1;
                     }
+                    if phase == Phase::Queued {
+                        // Seen when it begins; until then only counted.
+                        r.run -= 1;
+                        r.queued = 1;
+                    }
+                    r.direct = phase == Phase::OwnCache && self.direct_candidate(offset, len);
+                    if begin.is_some() {
+                        r.inflight = 1;
+                        result.inflight = Some((file, stream, r.id));
+                    }
+                    readers.push(r);
                 }
             }
             result
@@ -289,6 +442,7 @@ impl Readahead {
         else {
             return;
         };
+        t.direct_fds.remove(&key);
         if let Some(v) = t.streams.remove(&key) {
             let unused: u64 = v.iter().map(Reader::unused).sum();
             self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
@@ -297,16 +451,52 @@ impl Readahead {
 
     /// Forgets one stream of `file` (its open was closed).
     pub fn forget_stream(&self, file: FileId, stream: u64) {
-        let removed = self.lock().streams.remove(&(file, stream));
+        let removed = {
+            let mut t = self.lock();
+            t.direct_fds.remove(&(file, stream));
+            t.streams.remove(&(file, stream))
+        };
         if let Some(v) = removed {
             let unused: u64 = v.iter().map(Reader::unused).sum();
             self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
         }
     }
 
+    /// The O_DIRECT descriptor stream `stream` of `file` reads through,
+    /// opened by `open` on first use and kept as long as the stream is.
+    pub fn direct_fd(
+        &self,
+        file: FileId,
+        stream: u64,
+        open: impl FnOnce() -> std::io::Result<OwnedFd>,
+    ) -> std::io::Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.lock().direct_fds.get(&(file, stream)) {
+            return Ok(fd.clone());
+        }
+        // Opened without the table's lock; of two racing opens one is kept.
+        let fd = Arc::new(open()?);
+        let mut t = self.lock();
+        if !t.streams.contains_key(&(file, stream)) {
+            // Forgotten meanwhile: used once, not kept.
+            return Ok(fd);
+        }
+        Ok(t.direct_fds.entry((file, stream)).or_insert(fd).clone())
+    }
+
     /// Records whether a read of a sequential stream was served from the
-    /// page cache.
+    /// page cache (and, for one that [`Readahead::begin`] counted, that it is
+    /// no longer in flight).
     pub fn record(&self, access: Access, cached: bool) {
+        if let Some((file, stream, id)) = access.inflight {
+            let mut t = self.lock();
+            if let Some(r) = t
+                .streams
+                .get_mut(&(file, stream))
+                .and_then(|v| v.iter_mut().find(|r| r.id == id))
+            {
+                r.inflight = r.inflight.saturating_sub(1);
+            }
+        }
         if !access.sequential {
             return;
         }
@@ -336,6 +526,19 @@ impl Readahead {
             }
         }
     }
+}
+
+/// Where a request is when the engine hears of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Served from the page cache already.
+    Served,
+    /// Served from the server's own cache already.
+    OwnCache,
+    /// About to be served; its data is (not) all in the page cache.
+    Begin { uncached: bool },
+    /// Arrived, to be served elsewhere (see [`Readahead::queued`]).
+    Queued,
 }
 
 /// True when a request at `offset` continues reader `r`: it starts within
@@ -385,6 +588,7 @@ mod tests {
         let ra = Readahead::new(Config {
             initial: 512 * 1024,
             max: 8 * MB,
+            ..Config::default()
         });
         let fd = fd();
         let size = 1024 * MB;
@@ -467,7 +671,11 @@ mod tests {
 
     #[test]
     fn off_means_no_readahead() {
-        let ra = Readahead::new(Config { initial: 0, max: 0 });
+        let ra = Readahead::new(Config {
+            initial: 0,
+            max: 0,
+            ..Config::default()
+        });
         let fd = fd();
         for i in 0..16u64 {
             let a = ra.access((1, 5), 1, &fd, i * MB, MB, 64 * MB);
@@ -491,6 +699,108 @@ mod tests {
             wasted > 0 && wasted <= issued,
             "wasted {wasted} of {issued}"
         );
+    }
+
+    #[test]
+    fn cold_readers_with_requests_in_flight_read_direct_and_stay_so() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        let size = 1024 * MB;
+        // Eight 1 MiB requests in flight, none answered yet.
+        let first: Vec<Access> = (0..8u64)
+            .map(|i| ra.begin((3, 1), 1, &fd, i * MB, MB, size, true))
+            .collect();
+        assert!(!first[0].direct, "a lone first request went direct");
+        assert!(first[1..].iter().all(|a| a.direct), "{first:?}");
+        // Direct requests issue no page-cache readahead.
+        assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), 0);
+        for a in first {
+            ra.record(a, false);
+        }
+        // Once direct, one request at a time stays direct.
+        let a = ra.begin((3, 1), 1, &fd, 8 * MB, MB, size, true);
+        assert!(a.direct);
+        ra.record(a, false);
+        // Cached data is never read past the cache, nor are small or
+        // unaligned requests.
+        assert!(!ra.begin((3, 1), 1, &fd, 9 * MB, MB, size, false).direct);
+        assert!(
+            !ra.begin((3, 1), 1, &fd, 10 * MB, 64 * 1024, size, true)
+                .direct
+        );
+        assert!(
+            !ra.begin((3, 1), 1, &fd, 11 * MB + 512, MB, size, true)
+                .direct
+        );
+        assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn one_request_at_a_time_keeps_page_cache_readahead() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        for i in 0..16u64 {
+            ra.queued((3, 2), 1, &fd, i * MB, MB);
+            let a = ra.begin((3, 2), 1, &fd, i * MB, MB, 1024 * MB, true);
+            assert!(
+                !a.direct,
+                "request {i} went direct with nothing else in flight"
+            );
+            ra.record(a, false);
+        }
+        assert!(ra.stats.issued_bytes.load(Ordering::Relaxed) > 0);
+        // In-flight counts went back to zero.
+        assert!(ra.lock().streams[&((3, 2), 1)]
+            .iter()
+            .all(|r| r.inflight == 0));
+    }
+
+    #[test]
+    fn requests_announced_together_count_as_in_flight() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        // Eight arrive back to back; the workers then serve them one after
+        // another, so no two are ever begun at once.
+        for i in 0..8u64 {
+            ra.queued((3, 5), 1, &fd, i * MB, MB);
+        }
+        let mut direct = 0;
+        for i in 0..8u64 {
+            let a = ra.begin((3, 5), 1, &fd, i * MB, MB, 1024 * MB, true);
+            direct += a.direct as u32;
+            ra.record(a, false);
+        }
+        assert!(direct >= 6, "only {direct} of 8 direct");
+        let t = ra.lock();
+        let r = &t.streams[&((3, 5), 1)][0];
+        assert_eq!((r.inflight, r.queued), (0, 0));
+    }
+
+    #[test]
+    fn reads_from_the_own_cache_issue_no_readahead() {
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        for i in 0..16u64 {
+            ra.access_own_cache((3, 3), 1, &fd, i * MB, MB, 1024 * MB);
+        }
+        assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), 0);
+        // Past the cached part the reader goes on direct.
+        let a = ra.begin((3, 3), 1, &fd, 16 * MB, MB, 1024 * MB, true);
+        assert!(a.direct);
+    }
+
+    #[test]
+    fn direct_reads_off_means_never_direct() {
+        let ra = Readahead::new(Config {
+            direct_min: 0,
+            ..Config::default()
+        });
+        let fd = fd();
+        let all: Vec<Access> = (0..8u64)
+            .map(|i| ra.begin((3, 4), 1, &fd, i * MB, MB, 1024 * MB, true))
+            .collect();
+        assert!(all.iter().all(|a| !a.direct));
+        assert!(ra.stats.issued_bytes.load(Ordering::Relaxed) > 0);
     }
 
     #[test]

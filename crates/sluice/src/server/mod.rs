@@ -36,6 +36,8 @@ pub struct Config {
     pub readahead: crate::engine::readahead::Config,
     /// READ_PLUS sends holes shorter than this as data.
     pub min_hole: u64,
+    /// Bytes of data read past the page cache kept for the next reader.
+    pub read_cache: u64,
 }
 
 impl Default for Config {
@@ -45,6 +47,7 @@ impl Default for Config {
             range_locks: true,
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
+            read_cache: crate::engine::bufcache::default_limit(),
         }
     }
 }
@@ -68,6 +71,8 @@ pub struct Server {
     pub extents: crate::engine::extents::ExtentCache,
     /// Sequential stream detection and readahead.
     pub readahead: crate::engine::readahead::Readahead,
+    /// Data of cold streams, read past the page cache.
+    pub bufcache: crate::engine::bufcache::BufCache,
     /// Counters for the metrics endpoint.
     pub metrics: crate::metrics::Metrics,
 }
@@ -95,10 +100,18 @@ impl Server {
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             locks: crate::engine::rangelock::RangeLocks::new(config.range_locks),
             readahead: crate::engine::readahead::Readahead::new(config.readahead),
+            bufcache: crate::engine::bufcache::BufCache::new(config.read_cache),
             config,
             extents: Default::default(),
             metrics: Default::default(),
         })
+    }
+
+    /// Forgets what is cached of a file (its data/hole map and data) after
+    /// the server changed it.
+    pub fn file_changed(&self, file: (u64, u64)) {
+        self.extents.invalidate(file);
+        self.bufcache.invalidate(file);
     }
 
     /// Handles one RPC record from an in-process caller (tests, fuzzing),

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
 const SHARE_ACCESS_READ: u32 = 1;
@@ -354,7 +354,9 @@ pub fn stream_id(sid: &Stateid) -> u64 {
 /// the open's descriptor: tells the readahead engine about the request,
 /// reads into a fresh buffer that the reply will carry without copying,
 /// and counts page-cache hits. A write-only open (writers may read to fill
-/// partial pages) reads through a fresh descriptor.
+/// partial pages) reads through a fresh descriptor. A large request of a
+/// cold sequential reader that keeps several in flight is read with
+/// O_DIRECT, straight into that buffer (see the readahead engine).
 pub fn read_data(
     cx: &Ctx<'_>,
     fh: &Fh,
@@ -366,11 +368,28 @@ pub fn read_data(
 ) -> Result<Bytes, u32> {
     let srv = cx.srv;
     let stream = stream_id(&cx.stateid(sid)?);
-    let access = || {
-        srv.readahead
-            .access(file_key(st), stream, fd, offset, count as u64, st.size)
-    };
-    let (buf, access, cached) = if must_not_wait() {
+    if let Some(data) = srv.bufcache.get(file_key(st), st, offset, count) {
+        let access =
+            srv.readahead
+                .access_own_cache(file_key(st), stream, fd, offset, count as u64, st.size);
+        srv.readahead.record(access, true);
+        srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
+        return Ok(data);
+    }
+    // Whether the page cache lacks some of the data, asked only for a
+    // request that may go past the cache, and without touching the cache:
+    // a non-blocking read of missing pages would start reading them in,
+    // and the data would then come from the disk twice.
+    let within = st.size.saturating_sub(offset).min(count as u64);
+    let uncached = within > 0
+        && srv.readahead.direct_candidate(offset, count as u64)
+        && fs::cached_fully(fd.as_fd(), offset, within) == Some(false);
+    let buf = if must_not_wait() {
+        if uncached {
+            srv.readahead
+                .queued(file_key(st), stream, fd, offset, count as u64);
+            return Err(WOULD_BLOCK);
+        }
         // Only what the page cache holds; the rest is read where waiting
         // is allowed (also the reopen a write-only open needs). The
         // readahead engine hears of the request once it has been served,
@@ -381,22 +400,87 @@ pub fn read_data(
             Err(err) if err.raw_os_error() == Some(libc::EBADF) => return Err(WOULD_BLOCK),
             Err(err) => return Err(errno_status(&err)),
         };
-        (buf, access(), true)
+        let access = srv
+            .readahead
+            .access(file_key(st), stream, fd, offset, count as u64, st.size);
+        srv.readahead.record(access, true);
+        let buf = buf.freeze();
+        if access.keep {
+            srv.bufcache.insert(file_key(st), st, offset, buf.clone());
+        }
+        buf
     } else {
         // Readahead starts before this request waits for the disk.
-        let access = access();
-        let (buf, cached) = match fs::read_buf(fd.as_fd(), offset, count) {
-            Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
-                let rfd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
-                io(fs::read_buf(rfd.as_fd(), offset, count))?
-            }
-            r => io(r)?,
+        let access = srv.readahead.begin(
+            file_key(st),
+            stream,
+            fd,
+            offset,
+            count as u64,
+            st.size,
+            uncached,
+        );
+        let read = if access.direct {
+            read_direct(cx, fh, st, stream, offset, count)
+        } else {
+            None
         };
-        (buf, access, cached)
+        let read = match read {
+            Some(r) => r.map(|buf| {
+                srv.readahead
+                    .stats
+                    .direct_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                (buf.freeze(), false)
+            }),
+            None => match fs::read_buf(fd.as_fd(), offset, count) {
+                Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
+                    cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY))
+                        .and_then(|rfd| fs::read_buf(rfd.as_fd(), offset, count))
+                }
+                r => r,
+            }
+            .map(|(buf, cached)| (buf.freeze(), cached)),
+        };
+        // Recorded whatever the outcome: the request is no longer in flight.
+        srv.readahead
+            .record(access, read.as_ref().is_ok_and(|(_, cached)| *cached));
+        let buf = io(read)?.0;
+        if access.keep {
+            // Kept for the reader's next pass: the page cache has not got
+            // what was read past it.
+            srv.bufcache.insert(file_key(st), st, offset, buf.clone());
+        }
+        buf
     };
-    srv.readahead.record(access, cached);
     srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-    Ok(buf.freeze())
+    Ok(buf)
+}
+
+/// Reads with O_DIRECT through a descriptor of the stream's own (the
+/// open's has the page cache's flags), opened as root: the open or the
+/// stateid already passed the permission check. None when the file system
+/// refuses direct I/O here, to read through the page cache instead.
+fn read_direct(
+    cx: &Ctx<'_>,
+    fh: &Fh,
+    st: &Stat,
+    stream: u64,
+    offset: u64,
+    count: usize,
+) -> Option<std::io::Result<BytesMut>> {
+    let fd = cx.srv.readahead.direct_fd(file_key(st), stream, || {
+        cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT))
+    });
+    let fd = match fd {
+        Ok(fd) => fd,
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return None,
+        Err(err) => return Some(Err(err)),
+    };
+    match fs::read_direct(fd.as_fd(), offset, count) {
+        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => None,
+        r => Some(r),
+    }
 }
 
 /// READ.
@@ -460,7 +544,7 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
                 .locks
                 .write(file_key(&st), offset, offset + data.len() as u64);
             let n = io(fs::write_at(fd.as_fd(), data, offset))?;
-            cx.srv.extents.invalidate(file_key(&st));
+            cx.srv.file_changed(file_key(&st));
             n
         };
         match stable {

@@ -299,7 +299,7 @@ pub fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
                 .size
                 .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
             apply_attrs(&fh, &st, &a)?;
-            cx.srv.extents.invalidate(key);
+            cx.srv.file_changed(key);
         }
         set = a.mask;
         Ok(())

@@ -186,7 +186,7 @@ pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: 
         };
         // SAFETY: valid descriptor; fallocate has no memory arguments.
         let r = unsafe { libc::fallocate64(fd.as_raw_fd(), mode, offset as i64, length as i64) };
-        cx.srv.extents.invalidate(key);
+        cx.srv.file_changed(key);
         if r != 0 {
             return io(Err(stdio::Error::last_os_error()));
         }
