@@ -181,6 +181,8 @@ def run_round(ctx: Context, rnd: Round) -> None:
         ctx.progress.step(label, rnd.step_cost(v))
         if rnd.cache == "cold":
             ctx.fs.drop_caches()
+            for s in ctx.servers.values():
+                s.drop_caches()
         elif v.warmup is not None and ctx.config.warm_locally and v.warm_file:
             ctx.fs.read_through(v.warm_file.lstrip("/"))  # the server's page cache, not over the wire
         elif v.warmup is not None:

@@ -546,10 +546,11 @@ stops the run) and the figures go into the results. Warm then means the
 file was read once on the server host, not over the link.
 
 Cache states: **cold** = `sync; echo 3 > /proc/sys/vm/drop_caches` and
-`blockdev --flushbufs` on the loop device before the measurement; **warm** =
-one untimed identical pass first. Servers keep running between
-measurements, so their own caches (sluice's extent maps, ganesha's metadata
-cache) stay warm in both states. The experiments come from the design
+`blockdev --flushbufs` on the loop device before the measurement, and
+sluice's read cache (the data it read with O_DIRECT) emptied with SIGUSR1;
+**warm** = one untimed identical pass first. Servers keep running between
+measurements, so their metadata caches (sluice's extent maps, ganesha's
+metadata cache) stay warm in both states. The experiments come from the design
 brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
 (001), mixed random reads and writes on one file (002).
 

@@ -55,6 +55,9 @@ class Server:
                 return int(line.split(":", 1)[1])
         return None
 
+    def drop_caches(self) -> None:
+        """Empty the server's own data cache, if it keeps one."""
+
     def check_alive(self) -> None:
         if not self.alive():
             raise RuntimeError(
@@ -82,6 +85,25 @@ class Server:
 
 class Sluice(Server):
     name = "sluice"
+
+    def drop_caches(self) -> None:
+        """Empty sluice's read cache (SIGUSR1) and wait until its log says so."""
+        if not self.alive():
+            return
+        mark = "read cache dropped"
+        seen = self._log_text().count(mark)
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while self._log_text().count(mark) <= seen:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not drop its read cache on SIGUSR1; log:\n{self.log_tail()}")
+            time.sleep(0.01)
+
+    def _log_text(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
 
     def __init__(
         self, binary: Path, export: Path, workdir: Path, name: str = "sluice", extra_args=(), link: Link | None = None

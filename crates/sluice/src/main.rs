@@ -292,6 +292,19 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         policy,
         inflight.clone(),
     ));
+    // SIGUSR1 empties the read cache, as `echo 1 > /proc/sys/vm/drop_caches`
+    // does the kernel's: what a cold-cache measurement needs.
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(|e| e.to_string())?;
+    let drop_task = {
+        let srv = srv.clone();
+        tokio::spawn(async move {
+            while usr1.recv().await.is_some() {
+                let bytes = srv.bufcache.clear();
+                tracing::info!(bytes, "SIGUSR1: read cache dropped");
+            }
+        })
+    };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
     tokio::select! {
@@ -302,6 +315,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     // finish (writes applied), then flush to disk.
     server.abort();
     expiry.abort();
+    drop_task.abort();
     if let Some(t) = metrics_task {
         t.abort();
     }

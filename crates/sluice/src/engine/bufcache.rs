@@ -195,6 +195,16 @@ impl BufCache {
         self.stats.bytes.store(inner.bytes, Ordering::Relaxed);
     }
 
+    /// Forgets everything (an operator's request for a cold cache);
+    /// returns the bytes dropped.
+    pub fn clear(&self) -> u64 {
+        let mut inner = self.lock();
+        let dropped = inner.bytes;
+        *inner = Inner::default();
+        self.stats.bytes.store(0, Ordering::Relaxed);
+        dropped
+    }
+
     /// Forgets `file`: the server is changing it.
     pub fn invalidate(&self, file: FileId) {
         if self.limit == 0 {
@@ -372,6 +382,17 @@ mod tests {
         );
         assert!(c.get(F, &s, 8192, 8192).is_none());
         assert!(c.get(F, &s, 11 * 8192, 8192).is_some());
+    }
+
+    #[test]
+    fn clear_forgets_everything() {
+        let c = BufCache::new(1 << 20);
+        let s = st(1 << 20, 1000);
+        c.insert(F, &s, 0, data(8192, 1));
+        c.insert((1, 2), &s, 0, data(4096, 1));
+        assert_eq!(c.clear(), 12_288);
+        assert!(c.get(F, &s, 0, 8192).is_none());
+        assert_eq!(c.stats.bytes.load(Ordering::Relaxed), 0);
     }
 
     #[test]
