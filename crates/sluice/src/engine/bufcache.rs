@@ -22,26 +22,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 
+use super::extents::Validator as Version;
 use super::fs::Stat;
 use super::readahead::FileId;
-
-/// The version of a file an entry was read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Version {
-    size: u64,
-    mtime: (i64, u32),
-    ctime: (i64, u32),
-}
-
-impl Version {
-    fn of(st: &Stat) -> Self {
-        Version {
-            size: st.size,
-            mtime: (st.mtime.sec, st.mtime.nsec),
-            ctime: (st.ctime.sec, st.ctime.nsec),
-        }
-    }
-}
 
 #[derive(Debug)]
 struct Entry {

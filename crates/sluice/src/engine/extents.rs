@@ -183,15 +183,18 @@ pub fn segments(data: &[(u64, u64)], start: u64, end: u64, min_hole: u64) -> Vec
     out
 }
 
+/// The version of a file a cached map (or cached data) belongs to: its
+/// size, modification and change times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Validator {
+pub(crate) struct Validator {
     size: u64,
     mtime: (i64, u32),
     ctime: (i64, u32),
 }
 
 impl Validator {
-    fn of(st: &Stat) -> Self {
+    /// The version `st` describes.
+    pub(crate) fn of(st: &Stat) -> Self {
         Validator {
             size: st.size,
             mtime: (st.mtime.sec, st.mtime.nsec),
