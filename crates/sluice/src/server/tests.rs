@@ -412,18 +412,7 @@ fn pseudo_file_system_joins_exports() {
     assert_eq!(st, status::ROFS);
     let (st, _) = run_from(&srv, &sid, 7, inside, &[putfh.clone(), mkdir.clone()]);
     assert_eq!(st, status::ROFS);
-    let mut read = Encoder::new();
-    read.u32(0);
-    read.opaque_fixed(&[0; 12]);
-    read.u64(0);
-    read.u32(10);
-    let (st, _) = run_from(
-        &srv,
-        &sid,
-        8,
-        inside,
-        &[put_root.clone(), (op::READ, read.into_inner())],
-    );
+    let (st, _) = run_from(&srv, &sid, 8, inside, &[put_root.clone(), read_op(0, 10)]);
     assert_eq!(st, status::ISDIR);
 
     // The read-write export takes changes; renames between exports do not.
