@@ -346,21 +346,6 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Keeps READ buffers (up to 1 MiB each, one per request in flight) on the
-/// heap and reused, instead of fresh mappings that the kernel must fault in
-/// and zero on every request (measured: about 9% of a warm stream's CPU).
-fn tune_allocator() {
-    // SAFETY: mallopt only changes glibc's allocation thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 8 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
-        // Each allocation arena keeps what it freed; a few arenas shared
-        // by the request threads bound that (glibc's default is 8 per
-        // core, grown as threads come and go).
-        libc::mallopt(libc::M_ARENA_MAX, 4);
-    }
-}
-
 /// Requests processed at once in all (each on a blocking thread while it
 /// waits for the disk); more wait their turn. Bounds the threads, their
 /// stacks and buffers: a 64-client soak had grown tokio's default pool to
@@ -385,7 +370,7 @@ fn raise_fd_limit() {
 }
 
 fn main() {
-    tune_allocator();
+    sluice::tune_allocator();
     raise_fd_limit();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -255,6 +255,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
 
 fn main() {
     let a = Arc::new(Args::parse());
+    sluice::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
