@@ -522,9 +522,10 @@ def nfsrs_md5(server, name: str) -> tuple[str, int]:
 
 def test_cold_stream_reads_direct_then_from_the_servers_cache(start_server):
     """The default: a cold stream with 8 READs of 1 MiB in flight is read
-    with O_DIRECT (no page-cache readahead, no byte read twice), checksum
-    exact, and the next passes come from the server's own cache without
-    touching the disk."""
+    with O_DIRECT, its window read ahead the same way into the server's own
+    cache (nothing into the page cache, no byte read twice), checksum
+    exact, and the next passes come from that cache without touching the
+    disk or reading ahead again."""
     s = start_server("--readahead-max", str(READAHEAD_MAX))
     want = make_cold(s.export / "direct", SEQ_FILE, seed=257)
     wait_settled(s.export / "direct")
@@ -552,9 +553,11 @@ def test_cold_stream_reads_direct_then_from_the_servers_cache(start_server):
 
     (cold, events), (warm, _), (again, _) = passes
     # Cold: read past the page cache (the first request, alone, may take the
-    # page cache), without readahead beyond it, and nothing twice.
+    # page cache), the window too, and nothing twice. Most READs find their
+    # data read ahead (measured: 285 of 296).
     assert cold["sluice_direct_read_bytes_total"] >= SEQ_FILE - 2 * MiB
-    assert cold["sluice_readahead_issued_bytes_total"] <= 4 * MiB
+    assert cold["sluice_readahead_issued_bytes_total"] >= SEQ_FILE // 2
+    assert cold["sluice_read_cache_hits_total"] >= 0.5 * cold["sluice_reads_total"]
     check_sequential_disk(cold, SEQ_FILE, 4 * MiB, events)
     res = resident_bytes(s.export / "direct")
     assert res is None or res <= 8 * MiB, f"direct reads left {res} bytes in the page cache"

@@ -103,17 +103,17 @@ pub fn render(srv: &Server) -> String {
         ),
         (
             "sluice_readahead_issued_bytes_total",
-            "Bytes the server asked the kernel to read ahead.",
+            "Bytes the server read ahead: into the page cache, or with O_DIRECT into its read cache.",
             load(&ra.issued_bytes),
         ),
         (
             "sluice_readahead_dropped_total",
-            "Readahead requests dropped because the readahead queue was full.",
+            "Readahead requests dropped because a readahead queue was full.",
             load(&ra.dropped),
         ),
         (
             "sluice_readahead_hits_total",
-            "Reads of sequential streams served wholly from the page cache.",
+            "Reads of sequential streams served without waiting for the disk (from the page cache or from data read ahead into the read cache).",
             load(&ra.hits),
         ),
         (
@@ -128,7 +128,7 @@ pub fn render(srv: &Server) -> String {
         ),
         (
             "sluice_direct_read_bytes_total",
-            "Bytes of cold sequential streams read with O_DIRECT, past the page cache.",
+            "Bytes of cold sequential streams read with O_DIRECT, past the page cache (their READs and their readahead).",
             load(&ra.direct_bytes),
         ),
         (

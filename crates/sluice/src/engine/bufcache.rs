@@ -140,6 +140,37 @@ impl BufCache {
         Some(data)
     }
 
+    /// Whether the cache holds all of `len` bytes at `offset` of `file`
+    /// (status `st`), in one buffer or several end to end; a question
+    /// only, which neither counts as a hit nor keeps the entries longer.
+    pub fn holds(&self, file: FileId, st: &Stat, offset: u64, len: u64) -> bool {
+        if self.stats.bytes.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let inner = self.lock();
+        let Some(f) = inner.files.get(&file) else {
+            return false;
+        };
+        if f.version != Version::of(st) || offset >= st.size {
+            return false;
+        }
+        let end = offset.saturating_add(len).min(st.size);
+        let mut at = offset;
+        let Some((&start, _)) = f.entries.range(..=offset).next_back() else {
+            return false;
+        };
+        for (&s, e) in f.entries.range(start..end.max(start + 1)) {
+            if s > at {
+                return false;
+            }
+            at = at.max(s + e.data.len() as u64);
+            if at >= end {
+                return true;
+            }
+        }
+        at >= end
+    }
+
     /// Keeps `data`, read at `offset` of `file` whose status was `st`
     /// before the read.
     pub fn insert(&self, file: FileId, st: &Stat, offset: u64, data: Bytes) {
@@ -319,6 +350,15 @@ mod tests {
         c2.insert(F, &s2, 4096, d.clone());
         assert_eq!(c2.get(F, &s2, 8192, 1 << 20).unwrap(), d.slice(4096..));
         assert!(c2.get(F, &s2, 12_288, 10).is_none());
+        assert_eq!(c.stats.hits.load(Ordering::Relaxed), 3);
+        // Asking whether it holds a range is no hit.
+        assert!(c.holds(F, &s, 4096, 12_288));
+        assert!(c.holds(F, &s, 5000, 100));
+        assert!(!c.holds(F, &s, 0, 8192));
+        assert!(!c.holds(F, &s, 8192, 8193));
+        assert!(!c.holds(F, &st(100_000, 1001), 4096, 4096));
+        assert!(c2.holds(F, &s2, 8192, 1 << 20));
+        assert!(!c2.holds(F, &s2, 12_288, 10));
         assert_eq!(c.stats.hits.load(Ordering::Relaxed), 3);
     }
 

@@ -12,7 +12,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Bytes, BytesMut};
+
+use super::hugebuf;
 
 /// A point in time as seconds and nanoseconds since the epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -702,20 +704,23 @@ static CACHESTAT_WORKS: AtomicBool = AtomicBool::new(true);
 /// be a multiple of [`DIRECT_ALIGN`]; the device is asked for `len`
 /// rounded up to it. EINVAL means the file system refused the alignment
 /// or direct I/O altogether.
-pub fn read_direct(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<BytesMut> {
+pub fn read_direct(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<Bytes> {
     if !offset.is_multiple_of(DIRECT_ALIGN as u64) || offset > i64::MAX as u64 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let want = len.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-    let mut buf = BytesMut::with_capacity(want + DIRECT_ALIGN);
-    // Skip to the first aligned byte of the allocation.
-    let pad = buf.as_ptr().align_offset(DIRECT_ALIGN);
-    buf.resize(pad, 0);
-    buf.advance(pad);
-    debug_assert_eq!(buf.as_ptr() as usize % DIRECT_ALIGN, 0);
-    while buf.len() < want {
-        let done = buf.len();
-        let n = pread_spare(fd, &mut buf, want - done, offset + done as u64, 0);
+    // Huge-page memory, so that the device gets the read as one request.
+    let mut buf = hugebuf::Buf::new(want)?;
+    debug_assert_eq!(buf.as_mut_ptr() as usize % DIRECT_ALIGN, 0);
+    let mut done = 0;
+    while done < want {
+        let iov = libc::iovec {
+            // SAFETY: `done < want <= capacity`.
+            iov_base: unsafe { buf.as_mut_ptr().add(done) } as *mut libc::c_void,
+            iov_len: want - done,
+        };
+        // SAFETY: valid fd; the iovec covers the unfilled rest of `buf`.
+        let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, (offset + done as u64) as i64, 0) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EINTR) {
@@ -723,15 +728,13 @@ pub fn read_direct(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<By
             }
             return Err(e);
         }
-        // SAFETY: the kernel initialised `n` more bytes.
-        unsafe { buf.set_len(done + n as usize) };
+        done += n as usize;
         if n == 0 || !(n as usize).is_multiple_of(DIRECT_ALIGN) {
             // The end of the file (a short read ends where the file does).
             break;
         }
     }
-    buf.truncate(len);
-    Ok(buf)
+    Ok(buf.freeze(done.min(len)))
 }
 
 /// False once the kernel refused RWF_NOWAIT for buffered reads.

@@ -20,10 +20,11 @@
 //!
 //! A sequential reader that keeps several large requests in flight and
 //! finds its data not cached is served past the page cache instead
-//! ([`Access::direct`]): its own requests already keep the device busy,
-//! and reading straight into the reply's buffer saves the page cache's
-//! allocation and copy, which limit a cold buffered stream well below the
-//! device's rate. No readahead is issued for such requests.
+//! ([`Access::direct`]): reading straight into the reply's buffer saves
+//! the page cache's allocation and copy, which limit a cold buffered
+//! stream well below the device's rate. Its window is not read into the
+//! page cache but handed back to the caller ([`Access::ahead`]), to be
+//! read the same way into the server's own cache (see `engine::ahead`).
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -44,6 +45,9 @@ pub struct Config {
     /// Smallest request of a sequential reader that may be read past the
     /// page cache (see [`Access::direct`]); 0 never does.
     pub direct_min: u64,
+    /// Keep a window ahead of readers that read past the page cache too
+    /// ([`Access::ahead`]); off when there is no cache to read it into.
+    pub direct_ahead: bool,
 }
 
 impl Default for Config {
@@ -52,6 +56,7 @@ impl Default for Config {
             initial: 512 * 1024,
             max: 16 * 1024 * 1024,
             direct_min: 256 * 1024,
+            direct_ahead: true,
         }
     }
 }
@@ -90,6 +95,9 @@ pub struct Access {
     /// whatever it reads is worth keeping in the server's own cache,
     /// where the reader's next pass will look.
     pub keep: bool,
+    /// For such a reader: the part of its window to read ahead now, past
+    /// the page cache, in pieces of the request's size (start, end).
+    pub ahead: Option<(u64, u64)>,
     /// The reader counting this request in flight until
     /// [`Readahead::record`]: (file, stream, reader).
     inflight: Option<(FileId, u64, u64)>,
@@ -340,6 +348,7 @@ impl Readahead {
                 issued: 0,
                 direct: false,
                 keep: false,
+                ahead: None,
                 inflight: None,
             };
             match found {
@@ -379,12 +388,16 @@ impl Readahead {
                         .min(self.config.max.max(len));
                         let target = r.hi.saturating_add(r.window).min(size);
                         // Refill once less than half the window lies ahead.
-                        if !r.direct
-                            && r.ra_end < target
+                        // A reader past the page cache has its window read
+                        // by the caller, into the server's cache.
+                        let refill = r.ra_end < target
                             && r.ra_end.saturating_sub(r.hi) < r.window / 2
-                        {
+                            && (!r.direct || self.config.direct_ahead);
+                        if refill {
                             let from = r.ra_end.max(r.hi);
-                            if target > from {
+                            if target > from && r.direct {
+                                result.ahead = Some((from, target));
+                            } else if target > from {
                                 job = Some((from, target - from));
                                 result.issued = target - from;
                             }
@@ -712,8 +725,24 @@ mod tests {
             .collect();
         assert!(!first[0].direct, "a lone first request went direct");
         assert!(first[1..].iter().all(|a| a.direct), "{first:?}");
-        // Direct requests issue no page-cache readahead.
+        // Direct requests issue no page-cache readahead: their window is
+        // handed back, to be read past the page cache, end to end and
+        // ahead of every request begun.
         assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), 0);
+        let mut ahead_end = 0;
+        for (i, a) in first.iter().enumerate() {
+            if let Some((from, to)) = a.ahead {
+                assert!(a.direct, "window handed back for a page-cache read");
+                assert!(from >= (i as u64 + 1) * MB, "ahead of request {i}: {from}");
+                assert!(
+                    ahead_end == 0 || from == ahead_end,
+                    "gap or overlap at {from}"
+                );
+                assert!(to > from && to <= (i as u64 + 1) * MB + 16 * MB);
+                ahead_end = to;
+            }
+        }
+        assert!(ahead_end >= 8 * MB, "window read ahead ends at {ahead_end}");
         for a in first {
             ra.record(a, false);
         }
@@ -777,13 +806,31 @@ mod tests {
     }
 
     #[test]
-    fn reads_from_the_own_cache_issue_no_readahead() {
+    fn reads_from_the_own_cache_read_ahead_past_the_page_cache() {
         let ra = Readahead::new(Config::default());
         let fd = fd();
+        let mut ahead_end = 0;
         for i in 0..16u64 {
-            ra.access_own_cache((3, 3), 1, &fd, i * MB, MB, 1024 * MB);
+            let a = ra.access_own_cache((3, 3), 1, &fd, i * MB, MB, 1024 * MB);
+            if let Some((from, to)) = a.ahead {
+                assert!(from >= (i + 1) * MB && (ahead_end == 0 || from == ahead_end));
+                ahead_end = to;
+            }
         }
+        // At least half of the largest window ahead (it is refilled once
+        // less than that is left), none of it in the page cache.
+        assert!((24 * MB..=32 * MB).contains(&ahead_end), "{ahead_end}");
         assert_eq!(ra.stats.issued_bytes.load(Ordering::Relaxed), 0);
+        // Without a cache to read into, nothing is handed back.
+        let off = Readahead::new(Config {
+            direct_ahead: false,
+            ..Config::default()
+        });
+        for i in 0..16u64 {
+            let a = off.access_own_cache((3, 3), 1, &fd, i * MB, MB, 1024 * MB);
+            assert_eq!(a.ahead, None);
+        }
+        assert_eq!(off.stats.issued_bytes.load(Ordering::Relaxed), 0);
         // Past the cached part the reader goes on direct.
         let a = ra.begin((3, 3), 1, &fd, 16 * MB, MB, 1024 * MB, true);
         assert!(a.direct);

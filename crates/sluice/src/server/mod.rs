@@ -20,6 +20,7 @@ pub use exports::{Exports, Loc, Rules};
 use state::StateTable;
 use std::io;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use compound::process_compound;
@@ -66,13 +67,15 @@ pub struct Server {
     /// Settings.
     pub config: Config,
     /// Byte-range locks held around backing I/O.
-    pub locks: crate::engine::rangelock::RangeLocks,
+    pub locks: Arc<crate::engine::rangelock::RangeLocks>,
     /// Cached data/hole maps.
     pub extents: crate::engine::extents::ExtentCache,
     /// Sequential stream detection and readahead.
     pub readahead: crate::engine::readahead::Readahead,
     /// Data of cold streams, read past the page cache.
-    pub bufcache: crate::engine::bufcache::BufCache,
+    pub bufcache: Arc<crate::engine::bufcache::BufCache>,
+    /// Readahead past the page cache, into `bufcache`.
+    pub ahead: crate::engine::ahead::Ahead,
     /// Counters for the metrics endpoint.
     pub metrics: crate::metrics::Metrics,
 }
@@ -93,14 +96,31 @@ impl Server {
         let mut write_verifier = [0u8; 8];
         write_verifier.copy_from_slice(&random[4..]);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let locks = Arc::new(crate::engine::rangelock::RangeLocks::new(
+            config.range_locks,
+        ));
+        let bufcache = Arc::new(crate::engine::bufcache::BufCache::new(config.read_cache));
+        // Buffers of data read past the page cache fill the read cache:
+        // keep as much memory for them when the cache lets go of some.
+        crate::engine::hugebuf::keep_free(config.read_cache);
+        let mut ra = config.readahead;
+        ra.direct_ahead &= config.read_cache > 0;
+        let readahead = crate::engine::readahead::Readahead::new(ra);
+        let ahead = crate::engine::ahead::Ahead::new(
+            ra.direct_ahead && ra.max > 0 && ra.direct_min > 0,
+            bufcache.clone(),
+            locks.clone(),
+            readahead.stats.clone(),
+        );
         Ok(Server {
             exports,
             state: StateTable::new(config.lease, boot_id),
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
-            locks: crate::engine::rangelock::RangeLocks::new(config.range_locks),
-            readahead: crate::engine::readahead::Readahead::new(config.readahead),
-            bufcache: crate::engine::bufcache::BufCache::new(config.read_cache),
+            locks,
+            readahead,
+            bufcache,
+            ahead,
             config,
             extents: Default::default(),
             metrics: Default::default(),

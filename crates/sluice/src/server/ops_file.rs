@@ -10,6 +10,7 @@ use super::ops_fs::{
 use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
+use crate::engine::readahead::Access;
 use crate::nfs4::consts::{status, OPAQUE_LIMIT};
 use crate::xdr::{Decoder, Encoder};
 use std::ffi::CString;
@@ -18,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
 const SHARE_ACCESS_READ: u32 = 1;
@@ -372,6 +373,7 @@ pub fn read_data(
         let access =
             srv.readahead
                 .access_own_cache(file_key(st), stream, fd, offset, count as u64, st.size);
+        read_ahead(cx, fh, st, stream, &access, count);
         srv.readahead.record(access, true);
         srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
         return Ok(data);
@@ -420,6 +422,16 @@ pub fn read_data(
             st.size,
             uncached,
         );
+        read_ahead(cx, fh, st, stream, &access, count);
+        // Part of it being read ahead: wait for that rather than ask the
+        // device for the same bytes again.
+        if srv.ahead.wait(file_key(st), offset, count as u64) {
+            if let Some(data) = srv.bufcache.get(file_key(st), st, offset, count) {
+                srv.readahead.record(access, false);
+                srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(data);
+            }
+        }
         let read = if access.direct {
             read_direct(cx, fh, st, stream, offset, count)
         } else {
@@ -431,7 +443,7 @@ pub fn read_data(
                     .stats
                     .direct_bytes
                     .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                (buf.freeze(), false)
+                (buf, false)
             }),
             None => match fs::read_buf(fd.as_fd(), offset, count) {
                 Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
@@ -457,10 +469,35 @@ pub fn read_data(
     Ok(buf)
 }
 
-/// Reads with O_DIRECT through a descriptor of the stream's own (the
-/// open's has the page cache's flags), opened as root: the open or the
-/// stateid already passed the permission check. None when the file system
-/// refuses direct I/O here, to read through the page cache instead.
+/// The stream's own O_DIRECT descriptor (the open's has the page cache's
+/// flags), opened as root: the open or the stateid already passed the
+/// permission check.
+fn direct_fd(cx: &Ctx<'_>, fh: &Fh, st: &Stat, stream: u64) -> std::io::Result<Arc<OwnedFd>> {
+    cx.srv.readahead.direct_fd(file_key(st), stream, || {
+        cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT))
+    })
+}
+
+/// Starts reading the part of a window that the readahead engine handed
+/// back for a reader past the page cache, in pieces of the reader's
+/// request size, into the server's cache.
+fn read_ahead(cx: &Ctx<'_>, fh: &Fh, st: &Stat, stream: u64, access: &Access, count: usize) {
+    let Some((from, to)) = access.ahead else {
+        return;
+    };
+    let align = fs::DIRECT_ALIGN as u64;
+    let piece = (count as u64 / align * align)
+        .max(cx.srv.readahead.config().direct_min.next_multiple_of(align));
+    if let Ok(fd) = direct_fd(cx, fh, st, stream) {
+        cx.srv
+            .ahead
+            .schedule(file_key(st), st, &fd, from, to, piece);
+    }
+}
+
+/// Reads with O_DIRECT through the stream's own descriptor. None when the
+/// file system refuses direct I/O here, to read through the page cache
+/// instead.
 fn read_direct(
     cx: &Ctx<'_>,
     fh: &Fh,
@@ -468,11 +505,8 @@ fn read_direct(
     stream: u64,
     offset: u64,
     count: usize,
-) -> Option<std::io::Result<BytesMut>> {
-    let fd = cx.srv.readahead.direct_fd(file_key(st), stream, || {
-        cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT))
-    });
-    let fd = match fd {
+) -> Option<std::io::Result<Bytes>> {
+    let fd = match direct_fd(cx, fh, st, stream) {
         Ok(fd) => fd,
         Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return None,
         Err(err) => return Some(Err(err)),
