@@ -5,9 +5,9 @@
 //! memory and limits how many pieces one request may have (a loop device:
 //! 128 pieces of at most 64 KiB). A 1 MiB buffer of scattered 4 KiB pages
 //! has 256 pieces, so the kernel splits each 1 MiB read into two 512 KiB
-//! requests. On the loop devices of our benchmarks, eight 1 MiB reads in
-//! flight gave 1.6–1.7 GB/s from ordinary memory against 2.7–2.9 GB/s into
-//! huge pages, where a read stays one request (docs/readahead.md).
+//! requests. On the loop devices of our benchmarks, three to eight 1 MiB
+//! reads in flight gave 1.6–1.7 GB/s from ordinary memory against 2.7–2.9
+//! GB/s into huge pages, where a read stays one request (docs/readahead.md).
 //!
 //! Regions are used again once every buffer cut from them is gone: freed
 //! regions are kept up to [`keep_free`] bytes (the server's read cache
@@ -16,15 +16,19 @@
 //! guest's free memory, the host must supply it first: on our benchmark
 //! machine the first gigabyte a fresh server reads this way comes at about
 //! 0.4 GB/s, against 1.6 GB/s into ordinary pages, and every pass after it
-//! at 2.3 GB/s against 1.7–1.9 (docs/readahead.md). When the kernel has no
-//! huge page to give, a region is ordinary memory and everything works as
-//! before, only without the gain.
+//! at 2.3 GB/s against 1.7–1.9 (docs/readahead.md). So each new region is
+//! filled at once (`MADV_POPULATE_WRITE`) and timed; once eight new huge
+//! pages in a row have proved slow (over 2 ms each), new regions
+//! are ordinary memory. When the kernel has no huge page to give, a region
+//! is ordinary memory too, and everything works as before, only without
+//! the gain.
 
 use bytes::Bytes;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Size and alignment of a region: one huge page on x86-64 and arm64
 /// with 4 KiB pages.
@@ -91,11 +95,58 @@ impl Mapping {
             if tail > 0 {
                 libc::munmap((aligned + len) as *mut libc::c_void, tail);
             }
-            // Only a hint: without huge pages the memory works the same.
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        if HUGE.load(Ordering::Relaxed) {
+            let at = aligned as *mut libc::c_void;
+            // SAFETY: advice on the mapping just made. Only hints: without
+            // huge pages the memory works the same, and memory not filled
+            // now is filled when first written.
+            unsafe { libc::madvise(at, len, libc::MADV_HUGEPAGE) };
+            if len == REGION {
+                let started = Instant::now();
+                // SAFETY: as above.
+                if unsafe { libc::madvise(at, len, libc::MADV_POPULATE_WRITE) } == 0 {
+                    note_fill(started.elapsed());
+                }
+            }
         }
         let ptr = NonNull::new(aligned as *mut u8).ok_or_else(|| io::Error::other("mmap at 0"))?;
         Ok(Mapping { ptr, len })
+    }
+}
+
+/// New regions ask for huge pages until those prove slow to fill.
+static HUGE: AtomicBool = AtomicBool::new(true);
+/// New regions in a row that were slow to fill.
+static SLOW_FILLS: AtomicU32 = AtomicU32::new(0);
+/// A new region filled more slowly than this (1 GB/s) counts as slow;
+/// zeroing a huge page takes a tenth of that on bare metal.
+const SLOW_FILL: Duration = Duration::from_millis(2);
+/// Slow fills in a row after which new regions are ordinary memory.
+const SLOW_LIMIT: u32 = 8;
+
+/// Whether huge pages have proved too slow to fill: the host of a virtual
+/// machine that has taken the guest's free memory back supplies a new huge
+/// page at a fraction of the device's rate, and a stream would wait for
+/// it. Regions made so far stay in use either way.
+/// (Pages the guest freed just before, which the host still backs, fill
+/// fast; hence a run of slow fills, not a share of all.)
+fn too_slow(slow_in_a_row: u32) -> bool {
+    slow_in_a_row >= SLOW_LIMIT
+}
+
+fn note_fill(took: Duration) {
+    let slow = if took > SLOW_FILL {
+        SLOW_FILLS.fetch_add(1, Ordering::Relaxed) + 1
+    } else {
+        SLOW_FILLS.store(0, Ordering::Relaxed);
+        0
+    };
+    if too_slow(slow) && HUGE.swap(false, Ordering::Relaxed) {
+        tracing::info!(
+            slow,
+            "new huge pages are slow to fill here (over 2 ms each): O_DIRECT buffers use ordinary pages from now on"
+        );
     }
 }
 
@@ -256,6 +307,13 @@ mod tests {
         let s = bufs[3].slice(10..20);
         drop(bufs);
         assert_eq!(&s[..], &[3u8; 10]);
+    }
+
+    #[test]
+    fn huge_pages_stop_after_a_run_of_slow_fills() {
+        assert!(!too_slow(0));
+        assert!(!too_slow(SLOW_LIMIT - 1));
+        assert!(too_slow(SLOW_LIMIT));
     }
 
     #[test]

@@ -136,7 +136,8 @@ struct Reader {
     queued: u32,
     /// Names the reader while its requests are in flight.
     id: u64,
-    /// Its data is read past the page cache: no readahead for it.
+    /// Its data is read past the page cache, and so is its window
+    /// ([`Access::ahead`]): no page-cache readahead for it.
     direct: bool,
 }
 
@@ -246,7 +247,8 @@ impl Readahead {
 
     /// Like [`Readahead::access`] for a read served from the server's own
     /// cache of data read past the page cache: the reader is one that
-    /// reads past the page cache, and no readahead is issued for it.
+    /// reads past the page cache, whose window is handed back in
+    /// [`Access::ahead`] (no page-cache readahead).
     pub fn access_own_cache(
         &self,
         file: FileId,
@@ -368,10 +370,10 @@ impl Readahead {
                     }
                     if r.run >= SEQ_THRESHOLD && self.config.max > 0 {
                         result.sequential = true;
-                        // A cold reader with another request on its way: the
-                        // client keeps the device busy by itself. Once direct,
-                        // it stays so (no readahead fills the cache ahead of
-                        // it any more).
+                        // A cold reader with another request on its way goes
+                        // past the page cache. Once direct, it stays so (no
+                        // page-cache readahead fills the cache ahead of it
+                        // any more: its window is read past it too).
                         result.direct = begin == Some(true)
                             && (r.direct || r.inflight + r.queued >= 2)
                             && self.direct_candidate(offset, len);
