@@ -314,27 +314,16 @@ fn worker(rx: &Mutex<Receiver<Job>>, shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     const MB: u64 = 1024 * 1024;
 
     fn setup(limit: u64) -> (Ahead, Arc<BufCache>, Arc<OwnedFd>, Stat, Vec<u8>) {
-        // On a disk-backed file system next to the build: O_DIRECT needs
-        // one.
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
-            ".sluice-ahead-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
         let data: Vec<u8> = (0..4 * MB as usize + 1000)
             .map(|i| (i * 7 % 251) as u8)
             .collect();
-        std::fs::File::create(&p).unwrap().write_all(&data).unwrap();
-        let f = std::fs::File::open(&p).unwrap();
-        let direct = fs::reopen(f.as_fd(), libc::O_RDONLY | libc::O_DIRECT);
-        let _ = std::fs::remove_file(&p);
-        let direct = direct.expect("O_DIRECT open on the build's file system");
+        let f = fs::disk_file("ahead", &data);
+        let direct = fs::reopen(f.as_fd(), libc::O_RDONLY | libc::O_DIRECT)
+            .expect("O_DIRECT open on the build's file system");
         let mut st = fs::stat(f.as_fd()).unwrap();
         // Old enough to be cached (files changed in the last second are not).
         st.mtime.sec -= 10;

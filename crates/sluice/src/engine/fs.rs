@@ -790,18 +790,11 @@ pub fn display_name(name: &[u8]) -> &OsStr {
 mod tests {
     use super::*;
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
 
     #[test]
     fn cached_reads_give_cached_data_and_refuse_the_rest() {
-        // Next to the build, on a disk-backed file system (temp_dir may be
-        // tmpfs, whose pages never leave memory).
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(format!(".sluice-cached-{}", std::process::id()));
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        let f = std::fs::File::open(&p).unwrap();
-        let _ = std::fs::remove_file(&p);
+        let f = disk_file("cached", &data);
         // Just written: in the page cache.
         let b = read_cached(f.as_fd(), 1000, 100_000)
             .unwrap()
@@ -834,18 +827,9 @@ mod tests {
 
     #[test]
     fn direct_reads_match_buffered_reads_and_cachestat_sees_the_cache() {
-        // On a disk-backed file system next to the build: O_DIRECT and
-        // page-cache eviction need one.
-        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(format!(".sluice-direct-{}", std::process::id()));
         let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13 % 253) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        let f = std::fs::File::open(&p).unwrap();
-        let d = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&p);
-        let _ = std::fs::remove_file(&p);
+        let f = disk_file("direct", &data);
+        let d = reopen(f.as_fd(), libc::O_RDONLY | libc::O_DIRECT);
         if cached_fully(f.as_fd(), 0, 1).is_some() {
             // Just written: cached.
             assert_eq!(cached_fully(f.as_fd(), 0, 1_000_000), Some(true));
@@ -924,6 +908,24 @@ mod create_tests {
         assert!(!created);
         let _ = std::fs::remove_dir_all(&d);
     }
+}
+
+/// An unnamed file holding `data`, open for reading, on the disk-backed
+/// file system next to the build, for tests that need page-cache eviction
+/// or O_DIRECT (the temp directory may be tmpfs, whose pages never leave
+/// memory).
+#[cfg(test)]
+pub(crate) fn disk_file(tag: &str, data: &[u8]) -> std::fs::File {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        ".sluice-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&p, data).expect("write a file next to the build");
+    let f = std::fs::File::open(&p).expect("open it");
+    std::fs::remove_file(&p).expect("unlink it");
+    f
 }
 
 /// An unnamed read-write file in the temp directory, for tests.
