@@ -10,6 +10,7 @@ use super::ops_fs::{
 use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
+use crate::engine::rangelock::RangeGuard;
 use crate::engine::readahead::Access;
 use crate::nfs4::consts::{status, OPAQUE_LIMIT};
 use crate::xdr::{Decoder, Encoder};
@@ -517,6 +518,22 @@ fn read_direct(
     }
 }
 
+/// The shared range lock a READ or READ_PLUS holds around its data. On
+/// the connection's task only when it is free now: WOULD_BLOCK otherwise,
+/// to wait for it elsewhere.
+pub fn read_lock<'a>(
+    cx: &Ctx<'a>,
+    key: (u64, u64),
+    start: u64,
+    end: u64,
+) -> Result<RangeGuard<'a>, u32> {
+    if must_not_wait() {
+        cx.srv.locks.try_read(key, start, end).ok_or(WOULD_BLOCK)
+    } else {
+        Ok(cx.srv.locks.read(key, start, end))
+    }
+}
+
 /// READ.
 pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let started = Instant::now();
@@ -526,15 +543,12 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
         let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let range = (file_key(&st), offset, offset.saturating_add(count as u64));
-        let _shared = if must_not_wait() {
-            cx.srv
-                .locks
-                .try_read(range.0, range.1, range.2)
-                .ok_or(WOULD_BLOCK)?
-        } else {
-            cx.srv.locks.read(range.0, range.1, range.2)
-        };
+        let _shared = read_lock(
+            cx,
+            file_key(&st),
+            offset,
+            offset.saturating_add(count as u64),
+        )?;
         let data = read_data(cx, &fh, &fd, &st, sid, offset, count)?;
         let size = io(fs::stat(fd.as_fd()))?.size;
         let eof = offset.saturating_add(data.len() as u64) >= size;

@@ -2,7 +2,7 @@
 //! DEALLOCATE.
 
 use super::compound::{must_not_wait, Ctx, OpStatus, WOULD_BLOCK};
-use super::ops_file::{cur_file, file_key, io_fd, read_data};
+use super::ops_file::{cur_file, file_key, io_fd, read_data, read_lock};
 use super::ops_fs::{io, run, stateid, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
@@ -39,15 +39,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);
-        let range_end = offset.saturating_add(count);
-        let _shared = if must_not_wait() {
-            cx.srv
-                .locks
-                .try_read(key, offset, range_end)
-                .ok_or(WOULD_BLOCK)?
-        } else {
-            cx.srv.locks.read(key, offset, range_end)
-        };
+        let _shared = read_lock(cx, key, offset, offset.saturating_add(count))?;
         // Size and layout are read under the lock, with the data.
         let st = io(fs::stat(fd.as_fd()))?;
         let end = offset.saturating_add(count).min(st.size);
