@@ -410,7 +410,7 @@ class Server:
         self.log_path = state / "server.log"
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [str(binary), "serve", str(export), "--listen", f"127.0.0.1:{port}", "--state-dir", str(state)],
+            [str(binary), "serve", str(export), "--listen", f"127.0.0.1:{port}", "--state-dir", str(state), "--no-root-squash"],
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,  # Ctrl-C reaches only this script

@@ -127,6 +127,8 @@ class Sluice(Server):
                         f"{self.host}:0",
                         "--state-dir",
                         str(state),
+                        # The benchmark's clients write as root.
+                        "--no-root-squash",
                         *self.extra_args,
                     ]
                 ),

@@ -5,6 +5,7 @@
 //! listen = "0.0.0.0:2049"
 //! state_dir = "/var/lib/sluice"
 //! lease_time = 90
+//! grace_time = 90            # default: the lease time
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
 //! direct_read_min = "256K"
@@ -60,6 +61,8 @@ pub struct ServerSection {
     pub state_dir: Option<PathBuf>,
     /// Lease time in seconds.
     pub lease_time: Option<u64>,
+    /// Grace period in seconds after every start.
+    pub grace_time: Option<u64>,
     /// Metrics endpoint address.
     pub metrics: Option<String>,
     /// Largest readahead window.

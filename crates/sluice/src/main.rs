@@ -1,9 +1,11 @@
 //! The `sluice` command.
 
 use clap::{Parser, Subcommand};
+use sluice::config::Squash;
 use sluice::engine::export::Export;
 use sluice::engine::handle::HandleKey;
 use sluice::server::exports::{Exported, Exports, Rules};
+use sluice::server::state::recovery::SqliteRecovery;
 use sluice::server::{Config, Server};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,17 @@ struct ServeCli {
     /// Lease time in seconds given to clients [default: 90].
     #[arg(long)]
     lease_time: Option<u64>,
+    /// Grace period in seconds after every start, during which clients
+    /// known from before may reclaim their opens and locks and nobody
+    /// may take new ones; it ends early once all of them have reclaimed
+    /// [default: one lease].
+    #[arg(long)]
+    grace_time: Option<u64>,
+    /// Let uid 0 on clients act as root on the export (by default root is
+    /// squashed to the anonymous user, 65534). With --config, applies to
+    /// every export whose squash is "root".
+    #[arg(long)]
+    no_root_squash: bool,
     /// Serve metrics in the Prometheus text format over HTTP at this
     /// address (`GET /metrics`; port 0 picks a free one).
     #[arg(long, value_name = "ADDR:PORT")]
@@ -134,7 +147,14 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     };
     let srv = file.server;
     let exports: Vec<(PathBuf, String, Rules)> = match cli.dir {
-        Some(d) => vec![(d, "/".into(), Rules::default())],
+        Some(d) => vec![(
+            d,
+            "/".into(),
+            Rules {
+                squash: Squash::Root,
+                ..Default::default()
+            },
+        )],
         None if file.exports.is_empty() => {
             return Err("give a directory to export, or --config FILE".into())
         }
@@ -166,12 +186,23 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     if let Some(n) = srv.max_connections {
         policy.max_connections = n;
     }
+    let mut exports = exports;
+    if cli.no_root_squash {
+        for (_, _, r) in &mut exports {
+            if r.squash == Squash::Root {
+                r.squash = Squash::None;
+            }
+        }
+    }
     let mut config = Config {
         range_locks: !cli.unsafe_no_range_locks,
         ..Default::default()
     };
     if let Some(secs) = cli.lease_time.or(srv.lease_time) {
         config.lease = Duration::from_secs(secs.max(1));
+    }
+    if let Some(secs) = cli.grace_time.or(srv.grace_time) {
+        config.grace = Some(Duration::from_secs(secs));
     }
     if let Some(max) = cli.readahead_max.or(srv.readahead_max.map(|Size(n)| n)) {
         config.readahead.max = max;
@@ -222,6 +253,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         config,
     } = a;
     let key = load_key(&state_dir)?;
+    let mut config = config;
+    let db = state_dir.join("clients.db");
+    config.recovery = Some(Arc::new(
+        SqliteRecovery::open(&db).map_err(|e| format!("{e}; check the state directory, or move the file away to start with no client records (no client can then reclaim)"))?,
+    ));
     let mut list = Vec::new();
     for (id, (dir, pseudo, rules)) in exports.into_iter().enumerate() {
         let fs = Export::open(&dir, id as u8, key.clone())
@@ -272,16 +308,16 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     };
     let _ = std::io::stdout().flush();
 
+    srv.state.log_grace_start();
     let expiry = {
         let srv = srv.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(srv.config.lease / 4);
+            let mut tick = tokio::time::interval(srv.state.expiry_interval());
             loop {
                 tick.tick().await;
-                let n = srv.state.expire();
-                if n > 0 {
-                    tracing::info!(clients = n, "expired silent clients");
-                }
+                // Expiry may write the client record store.
+                let s = srv.clone();
+                let _ = tokio::task::spawn_blocking(move || s.state.expire()).await;
             }
         })
     };

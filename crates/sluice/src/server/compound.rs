@@ -2,7 +2,7 @@
 //! SEQUENCE and the reply cache, and the per-request context.
 
 use super::exports::{Exported, Loc};
-use super::state::{request_fingerprint, SlotDecision, Stateid};
+use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, Server};
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
@@ -47,6 +47,8 @@ pub struct Ctx<'a> {
     pub clientid: Option<u64>,
     /// Stateid produced by the last op that made one.
     pub cur_sid: Option<Stateid>,
+    /// The current stateid saved with the filehandle by SAVEFH.
+    pub saved_sid: Option<Stateid>,
 }
 
 impl<'a> Ctx<'a> {
@@ -153,7 +155,26 @@ fn uses_cur_object(opnum: u32) -> bool {
         )
 }
 
+/// Runs one op, then moves the current stateid along with the current
+/// filehandle (RFC 8881 section 16.2.3.1.2): ops that set a new current
+/// filehandle without returning a stateid reset it, SAVEFH and RESTOREFH
+/// save and restore it with the filehandle.
 fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    let st = dispatch(cx, opnum, d, e);
+    if st == status::OK {
+        match opnum {
+            op::PUTFH | op::PUTPUBFH | op::PUTROOTFH | op::LOOKUP | op::LOOKUPP | op::CREATE => {
+                cx.cur_sid = None
+            }
+            op::SAVEFH => cx.saved_sid = cx.cur_sid,
+            op::RESTOREFH => cx.cur_sid = cx.saved_sid,
+            _ => {}
+        }
+    }
+    st
+}
+
+fn dispatch(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     if uses_cur_object(opnum) {
         if let Some(Loc::Pseudo(n)) = cx.cur.as_ref().map(|f| f.loc) {
             // Pseudo directories never reach the file system ops.
@@ -340,8 +361,9 @@ struct Running {
     saved: Option<Fh>,
     clientid: u64,
     cur_sid: Option<Stateid>,
-    session: Arc<super::state::Session>,
-    slot: u32,
+    saved_sid: Option<Stateid>,
+    /// The slot, given back when the COMPOUND ends, also by a panic.
+    slot: SlotGuard,
     cachethis: bool,
 }
 
@@ -452,6 +474,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
                 saved: None,
                 clientid: None,
                 cur_sid: None,
+                saved_sid: None,
             };
             let at = res.len();
             res.u32(0);
@@ -498,7 +521,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     // A retransmission carries the same operations from the same caller;
     // anything else on the same slot and sequence id is a false retry.
     let request = request_fingerprint(&args.cred, nops, &args.args()[d.position()..]);
-    match session.begin_request(slot, seqid, request) {
+    match session.begin_request(slot, seqid, request, cachethis) {
         Err(st) => {
             res.u32(st);
             return done(st, 1, res);
@@ -521,6 +544,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     res.u32(0); // status flags
     let next = d.position();
     let clientid = session.clientid;
+    let slot = SlotGuard::new(session, slot);
     run_ops(
         srv,
         Box::new(Running {
@@ -534,7 +558,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             saved: None,
             clientid,
             cur_sid: None,
-            session,
+            saved_sid: None,
             slot,
             cachethis,
         }),
@@ -559,10 +583,11 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             saved,
             clientid,
             cur_sid,
-            session,
+            saved_sid,
+            slot,
             cachethis,
-            ..
         } = &mut *r;
+        let session = slot.session().clone();
         let mut cx = Ctx {
             srv,
             cred: &args.cred,
@@ -572,6 +597,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             saved: saved.take(),
             clientid: Some(*clientid),
             cur_sid: *cur_sid,
+            saved_sid: *saved_sid,
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
         let _ = d.skip(*next);
@@ -648,6 +674,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
         *cur = cx.cur.take();
         *saved = cx.saved.take();
         *cur_sid = cx.cur_sid;
+        *saved_sid = cx.saved_sid;
     }
     if paused {
         return Step::Paused(Paused(PausedAt::Midway(r)));
@@ -657,7 +684,6 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
         tag,
         res,
         count,
-        session,
         slot,
         cachethis,
         ..
@@ -670,6 +696,6 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
         // after a lost connection gets the real answer.
         (body.len() <= 4096).then(|| Arc::new(body.to_vec()))
     };
-    session.finish(slot, cached);
+    slot.finish(cached);
     Step::Done(Some(body))
 }

@@ -30,6 +30,12 @@ pub use compound::process_compound;
 pub struct Config {
     /// Lease period handed to clients.
     pub lease: Duration,
+    /// Grace period after the start, for clients known from before to
+    /// reclaim their state (None: one lease).
+    pub grace: Option<Duration>,
+    /// Where the records of which clients may reclaim are kept (None: in
+    /// memory only, so nobody may reclaim after a restart).
+    pub recovery: Option<Arc<dyn state::recovery::Recovery>>,
     /// Byte-range locks around backing I/O; switched off only by tests
     /// that show what torn reads look like.
     pub range_locks: bool,
@@ -45,6 +51,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             lease: Duration::from_secs(90),
+            grace: None,
+            recovery: None,
             range_locks: true,
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
@@ -114,7 +122,19 @@ impl Server {
         );
         Ok(Server {
             exports,
-            state: StateTable::new(config.lease, boot_id),
+            state: StateTable::start(
+                state::Settings {
+                    lease: config.lease,
+                    grace: config.grace.unwrap_or(config.lease),
+                    limits: Default::default(),
+                },
+                boot_id,
+                config
+                    .recovery
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(state::recovery::SqliteRecovery::in_memory())),
+            )
+            .map_err(io::Error::other)?,
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             locks,

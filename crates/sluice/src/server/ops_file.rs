@@ -204,6 +204,8 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
             _ => return Err(status::BADXDR),
         };
         let claim = x(d.u32())?;
+        // CLAIM_PREVIOUS: an open held before the server restarted.
+        let reclaim = claim == 1;
         let name = match claim {
             0 => Some(component(d)?),
             1 => {
@@ -272,6 +274,7 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
             file: file_key(&st),
             access,
             deny,
+            reclaim,
         };
         let sid = cx.srv.state.open(req, |want| match (&fd, want) {
             (Some(fd), w) if w == access => Ok(fd.clone()),
@@ -644,7 +647,7 @@ pub fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
     let mut denied = None;
     let st = run(|| {
         let write = lock_kind(x(d.u32())?)?;
-        let _reclaim = x(d.bool())?;
+        let reclaim = x(d.bool())?;
         let offset = x(d.u64())?;
         let length = x(d.u64())?;
         let new_owner = x(d.bool())?;
@@ -662,11 +665,13 @@ pub fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
             let clientid = cx.clientid()?;
             cx.srv
                 .state
-                .lock_new_owner(&open, clientid, owner, file, range, write)?
+                .lock_new_owner(&open, clientid, owner, file, range, write, reclaim)?
         } else {
             let sid = cx.stateid(stateid(d)?)?;
             let _lock_seqid = x(d.u32())?;
-            cx.srv.state.lock_existing(&sid, file, range, write)?
+            cx.srv
+                .state
+                .lock_existing(&sid, file, range, write, reclaim)?
         };
         match r {
             Ok(sid) => {
@@ -701,7 +706,7 @@ pub fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         match cx
             .srv
             .state
-            .test_lock(clientid, owner, file_key(&st), range, write)
+            .test_lock(clientid, owner, file_key(&st), range, write)?
         {
             None => Ok(()),
             Some(dn) => {
@@ -728,6 +733,7 @@ pub fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
         let range = lock_range(offset, length)?;
         let sid = cx.srv.state.unlock(&sid, file_key(&st), range)?;
         put_stateid(e, &sid);
+        cx.cur_sid = Some(sid);
         Ok(())
     })
 }

@@ -545,6 +545,9 @@ pub fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
     run(|| {
         let name = component(d)?;
         let (dir, before) = cur_dir(cx)?;
+        // A name removed during grace could be one a client is about to
+        // reclaim an open of (as the Linux server, NFS4ERR_GRACE).
+        cx.srv.state.check_not_in_grace()?;
         let st = io(fs::stat_at(dir.fd.as_fd(), &name))?;
         let ex = &cx.ex(&dir).fs;
         let wire = ex.handle_in(dir.fd.as_fd(), &name).ok();
@@ -566,6 +569,7 @@ pub fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
         let from = component(d)?;
         let to = component(d)?;
         let (tdir, tbefore) = cur_dir(cx)?;
+        cx.srv.state.check_not_in_grace()?;
         let sdir = cx.saved()?.clone();
         let sbefore = stat_of(&sdir)?;
         if !sbefore.is_dir() {

@@ -3,13 +3,20 @@
 
 use super::attrs::MAX_IO;
 use super::compound::{Ctx, OpStatus};
-use super::state::ChannelAttrs;
+use super::state::{ChannelAttrs, ExchangeFlags, Principal};
 use crate::nfs4::consts::{status, OPAQUE_LIMIT, SESSIONID_SIZE};
 use crate::xdr::{Decoder, Encoder, XdrResult};
 
-const EXCHGID4_FLAG_USE_NON_PNFS: u32 = 0x0001_0000;
-const EXCHGID4_FLAG_CONFIRMED_R: u32 = 0x8000_0000;
+const CREATE_SESSION4_FLAG_PERSIST: u32 = 0x1;
 const CREATE_SESSION4_FLAG_CONN_BACK_CHAN: u32 = 0x2;
+const CREATE_SESSION4_FLAG_CONN_RDMA: u32 = 0x4;
+
+/// The smallest request that can carry a COMPOUND with SEQUENCE: RPC
+/// header with empty credentials, tag, minor version, op count, and the
+/// SEQUENCE op (the Linux server's bound, 64 bytes).
+const MIN_REQUEST: u32 = 64;
+/// The smallest reply that can carry SEQUENCE's result.
+const MIN_RESPONSE: u32 = 64;
 
 macro_rules! xdr {
     ($e:expr) => {
@@ -28,7 +35,7 @@ fn skip_bitmap(d: &mut Decoder<'_>) -> XdrResult<()> {
 pub fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let verifier: [u8; 8] = xdr!(d.array());
     let owner = xdr!(d.opaque(OPAQUE_LIMIT));
-    let _flags = xdr!(d.u32());
+    let flags = ExchangeFlags(xdr!(d.u32()));
     match xdr!(d.u32()) {
         0 => {}
         1 => {
@@ -46,15 +53,16 @@ pub fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         xdr!(d.i64());
         xdr!(d.u32());
     }
-    let r = match cx.srv.state.exchange_id(owner, verifier) {
+    let principal = Principal::of(cx.cred);
+    let r = match cx.srv.state.exchange_id(owner, verifier, &principal, flags) {
         Ok(r) => r,
         Err(st) => return st,
     };
     e.u64(r.clientid);
     e.u32(r.seq);
-    let mut flags = EXCHGID4_FLAG_USE_NON_PNFS;
+    let mut flags = ExchangeFlags::USE_NON_PNFS;
     if r.confirmed {
-        flags |= EXCHGID4_FLAG_CONFIRMED_R;
+        flags |= ExchangeFlags::CONFIRMED_R;
     }
     e.u32(flags);
     e.u32(0); // SP4_NONE
@@ -130,6 +138,19 @@ pub fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
     let back = xdr!(decode_channel(d));
     let _cb_program = xdr!(d.u32());
     xdr!(skip_cb_sec(d));
+    // RFC 8881 section 18.36.3: undefined flags are an error; channels
+    // too small for any COMPOUND get NFS4ERR_TOOSMALL.
+    if flags
+        & !(CREATE_SESSION4_FLAG_PERSIST
+            | CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+            | CREATE_SESSION4_FLAG_CONN_RDMA)
+        != 0
+    {
+        return status::INVAL;
+    }
+    if fore.max_request < MIN_REQUEST || fore.max_response < MIN_RESPONSE {
+        return status::TOOSMALL;
+    }
     if fore.max_requests == 0 || fore.max_ops < 2 {
         return status::INVAL;
     }
@@ -151,15 +172,19 @@ pub fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
     // The back channel is accepted but never used: no delegations or
     // layouts are granted, so there is nothing to call back about.
     let out_flags = flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN;
-    let r = cx.srv.state.create_session(clientid, seq, fore, back, |s| {
-        let mut r = Encoder::with_capacity(128);
-        r.opaque_fixed(&s.id);
-        r.u32(seq);
-        r.u32(out_flags);
-        encode_channel(&mut r, &s.fore);
-        encode_channel(&mut r, &s.back);
-        r.into_inner()
-    });
+    let principal = Principal::of(cx.cred);
+    let r = cx
+        .srv
+        .state
+        .create_session(clientid, &principal, seq, fore, back, |s| {
+            let mut r = Encoder::with_capacity(128);
+            r.opaque_fixed(&s.id);
+            r.u32(seq);
+            r.u32(out_flags);
+            encode_channel(&mut r, &s.fore);
+            encode_channel(&mut r, &s.back);
+            r.into_inner()
+        });
     match r {
         Ok(body) => {
             e.raw(&body);

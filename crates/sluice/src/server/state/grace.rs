@@ -1,0 +1,190 @@
+//! The grace period (RFC 8881 sections 8.4.2 and 8.4.3, 18.51).
+//!
+//! After every start, the clients recorded in the previous epoch may
+//! reclaim the opens and locks they held (OPEN with CLAIM_PREVIOUS, LOCK
+//! with reclaim set) until they send RECLAIM_COMPLETE; meanwhile nobody
+//! may take new opens or locks (NFS4ERR_GRACE), so no reclaim can meet a
+//! conflict. Grace ends when its time is up, or as soon as every client
+//! known from before has sent RECLAIM_COMPLETE or has been judged gone.
+
+use super::recovery::EpochStart;
+use super::StateTable;
+use crate::nfs4::consts::status;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+/// Why the grace period ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraceEnd {
+    /// No client was known from before the start.
+    NoClients,
+    /// Every known client sent RECLAIM_COMPLETE or was judged gone.
+    AllReclaimed,
+    /// The grace time ran out.
+    Timeout,
+}
+
+impl GraceEnd {
+    fn describe(self) -> &'static str {
+        match self {
+            GraceEnd::NoClients => "no clients to reclaim",
+            GraceEnd::AllReclaimed => "every client known from before has reclaimed",
+            GraceEnd::Timeout => "grace time ran out",
+        }
+    }
+}
+
+/// Where the grace period stands.
+#[derive(Debug, Default)]
+pub(super) struct Grace {
+    active: bool,
+    started: Option<Instant>,
+    ends: Option<Instant>,
+    /// Owners that may reclaim and have not sent RECLAIM_COMPLETE.
+    waiting: HashSet<Vec<u8>>,
+    /// Owners that may reclaim in this grace period.
+    known: HashSet<Vec<u8>>,
+}
+
+/// Grace as operators see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraceStatus {
+    /// Still in grace.
+    pub active: bool,
+    /// Clients known from before that have not finished reclaiming.
+    pub waiting: usize,
+}
+
+impl Grace {
+    /// Grace after a start with `epoch`, lasting at most `length`.
+    pub(super) fn begin(epoch: &EpochStart, length: Duration, now: Instant) -> Self {
+        let known: HashSet<Vec<u8>> = epoch.reclaimable.iter().cloned().collect();
+        Grace {
+            active: true,
+            started: Some(now),
+            ends: Some(now + length),
+            waiting: known.clone(),
+            known,
+        }
+    }
+
+    /// True while new opens and locks must wait.
+    pub(super) fn active(&self) -> bool {
+        self.active
+    }
+
+    /// True when `owner` was known before the start: it may reclaim.
+    pub(super) fn may_reclaim(&self, owner: &[u8]) -> bool {
+        self.active && self.known.contains(owner)
+    }
+
+    /// `owner` sent RECLAIM_COMPLETE, or is gone.
+    pub(super) fn client_done(&mut self, owner: &[u8]) {
+        self.waiting.remove(owner);
+    }
+}
+
+impl StateTable {
+    /// Ends grace when it is due; logs why and drops the recovery epoch.
+    pub(super) fn grace_check_end(&self, inner: &mut super::Inner, now: Instant) {
+        let g = &mut inner.grace;
+        if !g.active {
+            return;
+        }
+        let why = if g.known.is_empty() {
+            GraceEnd::NoClients
+        } else if g.waiting.is_empty() {
+            GraceEnd::AllReclaimed
+        } else if g.ends.is_some_and(|e| now >= e) {
+            GraceEnd::Timeout
+        } else {
+            return;
+        };
+        g.active = false;
+        let lasted = g.started.map(|s| now.saturating_duration_since(s));
+        if why == GraceEnd::NoClients {
+            tracing::info!("no grace period: no clients known from before this start");
+        } else {
+            tracing::info!(
+                reason = why.describe(),
+                lasted_ms = lasted.map_or(0, |d| d.as_millis() as u64),
+                known = g.known.len(),
+                not_reclaimed = g.waiting.len(),
+                "grace period ended"
+            );
+        }
+        g.waiting.clear();
+        if let Err(e) = self.recovery.end_grace() {
+            tracing::error!(error = %e, "cannot end grace in the client record store");
+        }
+    }
+
+    /// The grace period as it stands now.
+    pub fn grace_status(&self) -> GraceStatus {
+        let mut inner = self.lock();
+        self.grace_check_end(&mut inner, Instant::now());
+        GraceStatus {
+            active: inner.grace.active,
+            waiting: inner.grace.waiting.len(),
+        }
+    }
+
+    /// NFS4ERR_GRACE while in grace: for ops that would take or change
+    /// state that a reclaim might conflict with (REMOVE, RENAME).
+    pub fn check_not_in_grace(&self) -> Result<(), u32> {
+        let mut inner = self.lock();
+        self.grace_check_end(&mut inner, Instant::now());
+        if inner.grace.active() {
+            Err(status::GRACE)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Logs the start of grace (called once the server is up).
+    pub fn log_grace_start(&self) {
+        let inner = self.lock();
+        if inner.grace.active {
+            tracing::info!(
+                clients = inner.grace.known.len(),
+                seconds = self.settings.grace.as_secs_f64(),
+                "grace period started: clients known from before may reclaim their state"
+            );
+        }
+    }
+
+    /// Checks that `clientid` may reclaim now (RFC 8881 sections 8.4.2.1,
+    /// 18.16.3, 18.10.3): NFS4ERR_NO_GRACE outside grace or after its
+    /// RECLAIM_COMPLETE, NFS4ERR_RECLAIM_BAD when it held nothing before
+    /// the start (no stable record).
+    pub(super) fn check_reclaim(
+        &self,
+        inner: &mut super::Inner,
+        clientid: u64,
+        now: Instant,
+    ) -> Result<(), u32> {
+        self.grace_check_end(inner, now);
+        let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
+        if !inner.grace.active() || c.reclaim_complete {
+            return Err(status::NO_GRACE);
+        }
+        if !c.reclaimable {
+            return Err(status::RECLAIM_BAD);
+        }
+        Ok(())
+    }
+
+    /// NFS4ERR_GRACE for a new open or lock while in grace.
+    pub(super) fn check_new_state(
+        &self,
+        inner: &mut super::Inner,
+        now: Instant,
+    ) -> Result<(), u32> {
+        self.grace_check_end(inner, now);
+        if inner.grace.active() {
+            Err(status::GRACE)
+        } else {
+            Ok(())
+        }
+    }
+}

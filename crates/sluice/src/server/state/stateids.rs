@@ -1,0 +1,722 @@
+//! Open and lock stateids (RFC 8881 sections 8.2, 9), share reservations
+//! and byte-range locks, indexed by owner and by file so that OPEN, LOCK,
+//! CLOSE and expiry cost what the owner or file holds, not what the
+//! server holds.
+
+use super::{FileKey, Inner, Other, StateTable, Stateid};
+use crate::nfs4::consts::{status, LENGTH_TO_EOF};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// An open of a file by an open-owner.
+#[derive(Debug)]
+pub struct OpenState {
+    /// Owning client.
+    pub clientid: u64,
+    /// Open-owner bytes.
+    pub owner: Vec<u8>,
+    /// The file.
+    pub file: FileKey,
+    /// Current stateid sequence.
+    pub seqid: u32,
+    /// OPEN4_SHARE_ACCESS bits held.
+    pub access: u32,
+    /// OPEN4_SHARE_DENY bits held.
+    pub deny: u32,
+    /// Descriptor opened with the access mode.
+    pub fd: Arc<OwnedFd>,
+}
+
+/// A lock-owner's state on one file, derived from an open.
+#[derive(Debug)]
+pub struct LockState {
+    /// Owning client.
+    pub clientid: u64,
+    /// Lock-owner bytes.
+    pub owner: Vec<u8>,
+    /// The open this lock state came from.
+    pub open: Other,
+    /// The file.
+    pub file: FileKey,
+    /// Current stateid sequence.
+    pub seqid: u32,
+}
+
+#[derive(Debug)]
+enum StateEntry {
+    Open(OpenState),
+    Lock(LockState),
+}
+
+/// One held byte-range lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockRange {
+    /// Lock stateid `other` of the holder.
+    pub holder: Other,
+    /// Owning client.
+    pub clientid: u64,
+    /// Lock-owner bytes.
+    pub owner: Vec<u8>,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte (u64::MAX = to end of file).
+    pub end: u64,
+    /// Exclusive (write) lock.
+    pub write: bool,
+}
+
+/// The conflicting lock reported with NFS4ERR_DENIED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    /// Offset of the conflicting lock.
+    pub offset: u64,
+    /// Length of the conflicting lock.
+    pub length: u64,
+    /// True for a write lock.
+    pub write: bool,
+    /// Its owner's client.
+    pub clientid: u64,
+    /// Its owner.
+    pub owner: Vec<u8>,
+}
+
+/// Turns an (offset, length) pair into a half-open range, checking it.
+pub fn lock_range(offset: u64, length: u64) -> Result<(u64, u64), u32> {
+    if length == 0 {
+        return Err(status::INVAL);
+    }
+    if length == LENGTH_TO_EOF {
+        return Ok((offset, u64::MAX));
+    }
+    let end = offset.checked_add(length).ok_or(status::INVAL)?;
+    Ok((offset, end))
+}
+
+fn range_length(start: u64, end: u64) -> u64 {
+    if end == u64::MAX {
+        LENGTH_TO_EOF
+    } else {
+        end - start
+    }
+}
+
+/// Attributes of a new open, from OPEN's arguments.
+#[derive(Debug)]
+pub struct OpenRequest {
+    /// Client id of the open-owner.
+    pub clientid: u64,
+    /// Open-owner bytes.
+    pub owner: Vec<u8>,
+    /// The file.
+    pub file: FileKey,
+    /// Requested share access (1 read, 2 write, 3 both).
+    pub access: u32,
+    /// Requested share deny.
+    pub deny: u32,
+    /// CLAIM_PREVIOUS: the client reclaims an open it held before the
+    /// server restarted.
+    pub reclaim: bool,
+}
+
+/// (client, owner, file): one owner's state on one file.
+type OwnerKey = (u64, Vec<u8>, FileKey);
+
+/// The stateid tables and their indexes.
+#[derive(Debug, Default)]
+pub(super) struct Stateids {
+    states: HashMap<Other, StateEntry>,
+    /// The open of each open-owner on each file.
+    opens_by_owner: HashMap<OwnerKey, Other>,
+    /// The lock state of each lock-owner on each file.
+    locks_by_owner: HashMap<OwnerKey, Other>,
+    /// The opens of each file.
+    opens_by_file: HashMap<FileKey, HashSet<Other>>,
+    /// The lock states derived from each open.
+    locks_by_open: HashMap<Other, HashSet<Other>>,
+    /// Every state of each client.
+    by_client: HashMap<u64, HashSet<Other>>,
+    /// The byte ranges locked in each file.
+    ranges: HashMap<FileKey, Vec<LockRange>>,
+}
+
+impl Stateids {
+    pub(super) fn open_count(&self) -> usize {
+        self.opens_by_owner.len()
+    }
+
+    pub(super) fn lock_owner_count(&self) -> usize {
+        self.locks_by_owner.len()
+    }
+
+    pub(super) fn range_count(&self) -> usize {
+        self.ranges.values().map(Vec::len).sum()
+    }
+
+    /// True when the client holds opens or lock states.
+    pub(super) fn client_has_state(&self, id: u64) -> bool {
+        self.by_client.get(&id).is_some_and(|s| !s.is_empty())
+    }
+
+    /// Forgets every state of a client.
+    pub(super) fn remove_client(&mut self, id: u64) {
+        let Some(all) = self.by_client.remove(&id) else {
+            return;
+        };
+        for other in all {
+            self.remove(&other);
+        }
+    }
+
+    fn insert(&mut self, other: Other, entry: StateEntry) {
+        let (clientid, owner, file) = match &entry {
+            StateEntry::Open(o) => (o.clientid, o.owner.clone(), o.file),
+            StateEntry::Lock(l) => (l.clientid, l.owner.clone(), l.file),
+        };
+        match &entry {
+            StateEntry::Open(_) => {
+                self.opens_by_owner.insert((clientid, owner, file), other);
+                self.opens_by_file.entry(file).or_default().insert(other);
+            }
+            StateEntry::Lock(l) => {
+                self.locks_by_owner.insert((clientid, owner, file), other);
+                self.locks_by_open.entry(l.open).or_default().insert(other);
+            }
+        }
+        self.by_client.entry(clientid).or_default().insert(other);
+        self.states.insert(other, entry);
+    }
+
+    /// Removes a state and everything derived from it: an open's lock
+    /// states, a lock state's ranges.
+    fn remove(&mut self, other: &Other) {
+        let Some(entry) = self.states.remove(other) else {
+            return;
+        };
+        let clientid = match entry {
+            StateEntry::Open(o) => {
+                for l in self.locks_by_open.remove(other).unwrap_or_default() {
+                    self.remove(&l);
+                }
+                self.opens_by_owner.remove(&(o.clientid, o.owner, o.file));
+                if let Some(s) = self.opens_by_file.get_mut(&o.file) {
+                    s.remove(other);
+                    if s.is_empty() {
+                        self.opens_by_file.remove(&o.file);
+                    }
+                }
+                o.clientid
+            }
+            StateEntry::Lock(l) => {
+                if let Some(r) = self.ranges.get_mut(&l.file) {
+                    r.retain(|x| &x.holder != other);
+                    if r.is_empty() {
+                        self.ranges.remove(&l.file);
+                    }
+                }
+                if let Some(s) = self.locks_by_open.get_mut(&l.open) {
+                    s.remove(other);
+                    if s.is_empty() {
+                        self.locks_by_open.remove(&l.open);
+                    }
+                }
+                self.locks_by_owner.remove(&(l.clientid, l.owner, l.file));
+                l.clientid
+            }
+        };
+        if let Some(s) = self.by_client.get_mut(&clientid) {
+            s.remove(other);
+        }
+    }
+
+    /// Clients other than `clientid` whose opens of `file` conflict with
+    /// the share access and deny asked for.
+    fn share_conflicts(
+        &self,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        access: u32,
+        deny: u32,
+    ) -> Vec<u64> {
+        let mut out = Vec::new();
+        for other in self.opens_by_file.get(&file).into_iter().flatten() {
+            if let Some(StateEntry::Open(o)) = self.states.get(other) {
+                if o.clientid == clientid && o.owner == owner {
+                    continue;
+                }
+                if o.deny & access != 0 || o.access & deny != 0 {
+                    out.push(o.clientid);
+                }
+            }
+        }
+        out
+    }
+
+    /// Locks of other owners that conflict with [start, end).
+    fn lock_conflicts<'a>(
+        &'a self,
+        clientid: u64,
+        owner: &'a [u8],
+        file: FileKey,
+        (start, end): (u64, u64),
+        write: bool,
+    ) -> impl Iterator<Item = &'a LockRange> + 'a {
+        self.ranges
+            .get(&file)
+            .into_iter()
+            .flatten()
+            .filter(move |r| {
+                !(r.clientid == clientid && r.owner == owner)
+                    && r.start < end
+                    && start < r.end
+                    && (write || r.write)
+            })
+    }
+
+    /// Removes [start, end) from the ranges held by `holder`, splitting.
+    fn subtract(&mut self, file: FileKey, holder: &Other, start: u64, end: u64) {
+        let Some(ranges) = self.ranges.get_mut(&file) else {
+            return;
+        };
+        let mut out = Vec::with_capacity(ranges.len() + 1);
+        for r in ranges.drain(..) {
+            if &r.holder != holder || r.end <= start || end <= r.start {
+                out.push(r);
+                continue;
+            }
+            if r.start < start {
+                out.push(LockRange {
+                    end: start,
+                    ..r.clone()
+                });
+            }
+            if end < r.end {
+                out.push(LockRange { start: end, ..r });
+            }
+        }
+        *ranges = out;
+    }
+}
+
+fn denied(r: &LockRange) -> Denied {
+    Denied {
+        offset: r.start,
+        length: range_length(r.start, r.end),
+        write: r.write,
+        clientid: r.clientid,
+        owner: r.owner.clone(),
+    }
+}
+
+fn check_seqid(held: u32, given: u32) -> Result<(), u32> {
+    if given == 0 || given == held {
+        Ok(())
+    } else if given < held {
+        Err(status::OLD_STATEID)
+    } else {
+        Err(status::BAD_STATEID)
+    }
+}
+
+impl StateTable {
+    /// Resolves a conflict with the state of `holders`: clients whose
+    /// lease ran out (courtesy clients) are expired so the request can go
+    /// on; any live holder means the request is refused (false).
+    fn clear_conflicts(&self, inner: &mut Inner, holders: Vec<u64>, now: Instant) -> bool {
+        if holders.is_empty() {
+            return true;
+        }
+        if holders.iter().any(|id| !self.expirable(inner, *id, now)) {
+            return false;
+        }
+        for id in holders {
+            self.expire_client(
+                inner,
+                id,
+                "its state conflicts with another client's request",
+            );
+        }
+        true
+    }
+
+    /// OPEN: adds or upgrades the open of `req.owner` on the file. `open_fd`
+    /// is called with the access wanted when a new descriptor is needed.
+    /// During grace only reclaims are allowed (NFS4ERR_GRACE), and only
+    /// from clients known from before the restart.
+    pub fn open(
+        &self,
+        req: OpenRequest,
+        open_fd: impl FnOnce(u32) -> Result<Arc<OwnedFd>, u32>,
+    ) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        if req.reclaim {
+            self.check_reclaim(&mut inner, req.clientid, now)?;
+        } else {
+            self.check_new_state(&mut inner, now)?;
+        }
+        let holders =
+            inner
+                .ids
+                .share_conflicts(req.clientid, &req.owner, req.file, req.access, req.deny);
+        if !self.clear_conflicts(&mut inner, holders, now) {
+            return Err(status::SHARE_DENIED);
+        }
+        self.record_client(&mut inner, req.clientid)?;
+        if req.reclaim {
+            self.counters
+                .reclaims
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let key = (req.clientid, req.owner, req.file);
+        if let Some(&other) = inner.ids.opens_by_owner.get(&key) {
+            let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&other) else {
+                return Err(status::SERVERFAULT);
+            };
+            let want = o.access | req.access;
+            if want != o.access {
+                o.fd = open_fd(want)?;
+            }
+            o.access = want;
+            o.deny |= req.deny;
+            o.seqid = o.seqid.wrapping_add(1);
+            return Ok(Stateid {
+                seqid: o.seqid,
+                other,
+            });
+        }
+        let fd = open_fd(req.access)?;
+        let other = self.new_other(&mut inner);
+        let (clientid, owner, file) = key;
+        inner.ids.insert(
+            other,
+            StateEntry::Open(OpenState {
+                clientid,
+                owner,
+                file,
+                seqid: 1,
+                access: req.access,
+                deny: req.deny,
+                fd,
+            }),
+        );
+        Ok(Stateid { seqid: 1, other })
+    }
+
+    /// Checks that `sid` names a current open state (or with `lock`, a
+    /// lock state) on `file`.
+    fn check_on_file(
+        &self,
+        inner: &Inner,
+        sid: &Stateid,
+        file: FileKey,
+        lock: bool,
+    ) -> Result<(), u32> {
+        match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) if !lock && o.file == file => check_seqid(o.seqid, sid.seqid),
+            Some(StateEntry::Lock(l)) if lock && l.file == file => check_seqid(l.seqid, sid.seqid),
+            Some(_) => Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(sid)?;
+                Err(status::BAD_STATEID)
+            }
+        }
+    }
+
+    fn check_stale(&self, sid: &Stateid) -> Result<(), u32> {
+        if sid.other[..4] != self.boot.to_be_bytes() {
+            return Err(status::STALE_STATEID);
+        }
+        Ok(())
+    }
+
+    /// For READ/WRITE/SETATTR: the descriptor and access of an open or lock
+    /// stateid on `file`.
+    pub fn io_state(&self, sid: &Stateid, file: FileKey) -> Result<(Arc<OwnedFd>, u32), u32> {
+        let inner = self.lock();
+        let open_other = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => {
+                check_seqid(o.seqid, sid.seqid)?;
+                sid.other
+            }
+            Some(StateEntry::Lock(l)) => {
+                check_seqid(l.seqid, sid.seqid)?;
+                l.open
+            }
+            None => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        };
+        match inner.ids.states.get(&open_other) {
+            Some(StateEntry::Open(o)) if o.file == file => Ok((o.fd.clone(), o.access)),
+            _ => Err(status::BAD_STATEID),
+        }
+    }
+
+    /// OPEN_DOWNGRADE.
+    pub fn downgrade(&self, sid: &Stateid, access: u32, deny: u32) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&sid.other) else {
+            self.check_stale(sid)?;
+            return Err(status::BAD_STATEID);
+        };
+        check_seqid(o.seqid, sid.seqid)?;
+        if access & !o.access != 0 || deny & !o.deny != 0 || access == 0 {
+            return Err(status::INVAL);
+        }
+        o.access = access;
+        o.deny = deny;
+        o.seqid = o.seqid.wrapping_add(1);
+        Ok(Stateid {
+            seqid: o.seqid,
+            other: sid.other,
+        })
+    }
+
+    /// CLOSE: drops the open and the lock states derived from it.
+    pub fn close(&self, sid: &Stateid) -> Result<(), u32> {
+        let mut inner = self.lock();
+        match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => check_seqid(o.seqid, sid.seqid)?,
+            _ => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        }
+        inner.ids.remove(&sid.other);
+        Ok(())
+    }
+
+    /// TEST_STATEID for one stateid.
+    pub fn test(&self, sid: &Stateid) -> u32 {
+        let inner = self.lock();
+        let held = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => o.seqid,
+            Some(StateEntry::Lock(l)) => l.seqid,
+            None => return status::BAD_STATEID,
+        };
+        check_seqid(held, sid.seqid).err().unwrap_or(status::OK)
+    }
+
+    /// FREE_STATEID (RFC 8881 section 18.38): a lock stateid that holds no
+    /// locks is freed; one that does, and any open stateid, gets
+    /// NFS4ERR_LOCKS_HELD.
+    pub fn free(&self, sid: &Stateid) -> Result<(), u32> {
+        let mut inner = self.lock();
+        let held = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Lock(l)) => {
+                check_seqid(l.seqid, sid.seqid)?;
+                inner
+                    .ids
+                    .ranges
+                    .get(&l.file)
+                    .is_some_and(|r| r.iter().any(|x| x.holder == sid.other))
+            }
+            Some(StateEntry::Open(o)) => {
+                check_seqid(o.seqid, sid.seqid)?;
+                true
+            }
+            None => return Err(status::BAD_STATEID),
+        };
+        if held {
+            return Err(status::LOCKS_HELD);
+        }
+        inner.ids.remove(&sid.other);
+        Ok(())
+    }
+
+    /// Checks grace for a LOCK: reclaims only during grace and from
+    /// clients known from before, new locks only after it.
+    fn check_lock_grace(
+        &self,
+        inner: &mut Inner,
+        clientid: u64,
+        reclaim: bool,
+        now: Instant,
+    ) -> Result<(), u32> {
+        if reclaim {
+            self.check_reclaim(inner, clientid, now)
+        } else {
+            self.check_new_state(inner, now)
+        }
+    }
+
+    /// LOCK with a new lock-owner: creates its lock state from an open.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lock_new_owner(
+        &self,
+        open: &Stateid,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+        reclaim: bool,
+    ) -> Result<Result<Stateid, Denied>, u32> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        self.check_lock_grace(&mut inner, clientid, reclaim, now)?;
+        self.check_on_file(&inner, open, file, false)?;
+        // Reuse the lock state this owner already has on the file.
+        let key = (clientid, owner.to_vec(), file);
+        let other = match inner.ids.locks_by_owner.get(&key) {
+            Some(o) => *o,
+            None => {
+                // Conflicts first, so a refused lock leaves no state.
+                if let Some(d) =
+                    self.lock_conflict(&mut inner, clientid, owner, file, range, write, now)
+                {
+                    return Ok(Err(d));
+                }
+                let other = self.new_other(&mut inner);
+                inner.ids.insert(
+                    other,
+                    StateEntry::Lock(LockState {
+                        clientid,
+                        owner: owner.to_vec(),
+                        open: open.other,
+                        file,
+                        seqid: 0,
+                    }),
+                );
+                other
+            }
+        };
+        self.apply_lock(&mut inner, other, range, write, reclaim, now)
+    }
+
+    /// LOCK by an existing lock-owner.
+    pub fn lock_existing(
+        &self,
+        sid: &Stateid,
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+        reclaim: bool,
+    ) -> Result<Result<Stateid, Denied>, u32> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let clientid = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Lock(l)) => l.clientid,
+            _ => {
+                self.check_stale(sid)?;
+                return Err(status::BAD_STATEID);
+            }
+        };
+        self.check_lock_grace(&mut inner, clientid, reclaim, now)?;
+        self.check_on_file(&inner, sid, file, true)?;
+        self.apply_lock(&mut inner, sid.other, range, write, reclaim, now)
+    }
+
+    /// The lock of another owner that keeps [start, end) from `owner`,
+    /// after expiring courtesy clients in the way.
+    #[allow(clippy::too_many_arguments)]
+    fn lock_conflict(
+        &self,
+        inner: &mut Inner,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+        now: Instant,
+    ) -> Option<Denied> {
+        let holders: Vec<u64> = inner
+            .ids
+            .lock_conflicts(clientid, owner, file, range, write)
+            .map(|r| r.clientid)
+            .collect();
+        if self.clear_conflicts(inner, holders, now) {
+            return None;
+        }
+        inner
+            .ids
+            .lock_conflicts(clientid, owner, file, range, write)
+            .next()
+            .map(denied)
+    }
+
+    fn apply_lock(
+        &self,
+        inner: &mut Inner,
+        other: Other,
+        (start, end): (u64, u64),
+        write: bool,
+        reclaim: bool,
+        now: Instant,
+    ) -> Result<Result<Stateid, Denied>, u32> {
+        let (clientid, owner, file) = match inner.ids.states.get(&other) {
+            Some(StateEntry::Lock(l)) => (l.clientid, l.owner.clone(), l.file),
+            _ => return Err(status::BAD_STATEID),
+        };
+        if let Some(d) = self.lock_conflict(inner, clientid, &owner, file, (start, end), write, now)
+        {
+            return Ok(Err(d));
+        }
+        self.record_client(inner, clientid)?;
+        if reclaim {
+            self.counters
+                .reclaims
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        inner.ids.subtract(file, &other, start, end);
+        inner.ids.ranges.entry(file).or_default().push(LockRange {
+            holder: other,
+            clientid,
+            owner,
+            start,
+            end,
+            write,
+        });
+        let Some(StateEntry::Lock(l)) = inner.ids.states.get_mut(&other) else {
+            return Err(status::SERVERFAULT);
+        };
+        l.seqid = l.seqid.wrapping_add(1);
+        Ok(Ok(Stateid {
+            seqid: l.seqid,
+            other,
+        }))
+    }
+
+    /// LOCKT: the conflicting lock, if any; NFS4ERR_GRACE during grace.
+    pub fn test_lock(
+        &self,
+        clientid: u64,
+        owner: &[u8],
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+    ) -> Result<Option<Denied>, u32> {
+        let mut inner = self.lock();
+        self.check_new_state(&mut inner, Instant::now())?;
+        let found = inner
+            .ids
+            .lock_conflicts(clientid, owner, file, range, write)
+            .next()
+            .map(denied);
+        Ok(found)
+    }
+
+    /// LOCKU.
+    pub fn unlock(
+        &self,
+        sid: &Stateid,
+        file: FileKey,
+        (start, end): (u64, u64),
+    ) -> Result<Stateid, u32> {
+        let mut inner = self.lock();
+        self.check_on_file(&inner, sid, file, true)?;
+        inner.ids.subtract(file, &sid.other, start, end);
+        let Some(StateEntry::Lock(l)) = inner.ids.states.get_mut(&sid.other) else {
+            return Err(status::BAD_STATEID);
+        };
+        l.seqid = l.seqid.wrapping_add(1);
+        Ok(Stateid {
+            seqid: l.seqid,
+            other: sid.other,
+        })
+    }
+}
