@@ -305,6 +305,18 @@ impl Client {
         Ok(c)
     }
 
+    /// Ends the session (its client id and state stay until the lease runs
+    /// out and someone conflicts with them).
+    pub async fn destroy_session(&self) -> Result<()> {
+        let mut a = Encoder::new();
+        a.opaque(b"");
+        a.u32(self.minor);
+        a.u32(1);
+        a.u32(op::DESTROY_SESSION);
+        a.opaque_fixed(&self.session);
+        Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(()))
+    }
+
     /// Runs SEQUENCE plus the `nops` ops written by `ops` and returns the
     /// reply positioned after SEQUENCE's result.
     pub async fn compound(&self, nops: u32, ops: impl FnOnce(&mut Encoder)) -> Result<Reply> {

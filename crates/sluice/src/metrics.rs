@@ -80,6 +80,72 @@ fn counter(out: &mut String, name: &str, help: &str, v: u64) {
     let _ = writeln!(out, "{name} {v}");
 }
 
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+/// Clients, sessions, opens, locks, grace and reclaims.
+fn render_state(out: &mut String, srv: &Server) {
+    let u = srv.state.usage();
+    let g = srv.state.grace_status();
+    let c = &srv.state.counters;
+    let gauges: [(&str, &str, u64); 8] = [
+        (
+            "sluice_clients",
+            "Client records, confirmed or not.",
+            u.clients as u64,
+        ),
+        (
+            "sluice_courtesy_clients",
+            "Clients whose lease ran out that keep their state until somebody conflicts with it.",
+            u.courtesy as u64,
+        ),
+        ("sluice_sessions", "Sessions.", u.sessions as u64),
+        (
+            "sluice_opens",
+            "Open stateids (one per open-owner and file).",
+            u.opens as u64,
+        ),
+        (
+            "sluice_lock_owners",
+            "Lock stateids (one per lock-owner and file).",
+            u.lock_owners as u64,
+        ),
+        (
+            "sluice_locks",
+            "Byte ranges locked by clients.",
+            u.locks as u64,
+        ),
+        (
+            "sluice_in_grace",
+            "1 during the grace period after a start, when only reclaims are allowed.",
+            g.active as u64,
+        ),
+        (
+            "sluice_grace_waiting_clients",
+            "Clients known from before the start that have not finished reclaiming.",
+            g.waiting as u64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        gauge(out, name, help, v);
+    }
+    counter(
+        out,
+        "sluice_reclaims_total",
+        "Opens and locks reclaimed during grace.",
+        c.reclaims.load(Ordering::Relaxed),
+    );
+    counter(
+        out,
+        "sluice_clients_expired_total",
+        "Clients expired: silent with nothing to keep, out of courtesy time, or in the way of another client.",
+        c.expired.load(Ordering::Relaxed),
+    );
+}
+
 /// The metrics page.
 pub fn render(srv: &Server) -> String {
     let m = &srv.metrics;
@@ -155,6 +221,7 @@ pub fn render(srv: &Server) -> String {
          sluice_read_cache_bytes {}",
         load(&srv.bufcache.stats.bytes)
     );
+    render_state(&mut out, srv);
     m.read_latency.render(
         &mut out,
         "sluice_read_duration_seconds",
