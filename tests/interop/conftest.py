@@ -22,13 +22,18 @@ def build_binary() -> Path:
 
 
 class SluiceServer:
-    """One `sluice serve` process on 127.0.0.1, restartable on the same port."""
+    """One `sluice serve` process on 127.0.0.1, restartable on the same port.
 
-    def __init__(self, binary: Path, export: Path, state: Path, extra_args=()):
+    Tests act as root on the export, so root is not squashed unless a test
+    asks for the server's default (`root_squash=True`)."""
+
+    def __init__(self, binary: Path, export: Path, state: Path, extra_args=(), root_squash: bool = False):
         self.binary = binary
         self.export = export
         self.state = state
         self.extra_args = list(extra_args)
+        if not root_squash:
+            self.extra_args.insert(0, "--no-root-squash")
         self.port = 0
         self.proc = None
         self.log_path = state / "server.log"
@@ -99,3 +104,39 @@ def sluice_server(sluice_binary, tmp_path):
     yield server
     assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text()}"
     server.stop()
+
+
+class SluiceFactory:
+    """Starts `sluice serve` processes with extra arguments for one test:
+    `factory(*extra_args, name="srv")` gives a started SluiceServer whose
+    export and state directories are tmp_path/name/{export,state}. The
+    server runs with exactly these arguments besides the export, --listen
+    and --state-dir (so with the server's own defaults, root squashing
+    included). Every server is checked to be alive and stopped when the
+    test ends."""
+
+    def __init__(self, binary: Path, base: Path):
+        self.binary = binary
+        self.base = base
+        self.servers: list[SluiceServer] = []
+
+    def __call__(self, *extra_args, name: str = "srv") -> SluiceServer:
+        export = self.base / name / "export"
+        state = self.base / name / "state"
+        export.mkdir(parents=True)
+        state.mkdir(parents=True)
+        server = SluiceServer(self.binary, export, state, [str(a) for a in extra_args], root_squash=True)
+        server.start()
+        self.servers.append(server)
+        return server
+
+
+@pytest.fixture
+def sluice_factory(sluice_binary, tmp_path):
+    """A SluiceFactory for one test."""
+    factory = SluiceFactory(sluice_binary, tmp_path)
+    yield factory
+    dead = [s for s in factory.servers if s.proc is not None and not s.alive()]
+    for s in factory.servers:
+        s.stop()
+    assert not dead, "sluice died during the test; log:\n" + "\n".join(s.log_path.read_text(errors="replace") for s in dead)

@@ -59,17 +59,29 @@ class Op:
     """nfs_opnum4 values (RFC 8881, RFC 7862)."""
 
     ACCESS = 3
+    CLOSE = 4
+    CREATE = 6
     GETATTR = 9
     GETFH = 10
     LOOKUP = 15
     LOOKUPP = 16
+    LOCK = 12
+    LOCKT = 13
+    LOCKU = 14
+    OPEN = 18
+    OPEN_DOWNGRADE = 21
     PUTFH = 22
     PUTROOTFH = 24
     READ = 25
     READDIR = 26
     SAVEFH = 32
     RESTOREFH = 31
+    REMOVE = 28
+    RENAME = 29
+    SETATTR = 34
     WRITE = 38
+    FREE_STATEID = 45
+    TEST_STATEID = 55
     EXCHANGE_ID = 42
     CREATE_SESSION = 43
     DESTROY_SESSION = 44
@@ -87,14 +99,39 @@ class St:
     """nfsstat4 values used by the tests."""
 
     OK = 0
+    PERM = 1
     NOENT = 2
+    ACCESS = 13
+    EXIST = 17
+    INVAL = 22
     NOSPC = 28
+    STALE = 70
     BADHANDLE = 10001
     NOTSUPP = 10004
+    TOOSMALL = 10005
     DELAY = 10008
+    DENIED = 10010
+    EXPIRED = 10011
+    LOCKED = 10012
+    GRACE = 10013
+    SHARE_DENIED = 10015
+    CLID_INUSE = 10017
     MINOR_VERS_MISMATCH = 10021
     STALE_CLIENTID = 10022
+    STALE_STATEID = 10023
+    OLD_STATEID = 10024
+    BAD_STATEID = 10025
+    NOT_SAME = 10027
+    NO_GRACE = 10033
+    RECLAIM_BAD = 10034
+    RECLAIM_CONFLICT = 10035
     BADXDR = 10036
+    LOCKS_HELD = 10037
+    OPENMODE = 10038
+    ADMIN_REVOKED = 10047
+    COMPLETE_ALREADY = 10054
+    WRONG_CRED = 10082
+    DELEG_REVOKED = 10087
     BADNAME = 10041
     OP_ILLEGAL = 10044
     BADSESSION = 10052
@@ -703,3 +740,465 @@ class Session:
         if r.status != St.OK:
             raise AssertionError(f"PUTROOTFH+GETFH failed: {r!r}")
         return r[2].fh
+
+
+# --- state: client records, opens, locks (RFC 8881 sections 8, 9, 18) --------
+#
+# Builders and a fuller reply decoder for the state tests
+# (test_state_clients.py, test_state_grace.py), and `Client`: one NFSv4.1
+# client with its own connection, owner, verifier and AUTH_SYS principal.
+
+# EXCHANGE_ID flags (RFC 8881 section 18.35)
+EXCHGID4_FLAG_SUPP_MOVED_REFER = 0x00000001
+EXCHGID4_FLAG_BIND_PRINC_STATEID = 0x00000100
+EXCHGID4_FLAG_USE_NON_PNFS = 0x00010000
+EXCHGID4_FLAG_UPD_CONFIRMED_REC_A = 0x40000000
+EXCHGID4_FLAG_CONFIRMED_R = 0x80000000
+
+# CREATE_SESSION flags (section 18.36)
+CREATE_SESSION4_FLAG_PERSIST = 0x1
+CREATE_SESSION4_FLAG_CONN_BACK_CHAN = 0x2
+
+# OPEN (section 18.16)
+OPEN4_SHARE_ACCESS_READ = 1
+OPEN4_SHARE_ACCESS_WRITE = 2
+OPEN4_SHARE_ACCESS_BOTH = 3
+OPEN4_SHARE_DENY_NONE = 0
+OPEN4_SHARE_DENY_READ = 1
+OPEN4_SHARE_DENY_WRITE = 2
+OPEN4_SHARE_DENY_BOTH = 3
+CLAIM_NULL = 0
+CLAIM_PREVIOUS = 1
+CLAIM_FH = 4
+OPEN_DELEGATE_NONE = 0
+UNCHECKED4 = 0
+GUARDED4 = 1
+
+# LOCK types (section 18.10)
+READ_LT = 1
+WRITE_LT = 2
+READW_LT = 3
+WRITEW_LT = 4
+
+NFS4_UINT64_MAX = 0xFFFFFFFFFFFFFFFF
+# The special stateid meaning "the current stateid" (section 16.2.3.1.2):
+# seqid 1, other all zero.
+CURRENT_STATEID = struct.pack(">I", 1) + b"\0" * 12
+
+FATTR4_MODE = 33
+FATTR4_OWNER = 36
+FATTR4_OWNER_GROUP = 37
+
+_ST_NAMES = {v: k for k, v in vars(St).items() if isinstance(v, int)}
+
+
+def st_name(code: int) -> str:
+    """'NFS4ERR_GRACE(10013)' style name of an nfsstat4, for messages."""
+    name = _ST_NAMES.get(code)
+    if name == "OK":
+        return "NFS4_OK"
+    return f"NFS4ERR_{name}({code})" if name else f"nfsstat4 {code}"
+
+
+def fattr4(words=(), vals: bytes = b"") -> bytes:
+    return Packer().bitmap(list(words)).opaque(vals).bytes()
+
+
+def fattr4_mode(mode: int) -> bytes:
+    return fattr4([0, 1 << (FATTR4_MODE - 32)], struct.pack(">I", mode))
+
+
+def open_owner4(clientid: int, owner: bytes) -> bytes:
+    return Packer().u64(clientid).opaque(owner).bytes()
+
+
+def op_open(
+    owner: bytes,
+    name: str | bytes | None = None,
+    clientid: int = 0,
+    access: int = OPEN4_SHARE_ACCESS_BOTH,
+    deny: int = OPEN4_SHARE_DENY_NONE,
+    create: bool = False,
+    mode: int = 0o666,
+    claim: int | None = None,
+    delegate_type: int = OPEN_DELEGATE_NONE,
+    seqid: int = 0,
+):
+    """OPEN. With `name` the claim is CLAIM_NULL (the name in the current
+    directory); without, CLAIM_FH (the current filehandle) unless `claim`
+    says CLAIM_PREVIOUS (a reclaim of the current filehandle after a server
+    restart, with `delegate_type`). `create` opens with OPEN4_CREATE,
+    UNCHECKED4 and the given mode. The clientid of an open owner is ignored
+    in NFSv4.1 (the session's client is used)."""
+    p = Packer().u32(seqid).u32(access).u32(deny).raw(open_owner4(clientid, owner))
+    if create:
+        p.u32(1).u32(UNCHECKED4).raw(fattr4_mode(mode))
+    else:
+        p.u32(0)
+    if claim is None:
+        claim = CLAIM_NULL if name is not None else CLAIM_FH
+    p.u32(claim)
+    if claim == CLAIM_NULL:
+        p.opaque(name.encode() if isinstance(name, str) else name)
+    elif claim == CLAIM_PREVIOUS:
+        p.u32(delegate_type)
+    elif claim != CLAIM_FH:
+        raise ValueError(f"claim {claim} not built here")
+    return (Op.OPEN, p.bytes())
+
+
+def op_close(stateid: bytes, seqid: int = 0):
+    return (Op.CLOSE, Packer().u32(seqid).fixed(stateid).bytes())
+
+
+def op_open_downgrade(stateid: bytes, access: int, deny: int = OPEN4_SHARE_DENY_NONE, seqid: int = 0):
+    return (Op.OPEN_DOWNGRADE, Packer().fixed(stateid).u32(seqid).u32(access).u32(deny).bytes())
+
+
+def op_lock_new(
+    open_stateid: bytes,
+    owner: bytes,
+    offset: int = 0,
+    length: int = NFS4_UINT64_MAX,
+    locktype: int = WRITE_LT,
+    reclaim: bool = False,
+    clientid: int = 0,
+    open_seqid: int = 0,
+    lock_seqid: int = 0,
+):
+    """LOCK by a new lock owner (open_to_lock_owner4) under `open_stateid`."""
+    p = Packer().u32(locktype).bool(reclaim).u64(offset).u64(length)
+    p.bool(True).u32(open_seqid).fixed(open_stateid).u32(lock_seqid).raw(open_owner4(clientid, owner))
+    return (Op.LOCK, p.bytes())
+
+
+def op_lock_existing(
+    lock_stateid: bytes,
+    offset: int = 0,
+    length: int = NFS4_UINT64_MAX,
+    locktype: int = WRITE_LT,
+    reclaim: bool = False,
+    lock_seqid: int = 0,
+):
+    """LOCK by a lock owner that already has `lock_stateid` (exist_lock_owner4)."""
+    p = Packer().u32(locktype).bool(reclaim).u64(offset).u64(length)
+    p.bool(False).fixed(lock_stateid).u32(lock_seqid)
+    return (Op.LOCK, p.bytes())
+
+
+def op_lockt(owner: bytes, offset: int = 0, length: int = NFS4_UINT64_MAX, locktype: int = WRITE_LT, clientid: int = 0):
+    p = Packer().u32(locktype).u64(offset).u64(length).raw(open_owner4(clientid, owner))
+    return (Op.LOCKT, p.bytes())
+
+
+def op_locku(lock_stateid: bytes, offset: int = 0, length: int = NFS4_UINT64_MAX, locktype: int = WRITE_LT, seqid: int = 0):
+    p = Packer().u32(locktype).u32(seqid).fixed(lock_stateid).u64(offset).u64(length)
+    return (Op.LOCKU, p.bytes())
+
+
+def op_test_stateid(stateids):
+    p = Packer().u32(len(stateids))
+    for s in stateids:
+        p.fixed(s)
+    return (Op.TEST_STATEID, p.bytes())
+
+
+def op_free_stateid(stateid: bytes):
+    return (Op.FREE_STATEID, Packer().fixed(stateid).bytes())
+
+
+def op_reclaim_complete(one_fs: bool = False):
+    return (Op.RECLAIM_COMPLETE, Packer().bool(one_fs).bytes())
+
+
+def op_savefh():
+    return (Op.SAVEFH, b"")
+
+
+def op_restorefh():
+    return (Op.RESTOREFH, b"")
+
+
+def op_remove(name: str | bytes):
+    return (Op.REMOVE, Packer().opaque(name.encode() if isinstance(name, str) else name).bytes())
+
+
+def op_rename(old: str | bytes, new: str | bytes):
+    """RENAME from the saved filehandle's directory to the current one."""
+    enc = lambda n: n.encode() if isinstance(n, str) else n  # noqa: E731
+    return (Op.RENAME, Packer().opaque(enc(old)).opaque(enc(new)).bytes())
+
+
+def op_bind_conn_to_session(sessionid: bytes, direction: int = 1, rdma: bool = False):
+    """BIND_CONN_TO_SESSION; direction 1 is CDFC4_FORE."""
+    return (41, Packer().fixed(sessionid).u32(direction).bool(rdma).bytes())
+
+
+def _change_info(u: Unpacker) -> dict:
+    return {"atomic": u.bool(), "before": u.u64(), "after": u.u64()}
+
+
+def _nfsace4(u: Unpacker):
+    return (u.u32(), u.u32(), u.u32(), u.opaque())
+
+
+def _open_delegation(u: Unpacker) -> dict:
+    kind = u.u32()
+    d = {"deleg_type": kind}
+    if kind == 1:  # OPEN_DELEGATE_READ
+        d.update(deleg_stateid=u.fixed(16), recall=u.bool(), ace=_nfsace4(u))
+    elif kind == 2:  # OPEN_DELEGATE_WRITE
+        d.update(deleg_stateid=u.fixed(16), recall=u.bool())
+        limitby = u.u32()
+        if limitby == 1:
+            u.u64()
+        elif limitby == 2:
+            u.u32()
+            u.u32()
+        else:
+            raise XdrError(f"bad limitby {limitby}")
+        d["ace"] = _nfsace4(u)
+    elif kind == 3:  # OPEN_DELEGATE_NONE_EXT
+        why = u.u32()
+        d["why"] = why
+        if why in (1, 2):  # WND4_CONTENTION, WND4_RESOURCE
+            u.bool()
+    elif kind != 0:
+        raise XdrError(f"bad delegation type {kind}")
+    return d
+
+
+def _lock_denied(u: Unpacker) -> dict:
+    return {
+        "denied_offset": u.u64(),
+        "denied_length": u.u64(),
+        "denied_type": u.u32(),
+        "denied_clientid": u.u64(),
+        "denied_owner": u.opaque(),
+    }
+
+
+def _decode_state_ok(opnum: int, u: Unpacker) -> dict | None:
+    """Successful result bodies of the ops the state tests use."""
+    if opnum in (Op.FREE_STATEID, Op.LOCKT, Op.RECLAIM_COMPLETE, Op.SAVEFH, Op.RESTOREFH):
+        return {}
+    if opnum == Op.OPEN:
+        r = {"stateid": u.fixed(16), "cinfo": _change_info(u), "rflags": u.u32(), "attrset": u.bitmap()}
+        r.update(_open_delegation(u))
+        return r
+    if opnum in (Op.CLOSE, Op.LOCK, Op.LOCKU, Op.OPEN_DOWNGRADE):
+        return {"stateid": u.fixed(16)}
+    if opnum == Op.TEST_STATEID:
+        return {"codes": [u.u32() for _ in range(u.u32())]}
+    if opnum == Op.REMOVE:
+        return {"cinfo": _change_info(u)}
+    if opnum == Op.RENAME:
+        return {"source_cinfo": _change_info(u), "target_cinfo": _change_info(u)}
+    if opnum == Op.CREATE:
+        return {"cinfo": _change_info(u), "attrset": u.bitmap()}
+    if opnum == Op.SETATTR:
+        return {"attrsset": u.bitmap()}
+    if opnum == 41:  # BIND_CONN_TO_SESSION
+        return {"sessionid": u.fixed(16), "dir": u.u32(), "rdma": u.bool()}
+    return _decode_ok(opnum, u)
+
+
+class StateReply(CompoundReply):
+    """COMPOUND4res decoded like CompoundReply, also for OPEN, CLOSE, LOCK,
+    LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, RECLAIM_COMPLETE, REMOVE,
+    RENAME, SAVEFH, RESTOREFH, OPEN_DOWNGRADE; a LOCK or LOCKT that fails
+    with NFS4ERR_DENIED carries the conflicting lock (denied_offset,
+    denied_length, denied_type, denied_clientid, denied_owner)."""
+
+    def __init__(self, body: bytes, record: bytes = b""):
+        self.body = body
+        self.record = record
+        u = Unpacker(body)
+        self.status = u.u32()
+        self.tag = u.opaque()
+        self.count = u.u32()
+        self.results: list[OpResult] = []
+        self.undecoded = b""
+        for _ in range(self.count):
+            opnum, status = u.u32(), u.u32()
+            if status != St.OK:
+                fields = {}
+                if opnum in (Op.LOCK, Op.LOCKT) and status == St.DENIED:
+                    fields = _lock_denied(u)
+                self.results.append(OpResult(opnum, status, **fields))
+                self.undecoded = u.rest()
+                return
+            start = u.pos
+            fields = _decode_state_ok(opnum, u)
+            if fields is None:
+                u.pos = start
+                self.results.append(OpResult(opnum, status))
+                self.undecoded = u.rest()
+                return
+            self.results.append(OpResult(opnum, status, **fields))
+        u.done()
+
+    def statuses(self) -> list[tuple[int, int]]:
+        return [(r.opnum, r.status) for r in self.results]
+
+    def last(self) -> OpResult:
+        return self.results[-1]
+
+    def describe(self) -> str:
+        """'SEQUENCE=NFS4_OK, OPEN=NFS4ERR_GRACE(10013)' for messages."""
+        names = {v: k for k, v in vars(Op).items() if isinstance(v, int)}
+        return ", ".join(f"{names.get(r.opnum, r.opnum)}={st_name(r.status)}" for r in self.results) or f"status {st_name(self.status)}, no results"
+
+    def __repr__(self):
+        return f"StateReply(status={st_name(self.status)}, results=[{self.describe()}])"
+
+
+_client_ids = itertools.count()
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test run uses (pid, a counter and random bits)."""
+    return f"{prefix}-{os.getpid()}-{next(_client_ids)}-{os.urandom(3).hex()}"
+
+
+class Client:
+    """One NFSv4.1 client: its own TCP connection, client owner, verifier
+    and AUTH_SYS principal (uid, gid). Nothing is sent until asked; the
+    helpers return StateReply and keep the client id, the session and the
+    slots' sequence ids up to date. A SEQUENCE that fails does not use up
+    its sequence id (RFC 8881 section 18.46.3), and neither does it here."""
+
+    def __init__(self, port: int, owner: bytes | None = None, verifier: bytes = b"verif-01", uid: int = 0, gid: int = 0, host: str = "127.0.0.1", machine: str = "stateclient", timeout: float = 10.0):
+        assert len(verifier) == 8
+        self.port, self.host, self.timeout = port, host, timeout
+        self.owner = owner if owner is not None else unique_name("client").encode()
+        self.verifier = verifier
+        self.uid, self.gid, self.machine = uid, gid, machine
+        self.cred = auth_sys(uid=uid, gid=gid, gids=[gid], machine=machine)
+        self.conn = Conn(port, host, timeout=timeout)
+        self.clientid: int | None = None
+        self.cs_seq: int | None = None  # csa_sequence of the next CREATE_SESSION
+        self.exchange_flags = 0
+        self.sessionid: bytes | None = None
+        self.fore: dict | None = None
+        self.next_seq: dict[int, int] = {}
+
+    # -- transport --
+
+    def close(self):
+        self.conn.close()
+
+    def reconnect(self):
+        """A new TCP connection (after a server restart, say); the client
+        id and session are kept as they were."""
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        self.conn = Conn(self.port, self.host, timeout=self.timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def call(self, ops, cred: bytes | None = None, minor: int = 1) -> StateReply:
+        """A COMPOUND of exactly `ops` (no SEQUENCE added)."""
+        r = self.conn.call(PROC_COMPOUND, compound_args(list(ops), minor), cred_body=cred if cred is not None else self.cred)
+        if r.reply_stat != MSG_ACCEPTED or r.accept_stat != SUCCESS:
+            raise AssertionError(f"COMPOUND not accepted: {r!r}")
+        return StateReply(r.body, r.record)
+
+    # -- client id and session --
+
+    def exchange_id(self, flags: int = 0, verifier: bytes | None = None, cred: bytes | None = None, owner: bytes | None = None) -> StateReply:
+        r = self.call([op_exchange_id(owner or self.owner, verifier or self.verifier, flags)], cred)
+        if r.status == St.OK:
+            self.clientid = r[0].clientid
+            self.cs_seq = r[0].seqid
+            self.exchange_flags = r[0].flags
+        return r
+
+    def create_session(self, seq: int | None = None, clientid: int | None = None, flags: int = 0, fore=None, back=(0, 4096, 4096, 0, 2, 1), cred: bytes | None = None) -> StateReply:
+        """CREATE_SESSION for this client's id with the next sequence id
+        (both overridable); on success the session becomes this client's
+        and the next sequence id moves on."""
+        if fore is None:
+            fore = (0, 1 << 20, 1 << 20, 16 << 10, 16, 8)
+        seq = self.cs_seq if seq is None else seq
+        cid = self.clientid if clientid is None else clientid
+        r = self.call([op_create_session(cid, seq, flags, fore, back)], cred)
+        if r.status == St.OK and clientid is None:
+            self.sessionid = r[0].sessionid
+            self.fore = r[0].fore
+            self.next_seq = {}
+            self.cs_seq = seq + 1
+        return r
+
+    def establish(self, reclaim_complete: bool = True, fore=None) -> "Client":
+        """EXCHANGE_ID + CREATE_SESSION (+ RECLAIM_COMPLETE, which RFC 8881
+        section 18.51.3 requires before the first non-reclaim OPEN or LOCK of
+        a new client id), each required to succeed."""
+        r = self.exchange_id()
+        assert r.status == St.OK, f"EXCHANGE_ID of {self.owner!r}: {r!r}"
+        r = self.create_session(fore=fore)
+        assert r.status == St.OK, f"CREATE_SESSION of {self.owner!r}: {r!r}"
+        if reclaim_complete:
+            r = self.compound([op_reclaim_complete()])
+            assert r.status == St.OK, f"RECLAIM_COMPLETE of {self.owner!r}: {r!r}"
+        return self
+
+    def seq_op(self, slot: int = 0, cachethis: bool = False, seqid: int | None = None, sessionid: bytes | None = None):
+        if seqid is None:
+            seqid = self.next_seq.get(slot, 1)
+        highest = max([slot, *self.next_seq.keys()])
+        return op_sequence(sessionid or self.sessionid, seqid, slot, highest, cachethis)
+
+    def compound(self, ops, slot: int = 0, cachethis: bool = False, seqid: int | None = None, cred: bytes | None = None, sessionid: bytes | None = None) -> StateReply:
+        """SEQUENCE (this session, `slot`, its next sequence id unless
+        `seqid` is given) + ops."""
+        seq = self.seq_op(slot, cachethis, seqid, sessionid)
+        used = Unpacker(seq[1][16:20]).u32()
+        r = self.call([seq] + list(ops), cred)
+        if sessionid is None and r.results and r[0].opnum == Op.SEQUENCE and r[0].status == St.OK:
+            self.next_seq[slot] = used + 1
+        return r
+
+    def sequence(self, **kw) -> StateReply:
+        """A lone SEQUENCE (lease renewal)."""
+        return self.compound([], **kw)
+
+    # -- files, opens and locks --
+
+    def root_fh(self) -> bytes:
+        r = self.compound([op_putrootfh(), op_getfh()])
+        assert r.status == St.OK, f"PUTROOTFH+GETFH: {r!r}"
+        return r[2].fh
+
+    def open(self, name: str, access: int = OPEN4_SHARE_ACCESS_BOTH, deny: int = OPEN4_SHARE_DENY_NONE, create: bool = True, owner: bytes | None = None, dir_fh: bytes | None = None) -> StateReply:
+        """OPEN `name` in the root (or dir_fh) + GETFH. On success the reply
+        has .stateid and .fh."""
+        put = op_putfh(dir_fh) if dir_fh is not None else op_putrootfh()
+        r = self.compound([put, op_open(owner or (self.owner + b"/open"), name, access=access, deny=deny, create=create), op_getfh()])
+        if r.status == St.OK:
+            r.stateid, r.fh = r[2].stateid, r[3].fh
+        return r
+
+    def must_open(self, name: str, **kw) -> tuple[bytes, bytes]:
+        """(open stateid, filehandle) of a successful open."""
+        r = self.open(name, **kw)
+        assert r.status == St.OK, f"OPEN {name!r} by {self.owner!r}: {r!r}"
+        return r.stateid, r.fh
+
+    def lock(self, fh: bytes, open_stateid: bytes, owner: bytes | None = None, offset: int = 0, length: int = NFS4_UINT64_MAX, locktype: int = WRITE_LT, reclaim: bool = False) -> StateReply:
+        """PUTFH + LOCK by a new lock owner; on success the reply has .stateid."""
+        r = self.compound([op_putfh(fh), op_lock_new(open_stateid, owner or (self.owner + b"/lock"), offset, length, locktype, reclaim)])
+        if r.status == St.OK:
+            r.stateid = r[2].stateid
+        return r
+
+    def test_stateids(self, stateids) -> list[int]:
+        r = self.compound([op_test_stateid(list(stateids))])
+        assert r.status == St.OK, f"TEST_STATEID: {r!r}"
+        return r[1].codes

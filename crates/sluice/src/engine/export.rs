@@ -156,6 +156,20 @@ impl Export {
         Ok(fd)
     }
 
+    /// Opens the object a wire handle names even when it has no name left
+    /// (removed, or renamed over, while something still holds it open):
+    /// for callers that know it is still in use. None when the kernel no
+    /// longer has it.
+    pub fn resolve_unlinked(&self, wire: &[u8]) -> Option<(OwnedFd, fs::Stat)> {
+        let (export, kind, bytes) = self.key.open(wire).ok()?;
+        if export != self.id {
+            return None;
+        }
+        let fd = as_root(|| open_kernel_handle(self.mount.as_fd(), kind, bytes)).ok()?;
+        let st = fs::stat(fd.as_fd()).ok()?;
+        (st.dev == self.root_stat.dev).then_some((fd, st))
+    }
+
     /// Forgets the cached descriptor of a handle (after removal).
     pub fn forget(&self, wire: &[u8]) {
         if let Ok(mut c) = self.cache.lock() {

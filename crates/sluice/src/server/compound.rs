@@ -65,10 +65,20 @@ impl<'a> Ctx<'a> {
     /// Resolves a wire handle; handles of exports that do not admit the
     /// caller's address get NFS4ERR_ACCESS.
     pub fn resolve(&self, wire: &[u8]) -> Result<Fh, u32> {
-        let (fd, loc) = cred::as_root(|| self.srv.exports.resolve(wire)).map_err(|e| match e {
-            HandleError::Bad => status::BADHANDLE,
-            HandleError::Stale => status::STALE,
-        })?;
+        let (fd, loc) = match cred::as_root(|| self.srv.exports.resolve(wire)) {
+            Ok(r) => r,
+            Err(HandleError::Bad) => return Err(status::BADHANDLE),
+            // A file whose last name went (REMOVE, or a RENAME over it)
+            // while a client has it open stays reachable by its handle
+            // until closed, as on the Linux server: CLOSE, and I/O through
+            // the open, must still work.
+            Err(HandleError::Stale) => cred::as_root(|| {
+                self.srv.exports.resolve_unlinked(wire, |st| {
+                    self.srv.state.file_is_open(super::ops_file::file_key(st))
+                })
+            })
+            .ok_or(status::STALE)?,
+        };
         if let Loc::Export(i) = loc {
             if !self.srv.exports.list()[i].rules.admits(self.peer) {
                 return Err(status::ACCESS);
@@ -236,13 +246,21 @@ fn dispatch(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) 
         op::DEALLOCATE => ops_sparse::allocate(cx, d, e, true),
         op::SEQUENCE => status::SEQUENCE_POS,
         // NFSv4.0-only ops are not for sessions (RFC 8881 section 18).
-        op::OPEN_CONFIRM
-        | op::RENEW
-        | op::SETCLIENTID
-        | op::SETCLIENTID_CONFIRM
-        | op::RELEASE_LOCKOWNER => status::NOTSUPP,
+        n if v40_only(n) => status::NOTSUPP,
         _ => status::NOTSUPP,
     }
+}
+
+/// Ops of NFSv4.0 that NFSv4.1 does not allow (RFC 8881 section 18).
+fn v40_only(opnum: u32) -> bool {
+    matches!(
+        opnum,
+        op::OPEN_CONFIRM
+            | op::RENEW
+            | op::SETCLIENTID
+            | op::SETCLIENTID_CONFIRM
+            | op::RELEASE_LOCKOWNER
+    )
 }
 
 fn sessionless_ok(opnum: u32) -> bool {
@@ -521,19 +539,13 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     // A retransmission carries the same operations from the same caller;
     // anything else on the same slot and sequence id is a false retry.
     let request = request_fingerprint(&args.cred, nops, &args.args()[d.position()..]);
-    match session.begin_request(slot, seqid, request, cachethis) {
-        Err(st) => {
-            res.u32(st);
-            return done(st, 1, res);
-        }
-        Ok(SlotDecision::Replay(body)) => {
-            return Step::Done(Some(Encoder::from(body.as_ref().clone())))
-        }
-        Ok(SlotDecision::Uncached) => {
-            res.u32(status::RETRY_UNCACHED_REP);
-            return done(status::RETRY_UNCACHED_REP, 1, res);
-        }
-        Ok(SlotDecision::Execute) => {}
+    let decision = session.begin_request(slot, seqid, request, cachethis);
+    if let Err(st) = decision {
+        res.u32(st);
+        return done(st, 1, res);
+    }
+    if let Ok(SlotDecision::Replay(body)) = decision {
+        return Step::Done(Some(Encoder::from(body.as_ref().clone())));
     }
     res.u32(status::OK);
     res.opaque_fixed(&sid);
@@ -542,6 +554,26 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     res.u32(session.highest_slot());
     res.u32(session.highest_slot());
     res.u32(0); // status flags
+    if let Ok(SlotDecision::Uncached) = decision {
+        // RFC 8881 section 2.10.6.1.3: a retry whose reply was not kept
+        // gets SEQUENCE's result and NFS4ERR_RETRY_UNCACHED_REP on the
+        // second op (never on SEQUENCE itself, when it is the first op);
+        // ops that cannot be in the COMPOUND get their own error.
+        if nops == 1 {
+            return done(status::OK, 1, res);
+        }
+        let (opnum, st) = match d.u32() {
+            Err(_) => (op::ILLEGAL, status::BADXDR),
+            Ok(n) if !(op::ACCESS..=op::LAST_KNOWN).contains(&n) => {
+                (op::ILLEGAL, status::OP_ILLEGAL)
+            }
+            Ok(n) if v40_only(n) => (n, status::NOTSUPP),
+            Ok(n) => (n, status::RETRY_UNCACHED_REP),
+        };
+        res.u32(opnum);
+        res.u32(st);
+        return done(st, 2, res);
+    }
     let next = d.position();
     let clientid = session.clientid;
     let slot = SlotGuard::new(session, slot);

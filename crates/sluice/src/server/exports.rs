@@ -319,6 +319,21 @@ impl Exports {
     }
 
     /// Opens a wire handle: the object's descriptor and where it is.
+    /// Like [`Exports::resolve`] for a file that has lost its last name
+    /// but that `still_open` says is still open: its descriptor and the
+    /// export it is in.
+    pub fn resolve_unlinked(
+        &self,
+        wire: &[u8],
+        still_open: impl FnOnce(&crate::engine::fs::Stat) -> bool,
+    ) -> Option<(Arc<OwnedFd>, Loc)> {
+        let id = *wire.get(1)?;
+        let e = self.list.get(id as usize)?;
+        let (fd, st) = e.fs.resolve_unlinked(wire)?;
+        still_open(&st).then(|| (Arc::new(fd), Loc::Export(id as usize)))
+    }
+
+    /// Opens the object a wire handle names.
     pub fn resolve(&self, wire: &[u8]) -> Result<(Arc<OwnedFd>, Loc), HandleError> {
         // The export id byte routes the handle; the export checks the seal
         // (and that the sealed id is its own) before trusting it.

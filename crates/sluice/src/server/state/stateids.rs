@@ -405,6 +405,11 @@ impl StateTable {
         Ok(Stateid { seqid: 1, other })
     }
 
+    /// True while some client has `file` open.
+    pub fn file_is_open(&self, file: FileKey) -> bool {
+        self.lock().ids.opens_by_file.contains_key(&file)
+    }
+
     /// Checks that `sid` names a current open state (or with `lock`, a
     /// lock state) on `file`.
     fn check_on_file(
