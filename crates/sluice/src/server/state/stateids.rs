@@ -342,67 +342,96 @@ impl StateTable {
     }
 
     /// OPEN: adds or upgrades the open of `req.owner` on the file. `open_fd`
-    /// is called with the access wanted when a new descriptor is needed.
-    /// During grace only reclaims are allowed (NFS4ERR_GRACE), and only
-    /// from clients known from before the restart.
+    /// is called with the access wanted when a new descriptor is needed,
+    /// without the table's lock held (opening may wait for the disk); the
+    /// checks are then made again. During grace only reclaims are allowed
+    /// (NFS4ERR_GRACE), and only from clients known from before the
+    /// restart.
     pub fn open(
         &self,
         req: OpenRequest,
-        open_fd: impl FnOnce(u32) -> Result<Arc<OwnedFd>, u32>,
+        open_fd: impl Fn(u32) -> Result<Arc<OwnedFd>, u32>,
     ) -> Result<Stateid, u32> {
-        let mut inner = self.lock();
-        let now = Instant::now();
-        if req.reclaim {
-            self.check_reclaim(&mut inner, req.clientid, now)?;
-        } else {
-            self.check_new_state(&mut inner, now)?;
-        }
-        let holders =
-            inner
-                .ids
-                .share_conflicts(req.clientid, &req.owner, req.file, req.access, req.deny);
-        if !self.clear_conflicts(&mut inner, holders, now) {
-            return Err(status::SHARE_DENIED);
-        }
-        self.record_client(&mut inner, req.clientid)?;
-        if req.reclaim {
-            self.counters
-                .reclaims
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        let key = (req.clientid, req.owner, req.file);
-        if let Some(&other) = inner.ids.opens_by_owner.get(&key) {
-            let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&other) else {
+        let key = (req.clientid, req.owner.clone(), req.file);
+        let mut opened: Option<(u32, Arc<OwnedFd>)> = None;
+        // Another request of the same owner may change the open while the
+        // descriptor is opened; a few rounds settle it.
+        for _ in 0..4 {
+            let mut inner = self.lock();
+            let now = Instant::now();
+            if req.reclaim {
+                self.check_reclaim(&mut inner, req.clientid, now)?;
+            } else {
+                self.check_new_state(&mut inner, now)?;
+            }
+            let holders =
+                inner
+                    .ids
+                    .share_conflicts(req.clientid, &req.owner, req.file, req.access, req.deny);
+            if !self.clear_conflicts(&mut inner, holders, now) {
+                return Err(status::SHARE_DENIED);
+            }
+            let existing = inner.ids.opens_by_owner.get(&key).copied();
+            let held = match existing.and_then(|o| inner.ids.states.get(&o)) {
+                Some(StateEntry::Open(o)) => Some(o.access),
+                Some(StateEntry::Lock(_)) => return Err(status::SERVERFAULT),
+                None => None,
+            };
+            let want = held.unwrap_or(0) | req.access;
+            // A descriptor with the access wanted, unless the open has it.
+            let fd = if held == Some(want) {
+                None
+            } else {
+                match opened.take() {
+                    Some((access, fd)) if access == want => Some(fd),
+                    _ => {
+                        drop(inner);
+                        opened = Some((want, open_fd(want)?));
+                        continue;
+                    }
+                }
+            };
+            self.record_client(&mut inner, req.clientid)?;
+            if req.reclaim {
+                self.counters
+                    .reclaims
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(other) = existing {
+                let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&other) else {
+                    return Err(status::SERVERFAULT);
+                };
+                if let Some(fd) = fd {
+                    o.fd = fd;
+                }
+                o.access = want;
+                o.deny |= req.deny;
+                o.seqid = o.seqid.wrapping_add(1);
+                return Ok(Stateid {
+                    seqid: o.seqid,
+                    other,
+                });
+            }
+            let Some(fd) = fd else {
                 return Err(status::SERVERFAULT);
             };
-            let want = o.access | req.access;
-            if want != o.access {
-                o.fd = open_fd(want)?;
-            }
-            o.access = want;
-            o.deny |= req.deny;
-            o.seqid = o.seqid.wrapping_add(1);
-            return Ok(Stateid {
-                seqid: o.seqid,
+            let other = self.new_other(&mut inner);
+            let (clientid, owner, file) = key;
+            inner.ids.insert(
                 other,
-            });
+                StateEntry::Open(OpenState {
+                    clientid,
+                    owner,
+                    file,
+                    seqid: 1,
+                    access: req.access,
+                    deny: req.deny,
+                    fd,
+                }),
+            );
+            return Ok(Stateid { seqid: 1, other });
         }
-        let fd = open_fd(req.access)?;
-        let other = self.new_other(&mut inner);
-        let (clientid, owner, file) = key;
-        inner.ids.insert(
-            other,
-            StateEntry::Open(OpenState {
-                clientid,
-                owner,
-                file,
-                seqid: 1,
-                access: req.access,
-                deny: req.deny,
-                fd,
-            }),
-        );
-        Ok(Stateid { seqid: 1, other })
+        Err(status::DELAY)
     }
 
     /// True while some client has `file` open.
