@@ -326,3 +326,36 @@ def test_grace_ends_on_time_without_a_known_client(serve):
         expect_ok(r, "a newcomer's OPEN after grace")
         took = when - restarted
         assert took >= SHORT_GRACE + 1 - 1.0, f"grace ended after {took:.1f} s, before --grace-time {SHORT_GRACE + 1} while a known client was missing"
+
+
+def test_grace_holds_back_everything_that_could_conflict_with_a_reclaim(serve):
+    """RFC 8881 section 8.4.2.1 (as the Linux server does it): while a known
+    client has not reclaimed, a newcomer's LOCKT, REMOVE and RENAME get
+    NFS4ERR_GRACE, and so do WRITE with the anonymous stateid and READ with
+    it; READ with the bypass stateid (all ones) is served. Once the known
+    client has reclaimed, all of them work."""
+    server = serve(LONG_GRACE)
+    name = unique_name("held")
+    a = Holder(server, name)
+    (server.export / "victim").write_bytes(b"v")
+    server.restart()
+    bypass = rc.Packer().u32(0xFFFFFFFF).fixed(b"\xff" * 12).bytes()
+    with newcomer(server) as c:
+        root = c.root_fh()
+        file_fh = a.fh
+        checks = {
+            "LOCKT": [rc.op_putfh(file_fh), rc.op_lockt(b"someone", 0, 10)],
+            "REMOVE": [rc.op_putfh(root), rc.op_remove("victim")],
+            "RENAME": [rc.op_putfh(root), rc.op_savefh(), rc.op_rename("victim", "victim2")],
+            "anonymous WRITE": [rc.op_putfh(file_fh), rc.op_write(0, b"x")],
+            "anonymous READ": [rc.op_putfh(file_fh), rc.op_read(0, 1)],
+        }
+        for what, ops in checks.items():
+            expect(c.compound(ops), St.GRACE, f"{what} during grace")
+        expect_ok(c.compound([rc.op_putfh(file_fh), rc.op_read(0, 1, stateid=bypass)]), "READ with the bypass stateid during grace")
+        a.come_back()
+        a.reclaim_all()
+        expect(c.compound(checks["LOCKT"]), St.DENIED, "LOCKT against the reclaimed lock after grace")
+        for what in ("anonymous READ", "anonymous WRITE", "RENAME"):
+            expect_ok(c.compound(checks[what]), f"{what} after grace")
+    assert (server.export / "victim2").read_bytes() == b"v"

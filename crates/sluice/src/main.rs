@@ -312,9 +312,8 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     let expiry = {
         let srv = srv.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(srv.state.expiry_interval());
             loop {
-                tick.tick().await;
+                tokio::time::sleep(srv.state.expiry_interval()).await;
                 // Expiry may write the client record store.
                 let s = srv.clone();
                 let _ = tokio::task::spawn_blocking(move || s.state.expire()).await;

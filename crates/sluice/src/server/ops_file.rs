@@ -333,6 +333,12 @@ pub fn io_fd(
 ) -> Result<Arc<OwnedFd>, u32> {
     let sid = cx.stateid(sid)?;
     if sid.is_special_io() {
+        // I/O without an open could conflict with what clients are about
+        // to reclaim: during grace only READ with the bypass stateid goes
+        // (as on the Linux server).
+        if write || sid == Stateid::ANONYMOUS {
+            cx.srv.state.check_not_in_grace()?;
+        }
         // Anonymous I/O: the caller's permissions decide.
         let flags = if write {
             libc::O_WRONLY

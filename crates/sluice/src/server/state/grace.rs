@@ -68,9 +68,19 @@ impl Grace {
         }
     }
 
-    /// True while new opens and locks must wait.
-    pub(super) fn active(&self) -> bool {
-        self.active
+    /// True while new opens and locks must wait: grace has not been
+    /// ended, its time is not up, and somebody may still reclaim. Derived
+    /// from the clock, so no op waits for the bookkeeping of
+    /// [`StateTable::grace_check_end`] to see grace end.
+    pub(super) fn active_at(&self, now: Instant) -> bool {
+        self.active && !self.waiting.is_empty() && self.ends.is_none_or(|e| now < e)
+    }
+
+    /// Time until grace runs out, while it has not been ended.
+    pub(super) fn time_left(&self, now: Instant) -> Option<Duration> {
+        self.ends
+            .filter(|_| self.active)
+            .map(|e| e.saturating_duration_since(now))
     }
 
     /// True when `owner` was known before the start: it may reclaim.
@@ -121,20 +131,19 @@ impl StateTable {
 
     /// The grace period as it stands now.
     pub fn grace_status(&self) -> GraceStatus {
-        let mut inner = self.lock();
-        self.grace_check_end(&mut inner, Instant::now());
+        let inner = self.lock();
+        let active = inner.grace.active_at(Instant::now());
         GraceStatus {
-            active: inner.grace.active,
-            waiting: inner.grace.waiting.len(),
+            active,
+            waiting: if active { inner.grace.waiting.len() } else { 0 },
         }
     }
 
     /// NFS4ERR_GRACE while in grace: for ops that would take or change
-    /// state that a reclaim might conflict with (REMOVE, RENAME).
+    /// state that a reclaim might conflict with (REMOVE, RENAME, I/O with
+    /// a special stateid). Never waits (no store write).
     pub fn check_not_in_grace(&self) -> Result<(), u32> {
-        let mut inner = self.lock();
-        self.grace_check_end(&mut inner, Instant::now());
-        if inner.grace.active() {
+        if self.lock().grace.active_at(Instant::now()) {
             Err(status::GRACE)
         } else {
             Ok(())
@@ -159,13 +168,12 @@ impl StateTable {
     /// the start (no stable record).
     pub(super) fn check_reclaim(
         &self,
-        inner: &mut super::Inner,
+        inner: &super::Inner,
         clientid: u64,
         now: Instant,
     ) -> Result<(), u32> {
-        self.grace_check_end(inner, now);
         let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
-        if !inner.grace.active() || c.reclaim_complete {
+        if !inner.grace.active_at(now) || c.reclaim_complete {
             return Err(status::NO_GRACE);
         }
         if !c.reclaimable {
@@ -175,13 +183,8 @@ impl StateTable {
     }
 
     /// NFS4ERR_GRACE for a new open or lock while in grace.
-    pub(super) fn check_new_state(
-        &self,
-        inner: &mut super::Inner,
-        now: Instant,
-    ) -> Result<(), u32> {
-        self.grace_check_end(inner, now);
-        if inner.grace.active() {
+    pub(super) fn check_new_state(&self, inner: &super::Inner, now: Instant) -> Result<(), u32> {
+        if inner.grace.active_at(now) {
             Err(status::GRACE)
         } else {
             Ok(())

@@ -94,8 +94,16 @@ impl StateTable {
         dead.len() + unconfirmed.len()
     }
 
-    /// How long the expiry task may sleep between rounds.
+    /// How long the expiry task may sleep before its next round: a
+    /// quarter lease (between 250 ms and 15 s), and no later than the end
+    /// of grace, which the round records in the client record store.
     pub fn expiry_interval(&self) -> Duration {
-        (self.settings.lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(15))
+        let normal =
+            (self.settings.lease / 4).clamp(Duration::from_millis(250), Duration::from_secs(15));
+        let inner = self.lock();
+        match inner.grace.time_left(Instant::now()) {
+            Some(left) => normal.min(left + Duration::from_millis(10)),
+            None => normal,
+        }
     }
 }

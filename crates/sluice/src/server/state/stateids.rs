@@ -360,9 +360,9 @@ impl StateTable {
             let mut inner = self.lock();
             let now = Instant::now();
             if req.reclaim {
-                self.check_reclaim(&mut inner, req.clientid, now)?;
+                self.check_reclaim(&inner, req.clientid, now)?;
             } else {
-                self.check_new_state(&mut inner, now)?;
+                self.check_new_state(&inner, now)?;
             }
             let holders =
                 inner
@@ -724,8 +724,8 @@ impl StateTable {
         range: (u64, u64),
         write: bool,
     ) -> Result<Option<Denied>, u32> {
-        let mut inner = self.lock();
-        self.check_new_state(&mut inner, Instant::now())?;
+        let inner = self.lock();
+        self.check_new_state(&inner, Instant::now())?;
         let found = inner
             .ids
             .lock_conflicts(clientid, owner, file, range, write)
