@@ -2,8 +2,9 @@
 //! SEQUENCE and the reply cache, and the per-request context.
 
 use super::exports::{Exported, Loc};
+use super::optable::{self, flags, OnPseudo, OpDesc};
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
-use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, Server};
+use super::Server;
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
 use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
@@ -123,59 +124,24 @@ impl<'a> Ctx<'a> {
 /// the result body (if any) after the status.
 pub type OpStatus = u32;
 
-/// Ops that change the file system, refused on a read-only export (OPEN
-/// checks its own arguments).
-pub fn changes_fs(opnum: u32) -> bool {
-    matches!(
-        opnum,
-        op::CREATE
-            | op::LINK
-            | op::REMOVE
-            | op::RENAME
-            | op::SETATTR
-            | op::WRITE
-            | op::ALLOCATE
-            | op::DEALLOCATE
-    )
-}
-
-/// Ops that set, save, restore or return the current filehandle, without
-/// touching the object behind it.
-fn moves_filehandle(opnum: u32) -> bool {
-    matches!(
-        opnum,
-        op::PUTFH | op::PUTROOTFH | op::PUTPUBFH | op::GETFH | op::SAVEFH | op::RESTOREFH
-    )
-}
-
-/// Ops that act on the object behind the current filehandle.
-fn uses_cur_object(opnum: u32) -> bool {
-    !moves_filehandle(opnum)
-        && !matches!(
-            opnum,
-            op::SEQUENCE
-                | op::EXCHANGE_ID
-                | op::CREATE_SESSION
-                | op::DESTROY_SESSION
-                | op::DESTROY_CLIENTID
-                | op::BIND_CONN_TO_SESSION
-                | op::RECLAIM_COMPLETE
-                | op::FREE_STATEID
-                | op::TEST_STATEID
-        )
-}
-
-/// Runs one op, then moves the current stateid along with the current
-/// filehandle (RFC 8881 section 16.2.3.1.2): ops that set a new current
-/// filehandle without returning a stateid reset it, SAVEFH and RESTOREFH
-/// save and restore it with the filehandle.
-fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    let st = dispatch(cx, opnum, d, e);
+/// Runs one op by its row of the op table, then moves the current
+/// stateid along with the current filehandle (RFC 8881 section
+/// 16.2.3.1.2): ops that set a new current filehandle without returning a
+/// stateid reset it, SAVEFH and RESTOREFH save and restore it with the
+/// filehandle.
+fn run_op(
+    cx: &mut Ctx<'_>,
+    desc: &OpDesc,
+    opnum: u32,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
+    let st = dispatch(cx, desc, d, e);
     if st == status::OK {
+        if desc.has(flags::CLEARS_STATEID) {
+            cx.cur_sid = None;
+        }
         match opnum {
-            op::PUTFH | op::PUTPUBFH | op::PUTROOTFH | op::LOOKUP | op::LOOKUPP | op::CREATE => {
-                cx.cur_sid = None
-            }
             op::SAVEFH => cx.saved_sid = cx.cur_sid,
             op::RESTOREFH => cx.cur_sid = cx.saved_sid,
             _ => {}
@@ -184,94 +150,33 @@ fn run_op(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) ->
     st
 }
 
-fn dispatch(cx: &mut Ctx<'_>, opnum: u32, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    if uses_cur_object(opnum) {
+fn dispatch(cx: &mut Ctx<'_>, desc: &OpDesc, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    if desc.uses_cur_object() {
         if let Some(Loc::Pseudo(n)) = cx.cur.as_ref().map(|f| f.loc) {
             // Pseudo directories never reach the file system ops.
-            return ops_pseudo::run_op(cx, n, opnum, d, e);
+            match desc.pseudo {
+                OnPseudo::Same => {}
+                OnPseudo::Run(f) => return f(cx, n, d, e),
+                OnPseudo::Fail(st) => return st,
+            }
         }
-        if matches!(opnum, op::RENAME | op::LINK) {
+        if desc.has(flags::TWO_OBJECTS) {
             if let (Some(s), Some(c)) = (&cx.saved, &cx.cur) {
                 if s.loc != c.loc {
                     return status::XDEV;
                 }
             }
         }
-        if changes_fs(opnum) && cx.cur_ex().rules.read_only {
+        if desc.has(flags::CHANGES_FS) && cx.cur_ex().rules.read_only {
             return status::ROFS;
         }
     }
-    match opnum {
-        op::ACCESS => ops_fs::access(cx, d, e),
-        op::CLOSE => ops_file::close(cx, d, e),
-        op::COMMIT => ops_file::commit(cx, d, e),
-        op::CREATE => ops_fs::create(cx, d, e),
-        op::DELEGRETURN => ops_file::delegreturn(cx, d, e),
-        op::GETATTR => ops_fs::getattr(cx, d, e),
-        op::GETFH => ops_fs::getfh(cx, d, e),
-        op::LINK => ops_fs::link(cx, d, e),
-        op::LOCK => ops_file::lock(cx, d, e),
-        op::LOCKT => ops_file::lockt(cx, d, e),
-        op::LOCKU => ops_file::locku(cx, d, e),
-        op::LOOKUP => ops_fs::lookup(cx, d, e),
-        op::LOOKUPP => ops_fs::lookupp(cx, d, e),
-        op::NVERIFY => ops_fs::verify(cx, d, e, false),
-        op::OPEN => ops_file::open(cx, d, e),
-        op::OPEN_DOWNGRADE => ops_file::open_downgrade(cx, d, e),
-        op::PUTFH => ops_fs::putfh(cx, d, e),
-        op::PUTPUBFH | op::PUTROOTFH => ops_fs::putrootfh(cx, d, e),
-        op::READ => ops_file::read(cx, d, e),
-        op::READDIR => ops_fs::readdir(cx, d, e),
-        op::READLINK => ops_fs::readlink(cx, d, e),
-        op::REMOVE => ops_fs::remove(cx, d, e),
-        op::RENAME => ops_fs::rename(cx, d, e),
-        op::RESTOREFH => ops_fs::restorefh(cx, d, e),
-        op::SAVEFH => ops_fs::savefh(cx, d, e),
-        op::SECINFO => ops_fs::secinfo(cx, d, e, false),
-        op::SECINFO_NO_NAME => ops_fs::secinfo(cx, d, e, true),
-        op::SETATTR => ops_fs::setattr(cx, d, e),
-        op::VERIFY => ops_fs::verify(cx, d, e, true),
-        op::WRITE => ops_file::write(cx, d, e),
-        op::BIND_CONN_TO_SESSION => ops_session::bind_conn_to_session(cx, d, e),
-        op::EXCHANGE_ID => ops_session::exchange_id(cx, d, e),
-        op::CREATE_SESSION => ops_session::create_session(cx, d, e),
-        op::DESTROY_SESSION => ops_session::destroy_session(cx, d, e),
-        op::FREE_STATEID => ops_file::free_stateid(cx, d, e),
-        op::TEST_STATEID => ops_file::test_stateid(cx, d, e),
-        op::DESTROY_CLIENTID => ops_session::destroy_clientid(cx, d, e),
-        op::RECLAIM_COMPLETE => ops_session::reclaim_complete(cx, d, e),
-        op::READ_PLUS => ops_sparse::read_plus(cx, d, e),
-        op::SEEK => ops_sparse::seek(cx, d, e),
-        op::ALLOCATE => ops_sparse::allocate(cx, d, e, false),
-        op::DEALLOCATE => ops_sparse::allocate(cx, d, e, true),
-        op::SEQUENCE => status::SEQUENCE_POS,
-        // NFSv4.0-only ops are not for sessions (RFC 8881 section 18).
-        n if v40_only(n) => status::NOTSUPP,
-        _ => status::NOTSUPP,
+    match desc.run {
+        Some(f) => f(cx, d, e),
+        // Defined but not implemented; NFSv4.0-only ops are not for
+        // sessions (RFC 8881 section 18).
+        None => status::NOTSUPP,
     }
-}
-
-/// Ops of NFSv4.0 that NFSv4.1 does not allow (RFC 8881 section 18).
-fn v40_only(opnum: u32) -> bool {
-    matches!(
-        opnum,
-        op::OPEN_CONFIRM
-            | op::RENEW
-            | op::SETCLIENTID
-            | op::SETCLIENTID_CONFIRM
-            | op::RELEASE_LOCKOWNER
-    )
-}
-
-fn sessionless_ok(opnum: u32) -> bool {
-    matches!(
-        opnum,
-        op::EXCHANGE_ID
-            | op::CREATE_SESSION
-            | op::DESTROY_SESSION
-            | op::BIND_CONN_TO_SESSION
-            | op::DESTROY_CLIENTID
-    )
 }
 
 /// Builds the COMPOUND4res body: status, tag, results.
@@ -318,14 +223,6 @@ impl Drop for NoWaitGuard {
 /// it has changed nothing (its arguments are decoded again later), and
 /// the COMPOUND goes on from it on a worker thread. Never sent.
 pub const WOULD_BLOCK: u32 = 0xffff_0001;
-
-/// Ops that may run where waiting is not allowed: they touch only what is
-/// in memory (state, cached handles and attributes), or check (READ and
-/// READ_PLUS read only what the page cache holds, take their range lock
-/// only if it is free, and READ_PLUS uses only extent maps already known).
-fn runs_without_waiting(opnum: u32) -> bool {
-    moves_filehandle(opnum) || matches!(opnum, op::GETATTR | op::ACCESS | op::READ | op::READ_PLUS)
-}
 
 /// What became of a COMPOUND run where waiting is not allowed.
 pub enum Step {
@@ -469,13 +366,13 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     };
 
     if first != op::SEQUENCE {
-        if !(op::ACCESS..=op::LAST_KNOWN).contains(&first) {
+        let Some(desc) = optable::desc(first) else {
             res.u32(op::ILLEGAL);
             res.u32(status::OP_ILLEGAL);
             return done(status::OP_ILLEGAL, 1, res);
-        }
+        };
         res.u32(first);
-        let st = if !sessionless_ok(first) {
+        let st = if !desc.has(flags::SESSIONLESS) {
             status::OP_NOT_IN_SESSION
         } else if nops > 1 {
             status::NOT_ONLY_OP
@@ -496,7 +393,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             };
             let at = res.len();
             res.u32(0);
-            let st = run_op(&mut cx, first, &mut d, &mut res);
+            let st = run_op(&mut cx, desc, first, &mut d, &mut res);
             res.patch_u32(at, st);
             return done(st, 1, res);
         };
@@ -562,13 +459,11 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         if nops == 1 {
             return done(status::OK, 1, res);
         }
-        let (opnum, st) = match d.u32() {
+        let (opnum, st) = match d.u32().map(|n| (n, optable::desc(n))) {
             Err(_) => (op::ILLEGAL, status::BADXDR),
-            Ok(n) if !(op::ACCESS..=op::LAST_KNOWN).contains(&n) => {
-                (op::ILLEGAL, status::OP_ILLEGAL)
-            }
-            Ok(n) if v40_only(n) => (n, status::NOTSUPP),
-            Ok(n) => (n, status::RETRY_UNCACHED_REP),
+            Ok((_, None)) => (op::ILLEGAL, status::OP_ILLEGAL),
+            Ok((n, Some(desc))) if desc.has(flags::V40_ONLY) => (n, status::NOTSUPP),
+            Ok((n, Some(_))) => (n, status::RETRY_UNCACHED_REP),
         };
         res.u32(opnum);
         res.u32(st);
@@ -652,14 +547,14 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                 last = status::BADXDR;
                 break;
             };
-            if !(op::ACCESS..=op::LAST_KNOWN).contains(&opnum) {
+            let Some(desc) = optable::desc(opnum) else {
                 res.u32(op::ILLEGAL);
                 res.u32(status::OP_ILLEGAL);
                 *count += 1;
                 last = status::OP_ILLEGAL;
                 break;
-            }
-            if nowait && !runs_without_waiting(opnum) {
+            };
+            if nowait && !desc.has(flags::NO_WAIT) {
                 *next = op_at;
                 paused = true;
                 break;
@@ -677,7 +572,32 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                 cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
                 as_caller = Some((loc, cred::assume(&cx.id)));
             }
-            let mut st = run_op(&mut cx, opnum, &mut d, res);
+            // An op that changes things must be sure its result fits the
+            // reply (and the reply cache, when asked) before it runs: once
+            // it has run, the client must get its result (RFC 8881
+            // sections 2.10.6.4 and 18.46.3).
+            if desc.has(flags::MODIFIES) {
+                let worst = fixed + res.len() + desc.reply_bound as usize;
+                let refuse = if worst > max_reply {
+                    Some(status::REP_TOO_BIG)
+                } else if *cachethis && worst > max_cached {
+                    Some(status::REP_TOO_BIG_TO_CACHE)
+                } else {
+                    None
+                };
+                if let Some(st) = refuse {
+                    res.patch_u32(at, st);
+                    *count += 1;
+                    tracing::debug!(
+                        op = desc.name,
+                        status = st,
+                        "op not run: its result might not fit"
+                    );
+                    last = st;
+                    break;
+                }
+            }
+            let mut st = run_op(&mut cx, desc, opnum, &mut d, res);
             if st == WOULD_BLOCK {
                 debug_assert!(nowait, "op {opnum} would block where waiting is allowed");
                 res.truncate(at - 4);
@@ -698,7 +618,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             }
             res.patch_u32(at, st);
             if st != status::OK {
-                tracing::debug!(op = opnum, status = st, "op failed");
+                tracing::debug!(op = desc.name, status = status::name(st), "op failed");
                 last = st;
                 break;
             }

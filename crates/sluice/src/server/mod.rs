@@ -9,6 +9,7 @@ mod ops_fs;
 mod ops_pseudo;
 mod ops_session;
 mod ops_sparse;
+pub mod optable;
 pub mod state;
 
 use crate::engine::export::Export;

@@ -607,9 +607,17 @@ pub fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
     })
 }
 
-/// SECINFO and SECINFO_NO_NAME: AUTH_SYS and AUTH_NONE. Both consume the
-/// current filehandle.
-pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: bool) -> OpStatus {
+/// SECINFO: AUTH_SYS and AUTH_NONE. It consumes the current filehandle.
+pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    secinfo_of(cx, d, e, false)
+}
+
+/// SECINFO_NO_NAME: as SECINFO, for the current filehandle or its parent.
+pub fn secinfo_no_name(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    secinfo_of(cx, d, e, true)
+}
+
+fn secinfo_of(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: bool) -> OpStatus {
     run(|| {
         if no_name {
             let style = x(d.u32())?;
@@ -644,8 +652,17 @@ pub fn put_flavors(e: &mut Encoder) {
     e.u32(crate::rpc::AUTH_NONE);
 }
 
-/// VERIFY (`same` = true) and NVERIFY.
-pub fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: bool) -> OpStatus {
+/// VERIFY: NFS4ERR_NOT_SAME unless the attributes are as given.
+pub fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    compare(cx, d, e, true)
+}
+
+/// NVERIFY: NFS4ERR_SAME when the attributes are as given.
+pub fn nverify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    compare(cx, d, e, false)
+}
+
+fn compare(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: bool) -> OpStatus {
     run(|| {
         let (bm, vals) = attrs::decode_raw_fattr(d)?;
         let sup = attrs::supported();

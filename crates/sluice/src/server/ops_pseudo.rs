@@ -3,41 +3,13 @@
 //! export roots. Entries of exports that do not admit the caller's address
 //! are hidden.
 
-use super::compound::{changes_fs, Ctx, Fh, OpStatus};
+use super::compound::{Ctx, Fh, OpStatus};
 use super::exports::{Child, Loc};
-use super::ops_fs::{self, component, put_fattr, put_flavors, run, x, Listing};
+use super::ops_fs::{component, put_fattr, put_flavors, run, x, Listing};
 use crate::engine::fs;
-use crate::nfs4::consts::{op, status};
+use crate::nfs4::consts::status;
 use crate::xdr::{Decoder, Encoder};
 use std::os::fd::AsFd;
-
-/// Runs an op whose current filehandle is pseudo directory `n`.
-pub fn run_op(
-    cx: &mut Ctx<'_>,
-    n: usize,
-    opnum: u32,
-    d: &mut Decoder<'_>,
-    e: &mut Encoder,
-) -> OpStatus {
-    match opnum {
-        // These read attributes through ops_fs::stat_any.
-        op::GETATTR => ops_fs::getattr(cx, d, e),
-        op::ACCESS => ops_fs::access(cx, d, e),
-        op::VERIFY => ops_fs::verify(cx, d, e, true),
-        op::NVERIFY => ops_fs::verify(cx, d, e, false),
-        op::LOOKUP => lookup(cx, n, d),
-        op::LOOKUPP => lookupp(cx, n),
-        op::READDIR => readdir(cx, n, d, e),
-        op::SECINFO => secinfo(cx, n, d, e),
-        op::SECINFO_NO_NAME => secinfo_no_name(cx, n, d, e),
-        op::READLINK => status::INVAL,
-        op::OPEN => status::ROFS,
-        n if changes_fs(n) => status::ROFS,
-        op::CLOSE | op::OPEN_DOWNGRADE | op::DELEGRETURN | op::LOCKU => status::BAD_STATEID,
-        // READ, READ_PLUS, SEEK, COMMIT, LOCK, LOCKT: a directory.
-        _ => status::ISDIR,
-    }
-}
 
 /// The filehandle of `child`.
 fn child_fh(cx: &Ctx<'_>, child: Child) -> Fh {
@@ -74,7 +46,8 @@ fn find(cx: &Ctx<'_>, n: usize, name: &[u8]) -> Result<Child, u32> {
         .ok_or(status::NOENT)
 }
 
-fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>) -> OpStatus {
+/// LOOKUP in pseudo directory `n`.
+pub fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let name = component(d)?;
         let child = find(cx, n, name.as_bytes())?;
@@ -83,7 +56,8 @@ fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>) -> OpStatus {
     })
 }
 
-fn lookupp(cx: &mut Ctx<'_>, n: usize) -> OpStatus {
+/// LOOKUPP from pseudo directory `n`.
+pub fn lookupp(cx: &mut Ctx<'_>, n: usize, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     if n == 0 {
         return status::NOENT;
     }
@@ -92,7 +66,8 @@ fn lookupp(cx: &mut Ctx<'_>, n: usize) -> OpStatus {
 }
 
 /// READDIR: cookies 3, 4, ... number the entries in name order.
-fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+/// READDIR of pseudo directory `n`.
+pub fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let mut listing = Listing::decode(d)?;
         let exports = &cx.srv.exports;
@@ -122,7 +97,8 @@ fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> 
     })
 }
 
-fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+/// SECINFO in pseudo directory `n`.
+pub fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let name = component(d)?;
         find(cx, n, name.as_bytes())?;
@@ -132,7 +108,13 @@ fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> 
     })
 }
 
-fn secinfo_no_name(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+/// SECINFO_NO_NAME in pseudo directory `n`.
+pub fn secinfo_no_name(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
     run(|| {
         let style = x(d.u32())?;
         if style > 1 {

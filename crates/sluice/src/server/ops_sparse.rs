@@ -154,8 +154,17 @@ pub fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
     })
 }
 
-/// ALLOCATE (`punch` false) and DEALLOCATE (`punch` true).
-pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: bool) -> OpStatus {
+/// ALLOCATE: reserves space for a range.
+pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    fallocate(cx, d, e, false)
+}
+
+/// DEALLOCATE: punches a hole over a range.
+pub fn deallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+    fallocate(cx, d, e, true)
+}
+
+fn fallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: bool) -> OpStatus {
     run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;

@@ -72,6 +72,11 @@ fn parse(body: Vec<u8>) -> Reply {
 }
 
 fn session(srv: &Server) -> [u8; 16] {
+    session_caching(srv, 4096)
+}
+
+/// A session whose replies may be cached up to `cached` bytes.
+fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
     let mut a = Encoder::new();
     a.opaque_fixed(&[1; 8]);
     a.opaque(b"test-client");
@@ -92,7 +97,7 @@ fn session(srv: &Server) -> [u8; 16] {
     a.u32(seq);
     a.u32(0);
     for _ in 0..2 {
-        for v in [0, 1 << 20, 1 << 20, 4096, 16, 8] {
+        for v in [0, 1 << 20, 1 << 20, cached, 16, 8] {
             a.u32(v);
         }
         a.u32(0);
@@ -129,6 +134,40 @@ fn sequence(sid: &[u8; 16], seq: u32, slot: u32, cache: bool) -> (u32, Vec<u8>) 
     a.u32(slot);
     a.bool(cache);
     (op::SEQUENCE, a.into_inner())
+}
+
+#[test]
+fn an_op_that_changes_things_is_not_run_when_its_result_might_not_fit() {
+    let (srv, dir) = server("repbound");
+    let sid = session_caching(&srv, 128);
+    let mut create = Encoder::new();
+    create.u32(2); // NF4DIR
+    create.string("made");
+    create.u32(0); // no attributes
+    create.u32(0);
+    let create = (op::CREATE, create.into_inner());
+    // Cached replies of up to 128 bytes: CREATE's result could make the
+    // reply larger, so it is refused before it runs (RFC 8881 section
+    // 18.46.3) and nothing is created.
+    let args = compound(
+        1,
+        &[
+            sequence(&sid, 1, 0, true),
+            (op::PUTROOTFH, vec![]),
+            create.clone(),
+        ],
+    );
+    let r = parse(pc(&srv, &root(), &args).unwrap());
+    assert_eq!(r.status, status::REP_TOO_BIG_TO_CACHE);
+    assert!(!dir.join("made").exists(), "the refused CREATE ran");
+    // Not asked to cache: it runs.
+    let args = compound(
+        1,
+        &[sequence(&sid, 2, 0, false), (op::PUTROOTFH, vec![]), create],
+    );
+    let r = parse(pc(&srv, &root(), &args).unwrap());
+    assert_eq!(r.status, status::OK);
+    assert!(dir.join("made").is_dir());
 }
 
 #[test]

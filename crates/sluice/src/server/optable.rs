@@ -1,0 +1,435 @@
+//! The op table: one row per NFSv4.1/4.2 operation with its handler, name,
+//! properties and a bound on its result's size. The COMPOUND loop reads
+//! the row instead of keeping lists of op numbers; adding an op is one row
+//! and one handler.
+
+use super::compound::{Ctx, OpStatus};
+use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse};
+use crate::nfs4::consts::{op, status};
+use crate::xdr::{Decoder, Encoder};
+
+/// An op handler: decodes its arguments from the decoder, works, writes
+/// its result body (after the status the loop writes) and returns the
+/// status.
+pub type Handler = fn(&mut Ctx<'_>, &mut Decoder<'_>, &mut Encoder) -> OpStatus;
+
+/// An op handler for a pseudo directory (its index in the pseudo file
+/// system is the second argument).
+pub type PseudoHandler = fn(&mut Ctx<'_>, usize, &mut Decoder<'_>, &mut Encoder) -> OpStatus;
+
+/// What an op does on a pseudo directory of the namespace joining the
+/// exports.
+#[derive(Clone, Copy)]
+pub enum OnPseudo {
+    /// The ordinary handler, which reads pseudo directories' attributes.
+    Same,
+    /// A handler of its own.
+    Run(PseudoHandler),
+    /// Always this status (a pseudo directory is read-only, and not a
+    /// file).
+    Fail(u32),
+}
+
+/// Properties of an op (bits of [`OpDesc::flags`]).
+pub mod flags {
+    /// Changes the file system: refused on read-only exports.
+    pub const CHANGES_FS: u16 = 1 << 0;
+    /// Sets, saves, restores or returns the current filehandle without
+    /// touching the object behind it.
+    pub const MOVES_FH: u16 = 1 << 1;
+    /// Does not act on the current object at all (client, session and
+    /// stateid ops).
+    pub const NO_OBJECT: u16 = 1 << 2;
+    /// May be the only op of a COMPOUND without SEQUENCE.
+    pub const SESSIONLESS: u16 = 1 << 3;
+    /// May run on the connection's task: touches only memory, or only
+    /// tries (see `compound::try_compound`).
+    pub const NO_WAIT: u16 = 1 << 4;
+    /// Sets a new current filehandle and no stateid: resets the current
+    /// stateid (RFC 8881 section 16.2.3.1.2).
+    pub const CLEARS_STATEID: u16 = 1 << 5;
+    /// Changes server or file system state: its result must fit the
+    /// session's reply limits before it runs, or it is not run.
+    pub const MODIFIES: u16 = 1 << 6;
+    /// An NFSv4.0 op that NFSv4.1 does not allow (RFC 8881 section 18).
+    pub const V40_ONLY: u16 = 1 << 7;
+    /// Renames or links between the saved and the current filehandle:
+    /// both must be in one export.
+    pub const TWO_OBJECTS: u16 = 1 << 8;
+}
+
+/// One row of the op table.
+#[derive(Clone, Copy)]
+pub struct OpDesc {
+    /// The op's name in RFC 8881 and RFC 7862.
+    pub name: &'static str,
+    /// The handler; None for ops that are defined but not implemented
+    /// (NFS4ERR_NOTSUPP).
+    pub run: Option<Handler>,
+    /// What it does on a pseudo directory.
+    pub pseudo: OnPseudo,
+    /// Bits of [`flags`].
+    pub flags: u16,
+    /// Most bytes its result can take after the opnum and status.
+    pub reply_bound: u32,
+}
+
+impl OpDesc {
+    /// True when the op has property `flag`.
+    pub fn has(&self, flag: u16) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// True when the op acts on the object behind the current filehandle.
+    pub fn uses_cur_object(&self) -> bool {
+        !self.has(flags::MOVES_FH | flags::NO_OBJECT)
+    }
+}
+
+use flags::*;
+
+/// Largest owner or opaque a result can echo (NFS4_OPAQUE_LIMIT).
+const OPAQUE: u32 = 1024;
+/// A stateid.
+const SID: u32 = 16;
+/// change_info4.
+const CINFO: u32 = 20;
+/// A bitmap of up to three words.
+const BITMAP: u32 = 16;
+
+const fn row(
+    name: &'static str,
+    run: Handler,
+    pseudo: OnPseudo,
+    flags: u16,
+    reply_bound: u32,
+) -> OpDesc {
+    OpDesc {
+        name,
+        run: Some(run),
+        pseudo,
+        flags,
+        reply_bound,
+    }
+}
+
+const fn unsupported(name: &'static str, flags: u16) -> OpDesc {
+    OpDesc {
+        name,
+        run: None,
+        pseudo: OnPseudo::Fail(status::NOTSUPP),
+        flags,
+        reply_bound: 0,
+    }
+}
+
+const UNDEFINED: OpDesc = OpDesc {
+    name: "ILLEGAL",
+    run: None,
+    pseudo: OnPseudo::Fail(status::OP_ILLEGAL),
+    flags: NO_OBJECT,
+    reply_bound: 0,
+};
+
+/// For ops whose result on a pseudo directory is fixed.
+const ISDIR: OnPseudo = OnPseudo::Fail(status::ISDIR);
+const ROFS: OnPseudo = OnPseudo::Fail(status::ROFS);
+const BAD_SID: OnPseudo = OnPseudo::Fail(status::BAD_STATEID);
+const SAME: OnPseudo = OnPseudo::Same;
+
+/// The table, indexed by op number (0 to 2 are not ops).
+static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
+    UNDEFINED,
+    UNDEFINED,
+    UNDEFINED,
+    row("ACCESS", ops_fs::access, SAME, NO_WAIT, 8),
+    row("CLOSE", ops_file::close, BAD_SID, MODIFIES, SID),
+    row("COMMIT", ops_file::commit, ISDIR, MODIFIES, 8),
+    row(
+        "CREATE",
+        ops_fs::create,
+        ROFS,
+        CHANGES_FS | MODIFIES | CLEARS_STATEID,
+        CINFO + BITMAP,
+    ),
+    unsupported("DELEGPURGE", NO_OBJECT),
+    row("DELEGRETURN", ops_file::delegreturn, BAD_SID, MODIFIES, 0),
+    row("GETATTR", ops_fs::getattr, SAME, NO_WAIT, 0),
+    row("GETFH", ops_fs::getfh, SAME, MOVES_FH | NO_WAIT, 4 + 128),
+    row(
+        "LINK",
+        ops_fs::link,
+        ROFS,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        CINFO,
+    ),
+    row(
+        "LOCK",
+        ops_file::lock,
+        ISDIR,
+        MODIFIES,
+        8 + 8 + 4 + 8 + 4 + OPAQUE,
+    ),
+    row(
+        "LOCKT",
+        ops_file::lockt,
+        ISDIR,
+        0,
+        8 + 8 + 4 + 8 + 4 + OPAQUE,
+    ),
+    row("LOCKU", ops_file::locku, BAD_SID, MODIFIES, SID),
+    row(
+        "LOOKUP",
+        ops_fs::lookup,
+        OnPseudo::Run(ops_pseudo::lookup),
+        CLEARS_STATEID,
+        0,
+    ),
+    row(
+        "LOOKUPP",
+        ops_fs::lookupp,
+        OnPseudo::Run(ops_pseudo::lookupp),
+        CLEARS_STATEID,
+        0,
+    ),
+    row("NVERIFY", ops_fs::nverify, SAME, 0, 0),
+    row(
+        "OPEN",
+        ops_file::open,
+        ROFS,
+        MODIFIES,
+        SID + CINFO + 4 + BITMAP + 4,
+    ),
+    unsupported("OPENATTR", 0),
+    unsupported("OPEN_CONFIRM", V40_ONLY),
+    row(
+        "OPEN_DOWNGRADE",
+        ops_file::open_downgrade,
+        BAD_SID,
+        MODIFIES,
+        SID,
+    ),
+    row(
+        "PUTFH",
+        ops_fs::putfh,
+        SAME,
+        MOVES_FH | NO_WAIT | CLEARS_STATEID,
+        0,
+    ),
+    row(
+        "PUTPUBFH",
+        ops_fs::putrootfh,
+        SAME,
+        MOVES_FH | NO_WAIT | CLEARS_STATEID,
+        0,
+    ),
+    row(
+        "PUTROOTFH",
+        ops_fs::putrootfh,
+        SAME,
+        MOVES_FH | NO_WAIT | CLEARS_STATEID,
+        0,
+    ),
+    row("READ", ops_file::read, ISDIR, NO_WAIT, 0),
+    row(
+        "READDIR",
+        ops_fs::readdir,
+        OnPseudo::Run(ops_pseudo::readdir),
+        0,
+        0,
+    ),
+    row(
+        "READLINK",
+        ops_fs::readlink,
+        OnPseudo::Fail(status::INVAL),
+        0,
+        0,
+    ),
+    row("REMOVE", ops_fs::remove, ROFS, CHANGES_FS | MODIFIES, CINFO),
+    row(
+        "RENAME",
+        ops_fs::rename,
+        ROFS,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        2 * CINFO,
+    ),
+    unsupported("RENEW", V40_ONLY),
+    row("RESTOREFH", ops_fs::restorefh, SAME, MOVES_FH | NO_WAIT, 0),
+    row("SAVEFH", ops_fs::savefh, SAME, MOVES_FH | NO_WAIT, 0),
+    row(
+        "SECINFO",
+        ops_fs::secinfo,
+        OnPseudo::Run(ops_pseudo::secinfo),
+        0,
+        0,
+    ),
+    row(
+        "SETATTR",
+        ops_fs::setattr,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        BITMAP,
+    ),
+    unsupported("SETCLIENTID", V40_ONLY),
+    unsupported("SETCLIENTID_CONFIRM", V40_ONLY),
+    row("VERIFY", ops_fs::verify, SAME, 0, 0),
+    row(
+        "WRITE",
+        ops_file::write,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        4 + 4 + 8,
+    ),
+    unsupported("RELEASE_LOCKOWNER", V40_ONLY),
+    unsupported("BACKCHANNEL_CTL", NO_OBJECT),
+    row(
+        "BIND_CONN_TO_SESSION",
+        ops_session::bind_conn_to_session,
+        SAME,
+        NO_OBJECT | SESSIONLESS | MODIFIES,
+        16 + 4 + 4,
+    ),
+    row(
+        "EXCHANGE_ID",
+        ops_session::exchange_id,
+        SAME,
+        NO_OBJECT | SESSIONLESS | MODIFIES,
+        8 + 4 + 4 + 4 + 8 + 3 * (4 + OPAQUE) + 4 + 12,
+    ),
+    row(
+        "CREATE_SESSION",
+        ops_session::create_session,
+        SAME,
+        NO_OBJECT | SESSIONLESS | MODIFIES,
+        16 + 4 + 4 + 2 * 32,
+    ),
+    row(
+        "DESTROY_SESSION",
+        ops_session::destroy_session,
+        SAME,
+        NO_OBJECT | SESSIONLESS | MODIFIES,
+        0,
+    ),
+    row(
+        "FREE_STATEID",
+        ops_file::free_stateid,
+        SAME,
+        NO_OBJECT | MODIFIES,
+        0,
+    ),
+    unsupported("GET_DIR_DELEGATION", 0),
+    unsupported("GETDEVICEINFO", NO_OBJECT),
+    unsupported("GETDEVICELIST", 0),
+    unsupported("LAYOUTCOMMIT", 0),
+    unsupported("LAYOUTGET", 0),
+    unsupported("LAYOUTRETURN", 0),
+    row(
+        "SECINFO_NO_NAME",
+        ops_fs::secinfo_no_name,
+        OnPseudo::Run(ops_pseudo::secinfo_no_name),
+        0,
+        0,
+    ),
+    row("SEQUENCE", sequence_not_first, SAME, NO_OBJECT, 0),
+    unsupported("SET_SSV", NO_OBJECT),
+    row("TEST_STATEID", ops_file::test_stateid, SAME, NO_OBJECT, 0),
+    unsupported("WANT_DELEGATION", 0),
+    row(
+        "DESTROY_CLIENTID",
+        ops_session::destroy_clientid,
+        SAME,
+        NO_OBJECT | SESSIONLESS | MODIFIES,
+        0,
+    ),
+    row(
+        "RECLAIM_COMPLETE",
+        ops_session::reclaim_complete,
+        SAME,
+        NO_OBJECT | MODIFIES,
+        0,
+    ),
+    row(
+        "ALLOCATE",
+        ops_sparse::allocate,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        0,
+    ),
+    unsupported("COPY", 0),
+    unsupported("COPY_NOTIFY", 0),
+    row(
+        "DEALLOCATE",
+        ops_sparse::deallocate,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        0,
+    ),
+    unsupported("IO_ADVISE", 0),
+    unsupported("LAYOUTERROR", 0),
+    unsupported("LAYOUTSTATS", 0),
+    unsupported("OFFLOAD_CANCEL", 0),
+    unsupported("OFFLOAD_STATUS", 0),
+    row("READ_PLUS", ops_sparse::read_plus, ISDIR, NO_WAIT, 0),
+    row("SEEK", ops_sparse::seek, ISDIR, 0, 0),
+    unsupported("WRITE_SAME", 0),
+    unsupported("CLONE", 0),
+    unsupported("GETXATTR", 0),
+    unsupported("SETXATTR", 0),
+    unsupported("LISTXATTRS", 0),
+    unsupported("REMOVEXATTR", 0),
+];
+
+/// SEQUENCE anywhere but first (RFC 8881 section 18.46.3).
+fn sequence_not_first(_: &mut Ctx<'_>, _: &mut Decoder<'_>, _: &mut Encoder) -> OpStatus {
+    status::SEQUENCE_POS
+}
+
+/// The row of op `opnum`, or None for numbers that are not NFSv4.1/4.2
+/// ops (NFS4ERR_OP_ILLEGAL).
+pub fn desc(opnum: u32) -> Option<&'static OpDesc> {
+    if opnum < op::ACCESS {
+        return None;
+    }
+    OPS.get(opnum as usize)
+}
+
+/// The name of op `opnum`, for logs.
+pub fn name(opnum: u32) -> &'static str {
+    desc(opnum).map_or("ILLEGAL", |d| d.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_sit_at_their_op_numbers() {
+        for (n, name) in [
+            (op::ACCESS, "ACCESS"),
+            (op::OPEN, "OPEN"),
+            (op::PUTROOTFH, "PUTROOTFH"),
+            (op::WRITE, "WRITE"),
+            (op::EXCHANGE_ID, "EXCHANGE_ID"),
+            (op::SEQUENCE, "SEQUENCE"),
+            (op::RECLAIM_COMPLETE, "RECLAIM_COMPLETE"),
+            (op::READ_PLUS, "READ_PLUS"),
+            (op::SEEK, "SEEK"),
+            (op::REMOVEXATTR, "REMOVEXATTR"),
+        ] {
+            assert_eq!(name, super::name(n), "op {n}");
+        }
+        assert!(desc(0).is_none() && desc(2).is_none() && desc(op::LAST_KNOWN + 1).is_none());
+    }
+
+    #[test]
+    fn every_op_that_changes_things_has_a_reply_bound_check() {
+        for (n, d) in OPS.iter().enumerate() {
+            if d.has(CHANGES_FS) {
+                assert!(d.has(MODIFIES), "{} ({n}) changes the file system", d.name);
+            }
+            if d.has(SESSIONLESS) {
+                assert!(d.has(NO_OBJECT), "{} ({n})", d.name);
+            }
+        }
+    }
+}
