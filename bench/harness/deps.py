@@ -57,7 +57,7 @@ def ensure_all(file_systems: list[str]) -> None:
 def build_binaries(repo: Path) -> dict[str, Path]:
     """Builds sluice and sluice-load in release mode (a no-op when fresh)."""
     log("building sluice and sluice-load (cargo build --release)")
-    run(["cargo", "build", "--release", "--quiet", "-p", "sluice", "--bins"], cwd=repo, timeout=1800)
+    run(["cargo", "build", "--release", "--quiet", "-p", "sluice", "-p", "sluice-load"], cwd=repo, timeout=1800)
     return binaries(repo)
 
 

@@ -14,7 +14,7 @@ BINARY = REPO / "target" / "release" / "sluice"
 def build_binary() -> Path:
     """Build the release binary once per session (cargo is a no-op when fresh)."""
     subprocess.run(
-        ["cargo", "build", "--release", "--quiet", "-p", "sluice"],
+        ["cargo", "build", "--release", "--quiet", "-p", "sluice", "-p", "sluice-load"],
         cwd=REPO,
         check=True,
     )

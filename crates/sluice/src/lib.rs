@@ -1,36 +1,20 @@
 //! sluice: a user-space NFSv4.1/4.2 file server.
 //!
 //! Layers, from the socket inwards: [`net`] (TCP and record marking),
-//! [`rpc`] (ONC RPC headers and authentication), [`nfs4`] (protocol
-//! numbers), [`server`] (COMPOUND, sessions, state and ops) and [`engine`]
-//! (exports, handles, readahead and file system access, free of NFS);
-//! [`metrics`] serves counters in the Prometheus text format.
+//! the protocol crate `sluice-proto` ([`rpc`]: ONC RPC headers and
+//! authentication, [`xdr`], [`nfs4`]: protocol numbers; no I/O),
+//! [`server`] (COMPOUND, the op table, sessions, state and ops) and the
+//! engine crate `sluice-engine` ([`engine`]: exports, handles, readahead
+//! and file system access, free of NFS); [`metrics`] serves counters in
+//! the Prometheus text format.
 
 #![warn(missing_docs)]
 
-pub mod client;
 pub mod config;
-pub mod engine;
 pub mod metrics;
 pub mod net;
-pub mod nfs4;
-pub mod rpc;
 pub mod server;
-pub mod xdr;
 
-/// Keeps I/O buffers (up to 1 MiB each, one per request in flight) on the
-/// heap and reused, instead of fresh mappings that the kernel must fault in
-/// and zero on every request (measured: about 9% of a warm stream's CPU in
-/// the server, and 13% of the load generator's). Call once at start, from
-/// the main thread, before other threads allocate.
-pub fn tune_allocator() {
-    // SAFETY: mallopt only changes glibc's allocation thresholds.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 8 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
-        // Each allocation arena keeps what it freed; a few arenas shared
-        // by the request threads bound that (glibc's default is 8 per
-        // core, grown as threads come and go).
-        libc::mallopt(libc::M_ARENA_MAX, 4);
-    }
-}
+pub use sluice_engine as engine;
+pub use sluice_engine::tune_allocator;
+pub use sluice_proto::{nfs4, rpc, xdr};

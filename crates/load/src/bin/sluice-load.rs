@@ -4,7 +4,7 @@
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use sluice::client::{Client, OpenFile};
+use sluice_load::client::{Client, OpenFile};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -255,7 +255,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
 
 fn main() {
     let a = Arc::new(Args::parse());
-    sluice::tune_allocator();
+    sluice_engine::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -302,7 +302,7 @@ impl Readahead {
         self.config.max > 0
             && self.config.direct_min > 0
             && len >= self.config.direct_min
-            && offset.is_multiple_of(crate::engine::fs::DIRECT_ALIGN as u64)
+            && offset.is_multiple_of(crate::fs::DIRECT_ALIGN as u64)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -593,7 +593,7 @@ mod tests {
     const MB: u64 = 1024 * 1024;
 
     fn fd() -> Arc<OwnedFd> {
-        let mut f = crate::engine::fs::scratch_file("ra");
+        let mut f = crate::fs::scratch_file("ra");
         f.write_all(&[1u8; 4096]).unwrap();
         Arc::new(OwnedFd::from(f))
     }

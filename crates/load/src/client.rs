@@ -2,9 +2,9 @@
 //! for the load generator and tests: one TCP connection, one session,
 //! many requests in flight over the session's slots.
 
-use crate::nfs4::consts::{op, status};
-use crate::rpc;
-use crate::xdr::{Decoder, Encoder};
+use sluice_proto::nfs4::consts::{op, status};
+use sluice_proto::rpc;
+use sluice_proto::xdr::{Decoder, Encoder};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::io;
@@ -402,7 +402,7 @@ impl Client {
                 e.string(name);
                 e.u32(op::GETFH);
                 e.u32(op::GETATTR);
-                e.bitmap(&[1 << crate::nfs4::consts::attr::SIZE]);
+                e.bitmap(&[1 << sluice_proto::nfs4::consts::attr::SIZE]);
             })
             .await?;
         let mut f = OpenFile {

@@ -8,9 +8,9 @@
 //! an open or a lock should not grow with the state other clients hold.
 
 use clap::Parser;
-use sluice::client::{Client, ClientError};
-use sluice::nfs4::consts::op;
-use sluice::xdr::Encoder;
+use sluice_load::client::{Client, ClientError};
+use sluice_proto::nfs4::consts::op;
+use sluice_proto::xdr::Encoder;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -278,7 +278,7 @@ fn recently_changed(st: &Stat) -> bool {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i128)
         .unwrap_or(0);
-    let at = |t: crate::engine::fs::Time| t.sec as i128 * 1_000_000_000 + t.nsec as i128;
+    let at = |t: crate::fs::Time| t.sec as i128 * 1_000_000_000 + t.nsec as i128;
     at(st.ctime).max(at(st.mtime)) + SETTLE_SECS as i128 * 1_000_000_000 > now
 }
 
@@ -300,7 +300,7 @@ pub fn default_limit() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fs::Time;
+    use crate::fs::Time;
 
     const F: FileId = (1, 1);
 

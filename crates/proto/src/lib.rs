@@ -1,0 +1,9 @@
+//! sluice's protocol layer, with no I/O: XDR encoding and decoding
+//! ([`xdr`]), ONC RPC call headers, authentication and replies ([`rpc`]),
+//! and the NFSv4.1/4.2 protocol numbers ([`nfs4`]).
+
+#![warn(missing_docs)]
+
+pub mod nfs4;
+pub mod rpc;
+pub mod xdr;
