@@ -2,10 +2,10 @@
 //! for the load generator and tests: one TCP connection, one session,
 //! many requests in flight over the session's slots.
 
+use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{op, status};
 use sluice_proto::rpc;
 use sluice_proto::xdr::{Decoder, Encoder};
-use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicU32, Ordering};
