@@ -7,6 +7,15 @@ guest checks what it reads back; afterwards this side checks the export
 directory on the host. A small TCP control server lets the guest ask for a
 server restart (and for a file to be made behind its back) without sleeps.
 
+One boot per kernel (RECLAIM_BOOTS) also crashes the server under a guest
+that holds an fcntl lock and an open file, and checks state recovery (RFC
+8881 section 8.4.2): the guest reclaims both, another client (the host,
+over raw RPC) meanwhile gets NFS4ERR_GRACE and then NFS4ERR_DENIED; the
+same after two restarts in a row; and a guest that comes back only after
+the grace period has its reclaim refused (NFS4ERR_NO_GRACE) and loses its
+lock. The host-side checks run inside the control requests, right after
+the restart and before the guest is answered.
+
 Each boot takes a few minutes under software emulation.
 """
 
@@ -18,9 +27,15 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+import rpcclient as rc
+from conftest import SluiceServer
+from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, st_name
 
 REPO = Path(__file__).resolve().parents[2]
 VM = REPO / "tests" / "vm" / "linux-client"
@@ -29,6 +44,21 @@ GUEST_SUITE = REPO / "tests" / "vm" / "guest" / "nfs-client-suite.sh"
 BOOT_TIMEOUT = int(os.environ.get("SLUICE_VM_TIMEOUT", "1200"))
 BIG_DIR_ENTRIES = 20000
 FIXED_MTIME = 981173106  # 2001-02-03 04:05:06 UTC, set by `touch -d` in the guest
+# The boots (kernel, NFS minor version) that also run the crash recovery
+# steps: one per kernel, both minor versions covered.
+RECLAIM_BOOTS = {("6.1", "4.1"), ("6.12", "4.2")}
+# Control requests of the crash recovery steps, in the order the guest sends them.
+RECLAIM_REQUESTS = ["reclaim-restart", "reclaimed-denied", "restart-twice", "denied", "restart-past-grace", "refused-free"]
+# How long the host waits for the server to leave grace (the guest has
+# already recovered by then, or the grace time is a few seconds).
+GRACE_WAIT = 90
+# The failed ops are logged at debug level by this target (one line "op
+# failed op=N status=S" each): how the host sees the NO_GRACE the guest got.
+FAILED_OP_LOG = "sluice::server::compound=debug"
+# An OPEN or LOCK answered NFS4ERR_NO_GRACE in that log, with the op and
+# status as numbers or (quoted) names.
+NO_GRACE_LOGGED = re.compile(r'op failed op="?(?:12|18|LOCK|OPEN)"? status="?(?:10033|NFS4ERR_NO_GRACE)\b')
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.machine() != "x86_64",
@@ -36,11 +66,131 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+class GuestServer(SluiceServer):
+    """The test's sluice: metrics on a free port (the `metrics on` line
+    after `listening on`, read at every start), and a log to search."""
+
+    def __init__(self, binary, export, state):
+        super().__init__(binary, export, state, ["--metrics", "127.0.0.1:0"])
+        self.metrics_port = 0
+
+    def start(self):
+        super().start()
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("metrics on "):
+            self.proc.kill()
+            raise RuntimeError(f"no 'metrics on' line after 'listening on' (got {line!r})")
+        self.metrics_port = int(line.strip().rsplit(":", 1)[1])
+
+    def restart_with(self, *args):
+        """SIGKILL, then start once with `args` added (later starts go
+        without them)."""
+        base = list(self.extra_args)
+        self.extra_args = base + [str(a) for a in args]
+        try:
+            self.restart()
+        finally:
+            self.extra_args = base
+
+    def metrics(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(None, 1)
+                out[name] = float(value)
+        return out
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size
+
+    def log_since(self, offset: int) -> str:
+        """The server log from byte `offset` on, without colour codes."""
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            return ANSI.sub("", f.read().decode(errors="replace"))
+
+
+def expect(r, status: int, what: str):
+    """The COMPOUND `r` ended with `status`."""
+    assert r.status == status, f"{what}: expected {st_name(status)}, got {r.describe()}"
+    return r
+
+
+def open_path(c: Client, path: str):
+    """OPEN (read and write, no create) of PATH under the root by host
+    client `c`: (open stateid, filehandle)."""
+    *dirs, name = path.split("/")
+    r = c.compound([rc.op_putrootfh(), *[rc.op_lookup(d) for d in dirs],
+                    rc.op_open(c.owner + b"/open", name, access=OPEN4_SHARE_ACCESS_BOTH), rc.op_getfh()])
+    expect(r, St.OK, f"host client's OPEN of {path}")
+    return r[2 + len(dirs)].stateid, r[3 + len(dirs)].fh
+
+
+def host_lock(c: Client, fh: bytes, open_stateid: bytes, start: int, length: int):
+    """A write LOCK by the host client on the second half of the guest's
+    range [start, start+length) and as far again past it."""
+    return c.lock(fh, open_stateid, owner=c.owner + b"/lock", offset=start + length // 2, length=length, locktype=WRITE_LT)
+
+
+def expect_denied_by_guest(r, start: int, length: int, what: str):
+    """LOCK was NFS4ERR_DENIED by a write lock on exactly the guest's range."""
+    expect(r, St.DENIED, what)
+    d = r.last()
+    got = (d.denied_offset, d.denied_length, d.denied_type)
+    assert got == (start, length, WRITE_LT), f"{what}: the conflicting lock is (offset, length, type) {got}, expected the guest's {(start, length, WRITE_LT)}"
+
+
+def retire(c: Client, fh: bytes, open_stateid: bytes):
+    """CLOSE, DESTROY_SESSION, DESTROY_CLIENTID: the host client leaves no
+    record behind to hold up the next grace period."""
+    expect(c.compound([rc.op_putfh(fh), rc.op_close(open_stateid)]), St.OK, "host client's CLOSE")
+    expect(c.call([rc.op_destroy_session(c.sessionid)]), St.OK, "host client's DESTROY_SESSION")
+    expect(c.call([rc.op_destroy_clientid(c.clientid)]), St.OK, "host client's DESTROY_CLIENTID")
+    c.close()
+
+
 class ControlServer:
     """Line-based requests from the guest, one per connection.
 
     "restart"     -> server.restart(); reply "ok" once it listens again
     "mkfile PATH" -> create PATH in the export with content "host\\n"; "ok"
+
+    Crash recovery, while the guest holds PATH open and a write lock on
+    bytes [START, START+LEN) of it. Each request checks the server from
+    the host (over raw RPC, as "another client", and in its metrics and
+    log) before the guest gets its reply, so nothing races with the
+    guest's own recovery; the reply is "ok" when every check passed.
+
+    "reclaim-restart PATH START LEN"
+        A host client opens PATH (and so is recorded), the server is
+        killed and started, and is in grace waiting for two clients. The
+        host client reclaims its open (CLAIM_PREVIOUS) and sends
+        RECLAIM_COMPLETE; its LOCK and LOCKT on the guest's range then get
+        NFS4ERR_GRACE, as the guest, known from before, has not reclaimed.
+    "reclaimed-denied PATH START LEN"
+        After the guest used its file again: grace ended because every
+        known client reclaimed, with two reclaims or more besides the
+        host's (the guest's open and lock); the host client's LOCK gets
+        NFS4ERR_DENIED by a write lock on exactly the guest's range. The
+        host client then goes (DESTROY_CLIENTID).
+    "restart-twice"
+        Two restarts back to back; after each the server is in grace,
+        waiting for one client (the guest, which has not been answered).
+    "denied PATH START LEN"
+        After the guest used its file again: grace ended because it
+        reclaimed (two reclaims or more), and a new host client's LOCK is
+        DENIED as above.
+    "restart-past-grace SECS"
+        A restart with --grace-time SECS, then a wait until grace has
+        ended by running out with one client (the guest) not reclaimed.
+    "refused-free PATH START LEN"
+        After the guest used its file again: since that restart the
+        server answered an OPEN or LOCK with NFS4ERR_NO_GRACE (in its log
+        of failed ops) and reclaimed nothing, and a new host client's LOCK
+        on the guest's range is granted: the guest's lock is gone.
+
     Anything that goes wrong is replied as "error ..." and kept in .errors.
     """
 
@@ -52,6 +202,8 @@ class ControlServer:
         self.port = self.sock.getsockname()[1]
         self.requests = []
         self.errors = []
+        self.boot_log = 0  # where the server log of the latest start begins
+        self.holder = None  # the host client of reclaim-restart and its open
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -79,7 +231,7 @@ class ControlServer:
     def _handle(self, line):
         cmd, _, arg = line.partition(" ")
         if cmd == "restart":
-            self.server.restart()
+            self._restart()
             return "ok"
         if cmd == "mkfile":
             export = self.server.export.resolve()
@@ -88,7 +240,121 @@ class ControlServer:
                 return f"error: {arg!r} is outside the export"
             target.write_text("host\n")
             return "ok"
+        if cmd == "restart-twice":
+            self._expect_out_of_grace("before the restarts")
+            self._restart()
+            self._expect_grace(1, "after the first restart")
+            self._restart()
+            self._expect_grace(1, "after the second restart")
+            return "ok"
+        if cmd == "restart-past-grace":
+            self._expect_out_of_grace("before the restart")
+            self._restart("--grace-time", int(arg))
+            self._expect_grace(1, "after the restart")
+            ended = self._wait_grace_over("grace time ran out")
+            assert "not_reclaimed=1" in ended, f"grace should have ended with the guest not reclaimed: {ended}"
+            return "ok"
+        if cmd in ("reclaim-restart", "reclaimed-denied", "denied", "refused-free"):
+            path, start, length = arg.split()
+            getattr(self, "_" + cmd.replace("-", "_"))(path, int(start), int(length))
+            return "ok"
         return f"error: unknown request {line!r}"
+
+    # -- the server's grace period, from its metrics and log --
+
+    def _restart(self, *args):
+        at = self.server.log_size()
+        self.server.restart_with(*args)
+        self.boot_log = at
+
+    def _grace(self):
+        m = self.server.metrics()
+        return m["sluice_in_grace"], m["sluice_grace_waiting_clients"], m["sluice_reclaims_total"]
+
+    def _expect_grace(self, waiting: int, what: str):
+        in_grace, waiting_now, _ = self._grace()
+        assert (in_grace, waiting_now) == (1, waiting), (
+            f"{what}: sluice_in_grace {in_grace:g}, sluice_grace_waiting_clients {waiting_now:g}; "
+            f"expected in grace waiting for {waiting} client(s)")
+
+    def _expect_out_of_grace(self, what: str):
+        in_grace, _, _ = self._grace()
+        assert in_grace == 0, f"{what}: the server is still in grace"
+
+    def _wait_grace_over(self, reason: str) -> str:
+        """Polls the metrics until the server leaves grace (the behaviour
+        under test, with a deadline); returns the log line that says why,
+        which must give `reason`."""
+        deadline = time.monotonic() + GRACE_WAIT
+        while self._grace()[0] != 0:
+            assert time.monotonic() < deadline, (
+                f"still in grace {GRACE_WAIT} s after the restart (waiting for "
+                f"{self._grace()[1]:g} client(s))")
+            time.sleep(0.1)
+        ended = re.findall(r"grace period ended .*", self.server.log_since(self.boot_log))
+        assert len(ended) == 1, f"expected one 'grace period ended' line since the restart, got {ended}"
+        assert f'reason="{reason}"' in ended[0], f"grace should have ended with reason {reason!r}: {ended[0]}"
+        return ended[0]
+
+    # -- crash recovery requests --
+
+    def _reclaim_restart(self, path, start, length):
+        self._expect_out_of_grace("before the restart")
+        h = Client(self.server.port, machine="host-ctl").establish()
+        _, fh = open_path(h, path)
+        self._restart()
+        self._expect_grace(2, "after the restart (the guest and the host client are known)")
+        h.reconnect()
+        expect(h.exchange_id(), St.OK, "host client's EXCHANGE_ID after the restart")
+        expect(h.create_session(), St.OK, "host client's CREATE_SESSION after the restart")
+        r = h.compound([rc.op_putfh(fh), rc.op_open(h.owner + b"/open", claim=CLAIM_PREVIOUS, access=OPEN4_SHARE_ACCESS_BOTH)])
+        expect(r, St.OK, "host client's OPEN CLAIM_PREVIOUS in grace")
+        self.holder = (h, r[2].stateid, fh)
+        expect(h.compound([rc.op_reclaim_complete()]), St.OK, "host client's RECLAIM_COMPLETE")
+        self._expect_grace(1, "after the host client's RECLAIM_COMPLETE (the guest has not reclaimed)")
+        r = host_lock(h, fh, r[2].stateid, start, length)
+        expect(r, St.GRACE, "host client's LOCK on the guest's range while the guest has not reclaimed")
+        r = h.compound([rc.op_putfh(fh), rc.op_lockt(h.owner + b"/lock", start, length, WRITE_LT)])
+        expect(r, St.GRACE, "host client's LOCKT on the guest's range while the guest has not reclaimed")
+        in_grace, waiting, reclaims = self._grace()
+        assert (in_grace, waiting, reclaims) == (1, 1, 1), (
+            f"after the host client's reclaim: in grace {in_grace:g}, waiting {waiting:g}, "
+            f"reclaims {reclaims:g}; expected 1, 1 (the guest), 1 (the host client's open)")
+
+    def _reclaimed_denied(self, path, start, length):
+        assert self.holder, "reclaim-restart did not run"
+        h, open_stateid, fh = self.holder
+        self.holder = None
+        self._wait_grace_over("every client known from before has reclaimed")
+        reclaims = self._grace()[2]
+        assert reclaims >= 3, f"{reclaims:g} reclaims since the restart; expected the host's open and the guest's open and lock"
+        expect_denied_by_guest(host_lock(h, fh, open_stateid, start, length), start, length,
+                               "host client's LOCK after the guest reclaimed")
+        retire(h, fh, open_stateid)
+
+    def _denied(self, path, start, length):
+        self._wait_grace_over("every client known from before has reclaimed")
+        reclaims = self._grace()[2]
+        assert reclaims >= 2, f"{reclaims:g} reclaims since the restart; expected the guest's open and lock"
+        c = Client(self.server.port, machine="host-ctl").establish()
+        open_stateid, fh = open_path(c, path)
+        expect_denied_by_guest(host_lock(c, fh, open_stateid, start, length), start, length,
+                               "a new host client's LOCK after the guest reclaimed")
+        retire(c, fh, open_stateid)
+
+    def _refused_free(self, path, start, length):
+        log = self.server.log_since(self.boot_log)
+        refused = re.findall(NO_GRACE_LOGGED, log)
+        assert refused, "no OPEN or LOCK was answered NFS4ERR_NO_GRACE since the restart (server log of failed ops)"
+        reclaims = self._grace()[2]
+        assert reclaims == 0, f"{reclaims:g} reclaims succeeded after grace had ended"
+        c = Client(self.server.port, machine="host-ctl").establish()
+        open_stateid, fh = open_path(c, path)
+        r = expect(host_lock(c, fh, open_stateid, start, length), St.OK,
+                   "a new host client's LOCK on the range of the guest's lost lock")
+        r = c.compound([rc.op_putfh(fh), rc.op_locku(r.stateid, start + length // 2, length)])
+        expect(r, St.OK, "host client's LOCKU")
+        retire(c, fh, open_stateid)
 
     def close(self):
         self.sock.close()
@@ -126,9 +392,28 @@ def guest_sizes(kernel: str, vers: str) -> str:
     return ALL_SIZES.replace(" m256:268435456", "")
 
 
+@pytest.fixture
+def sluice_server(sluice_binary, tmp_path, monkeypatch):
+    """This module's own sluice_server (instead of conftest's): a
+    GuestServer on fresh export and state directories (root not squashed),
+    logging failed ops, checked alive and stopped at the end."""
+    binary = sluice_binary
+    monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{FAILED_OP_LOG}")
+    export = tmp_path / "export"
+    state = tmp_path / "state"
+    export.mkdir()
+    state.mkdir()
+    server = GuestServer(binary, export, state)
+    server.start()
+    yield server
+    assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
+    server.stop()
+
+
 @pytest.mark.parametrize("vers", ["4.1", "4.2"], ids=lambda v: f"nfs{v}")
 @pytest.mark.parametrize("kernel", ["6.1", "6.12"], ids=lambda k: f"linux{k}")
 def test_linux_client(sluice_server, tmp_path, kernel, vers):
+    reclaim = (kernel, vers) in RECLAIM_BOOTS
     export = sluice_server.export
     big = export / "big"
     big.mkdir()
@@ -151,6 +436,7 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
                     "--bin", guest_tool("perl"),
                     "--env", f"VERS={vers}",
                     "--env", f"SIZES={guest_sizes(kernel, vers)}",
+                    "--env", f"RECLAIM={int(reclaim)}",
                     "--timeout", str(BOOT_TIMEOUT),
                     str(GUEST_SUITE),
                 ],
@@ -184,13 +470,16 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     assert "ALL STEPS PASSED" in out, "guest exited 0 without finishing" + context()
     assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
     assert ctl.requests.count("restart") == 1, ctl.requests
+    sent = [r.partition(" ")[0] for r in ctl.requests if r.partition(" ")[0] in RECLAIM_REQUESTS]
+    assert sent == (RECLAIM_REQUESTS if reclaim else []), f"crash recovery requests: {ctl.requests}"
 
     # --- what the guest wrote, as seen on the host ---
     manifest = re.findall(r"^MANIFEST (\S+) ([0-9a-f]{32}) (\d+)$", out, re.M)
     names = {m[0] for m in manifest}
     m256 = ["data/m256"] if "m256" in guest_sizes(kernel, vers) else []
     for expected in ["data/tiny", "data/page", "data/mib", "data/m64", *m256,
-                     "app/log", "trunc/f", "rs/before", "rs/after", "rs/open-across"]:
+                     "app/log", "trunc/f", "rs/before", "rs/after", "rs/open-across",
+                     *(["recl/f"] if reclaim else [])]:
         assert expected in names, f"{expected} missing from the guest manifest"
     for rel, md5, size in manifest:
         p = export / rel

@@ -7,6 +7,10 @@
 # the name and a newline) in the export, and must answer on $CTL_PORT:
 #   "restart"     -> restart the server, reply "ok" once it listens again
 #   "mkfile PATH" -> create PATH (relative to the export) containing "host\n"
+# and, with RECLAIM=1 (crash recovery steps), "reclaim-restart",
+# "reclaimed-denied", "restart-twice", "denied", "restart-past-grace" and
+# "refused-free" (see ControlServer in tests/interop/test_linux_client.py):
+# each restarts the server or checks it from the host, replying "ok".
 #
 # Every check that fails stops the script with a non-zero status and says
 # which step it was in. Lines "MANIFEST <path> <md5> <size>" at the end list
@@ -104,10 +108,66 @@ hold_lock() { # file type start len ready-fifo release-fifo (run in background)
 excl_create() { # path -> 0 created, 17 EEXIST, 1 other error
   perl -e 'sysopen(F, $ARGV[0], 0301, 0644) and exit 0; exit($! + 0 == 17 ? 17 : 1);' "$1"
 }
+# The lock holder of the crash recovery steps: creates FILE, writes the
+# content of INIT through one descriptor and fsyncs it (syscall 74), takes a
+# write lock on LEN bytes at START (F_SETLK) and answers "held" on
+# /tmp/hreply; then serves commands from /tmp/hcmd, one line each, answering
+# each on /tmp/hreply: "write TEXT" (append TEXT and a newline through the
+# same descriptor and fsync: "ok"), "check" (read the whole file back
+# through it: "ok" when it is all that was written), "quit" (close:
+# "closed"). Failures are answered "error ...".
+lock_holder() { # file start len init
+  perl -e '
+    ($path, $start, $len, $init) = @ARGV;
+    sub reply { open(R, ">", "/tmp/hreply") or die "/tmp/hreply: $!"; print R "@_\n"; close R; }
+    $data = "";
+    sub put {
+      my $s = shift;
+      defined(sysseek(F, length($data), 0)) or return "error seek: $!";
+      my $n = syswrite(F, $s);
+      defined($n) or return "error write: $!";
+      $n == length($s) or return "error short write: $n of " . length($s);
+      syscall(74, fileno(F)) == 0 or return "error fsync: $!";
+      $data .= $s;
+      return "ok";
+    }
+    sub check {
+      defined(sysseek(F, 0, 0)) or return "error seek: $!";
+      my ($got, $buf, $n) = ("", "");
+      while ($n = sysread(F, $buf, 65536)) { $got .= $buf; }
+      defined($n) or return "error read: $!";
+      $got eq $data or return "error content: read " . length($got) . " bytes, wrote " . length($data);
+      return "ok";
+    }
+    open(I, "<", $init) or die "$init: $!";
+    { local $/; $first = <I>; }
+    close I;
+    sysopen(F, $path, 0102, 0644) or do { reply("error open: $!"); exit 1; };
+    $r = put($first);
+    if ($r eq "ok") {
+      $r = fcntl(F, 6, pack("s s x4 q q i x4", 1, 0, $start, $len, 0)) ? "held" : "error lock: $!";
+    }
+    reply($r);
+    exit 1 if $r ne "held";
+    while (1) {
+      open(C, "<", "/tmp/hcmd") or die "/tmp/hcmd: $!";
+      $c = <C>;
+      close C;
+      chomp $c;
+      if ($c =~ /^write (.*)$/) { reply(put("$1\n")); }
+      elsif ($c eq "check") { reply(check()); }
+      elsif ($c eq "quit") { reply(close(F) ? "closed" : "error close: $!"); exit 0; }
+      else { reply("error: unknown command $c"); }
+    }' "$@"
+}
+holder_do() { # command: send it to the lock holder, its answer goes to $hr
+  echo "$1" > /tmp/hcmd
+  read -r hr < /tmp/hreply
+}
 
 command -v perl > /dev/null || fail "perl is missing in the guest (--bin /usr/bin/perl)"
 command -v flock > /dev/null || fail "flock is missing in the guest (--bin /usr/bin/flock)"
-mkfifo /tmp/ready /tmp/release
+mkfifo /tmp/ready /tmp/release /tmp/hcmd /tmp/hreply
 
 step "mount (NFS $VERS, kernel $(uname -r))"
 do_mount
@@ -359,6 +419,71 @@ md5sum -c /tmp/rs-sums > /tmp/md5check 2>&1 || {
 eq "$(cat "$M/rs/fresh")" fresh "file created after the restart"
 eq "$(stat -c '%a %u %g %Y' "$M/attrs/f")" "640 1234 5678 981173106" "attrs/f after the restart"
 eq "$(ls "$M/big" | wc -l)" 20000 "entries in big/ after the restart"
+
+if [ "${RECLAIM:-0}" = 1 ]; then
+  # The server is killed (SIGKILL) and started again under a process that
+  # holds recl/f open, wrote and fsynced it, and holds a write lock on
+  # bytes LSTART..LSTART+LLEN-1 (RFC 8881 section 8.4.2). The host checks
+  # the server's side inside each control request, before it answers.
+  LSTART=1000
+  LLEN=100
+  step "crash recovery: the open file and the lock are reclaimed; another client gets GRACE, then DENIED"
+  mkdir "$M/recl"
+  awk 'BEGIN { for (i = 1; i <= 4000; i++) printf "%06d written before the crash\n", i }' > /tmp/recl-expect
+  lock_holder "$M/recl/f" $LSTART $LLEN /tmp/recl-expect &
+  holder=$!
+  read -r hr < /tmp/hreply
+  eq "$hr" held "the lock holder (recl/f written, fsynced and locked)"
+  expect_rc 3 try_lock "$M/recl/f" 1 $((LSTART + 10)) 10
+  # The host opens recl/f as a second client, restarts the server, reclaims
+  # its own open, and its LOCK and LOCKT get GRACE: we have not reclaimed.
+  ctl reclaim-restart recl/f $LSTART $LLEN
+  holder_do "write after the first restart"
+  eq "$hr" ok "writing (and fsync) through the descriptor held across the restart"
+  echo "after the first restart" >> /tmp/recl-expect
+  # Grace is over now that we reclaimed, and the host's LOCK gets DENIED.
+  ctl reclaimed-denied recl/f $LSTART $LLEN
+  expect_rc 3 try_lock "$M/recl/f" 1 $LSTART $LLEN          # another process: still locked
+  expect_rc 3 try_lock "$M/recl/f" 0 $((LSTART + LLEN - 1)) 1
+  expect_rc 0 try_lock "$M/recl/f" 1 $((LSTART + LLEN)) 100  # just past the range: free
+  drop_caches
+  holder_do check
+  eq "$hr" ok "reading recl/f back through the held descriptor"
+  eq "$(md5 "$M/recl/f")" "$(md5 /tmp/recl-expect)" "recl/f read by another process"
+
+  step "crash recovery after two restarts in a row"
+  ctl restart-twice
+  holder_do "write after two restarts"
+  eq "$hr" ok "writing (and fsync) through the descriptor held across two restarts"
+  echo "after two restarts" >> /tmp/recl-expect
+  ctl denied recl/f $LSTART $LLEN
+  expect_rc 3 try_lock "$M/recl/f" 1 $LSTART 1
+  drop_caches
+  holder_do check
+  eq "$hr" ok "reading recl/f back through the descriptor held across two restarts"
+  eq "$(md5 "$M/recl/f")" "$(md5 /tmp/recl-expect)" "recl/f after two restarts"
+
+  step "back after the grace period: the reclaim is refused and the lock is lost"
+  # The host restarts the server with a 2 s grace period and waits for it
+  # to run out before answering: our reclaim comes too late (NO_GRACE).
+  ctl restart-past-grace 2
+  holder_do "write after grace ended"
+  echo "the lock holder's write after grace ended: $hr"
+  case "$hr" in
+    "error "*"Input/output error") ;;
+    *) fail "a write through the descriptor whose lock was lost: expected EIO, got '$hr'" ;;
+  esac
+  # The host sees the NO_GRACE it answered, and takes the lock itself.
+  ctl refused-free recl/f $LSTART $LLEN
+  holder_do quit
+  echo "the lock holder's close: $hr"
+  wait "$holder" || fail "the lock holder exited $?"
+  drop_caches
+  eq "$(md5 "$M/recl/f")" "$(md5 /tmp/recl-expect)" \
+    "recl/f after the refused reclaim (what was written before is intact, the failed write is not there)"
+  echo "$(md5 /tmp/recl-expect)  $M/recl/f" >> "$SUMS"
+  expect_rc 0 try_lock "$M/recl/f" 1 $LSTART $LLEN
+fi
 
 step "unmount"
 cd /
