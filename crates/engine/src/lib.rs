@@ -1,7 +1,8 @@
 //! The storage engine: exports, file handles, identities and file system
 //! access. It knows nothing about NFS.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod ahead;
 pub mod bufcache;

@@ -8,7 +8,8 @@
 //! and file system access, free of NFS); [`metrics`] serves counters in
 //! the Prometheus text format.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod config;
 pub mod metrics;

@@ -122,7 +122,7 @@ impl<'a> Ctx<'a> {
 
 /// An op's outcome: NFS4_OK or an error status. The handler has written
 /// the result body (if any) after the status.
-pub type OpStatus = u32;
+pub(super) type OpStatus = u32;
 
 /// Runs one op by its row of the op table, then moves the current
 /// stateid along with the current filehandle (RFC 8881 section
@@ -199,7 +199,7 @@ thread_local! {
 /// True while the COMPOUND runs on a thread that must not wait (the
 /// connection's network task): ops that would have to wait for the disk
 /// or for a range lock answer [`WOULD_BLOCK`] instead.
-pub fn must_not_wait() -> bool {
+pub(super) fn must_not_wait() -> bool {
     MUST_NOT_WAIT.with(|c| c.get())
 }
 
@@ -222,10 +222,10 @@ impl Drop for NoWaitGuard {
 /// An op's answer, under [`must_not_wait`], when it would have to wait:
 /// it has changed nothing (its arguments are decoded again later), and
 /// the COMPOUND goes on from it on a worker thread. Never sent.
-pub const WOULD_BLOCK: u32 = 0xffff_0001;
+pub(super) const WOULD_BLOCK: u32 = 0xffff_0001;
 
 /// What became of a COMPOUND run where waiting is not allowed.
-pub enum Step {
+pub(super) enum Step {
     /// Finished: the COMPOUND4res, or None for GARBAGE_ARGS.
     Done(Option<Encoder>),
     /// Stopped before an op that may wait; [`Paused::resume`] finishes it
@@ -234,7 +234,7 @@ pub enum Step {
 }
 
 /// A COMPOUND stopped before an op that may have to wait.
-pub struct Paused(PausedAt);
+pub(super) struct Paused(PausedAt);
 
 enum PausedAt {
     /// Before its first op (one outside a session, which may wait).
@@ -284,7 +284,7 @@ struct Running {
 
 impl Paused {
     /// Finishes the COMPOUND on the calling thread, which may wait.
-    pub fn resume(self, srv: &Server) -> Option<Encoder> {
+    pub(super) fn resume(self, srv: &Server) -> Option<Encoder> {
         let step = match self.0 {
             PausedAt::Start(args) => start(srv, args, false),
             PausedAt::Midway(r) => run_ops(srv, r, false),
@@ -322,7 +322,7 @@ pub fn process_compound(
 
 /// Runs the COMPOUND4args at `at` in `buf` (an RPC record whose header has
 /// `at` bytes) as far as it can go without waiting.
-pub fn try_compound(
+pub(super) fn try_compound(
     srv: &Server,
     buf: Vec<u8>,
     at: usize,

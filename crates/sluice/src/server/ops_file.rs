@@ -27,12 +27,12 @@ const SHARE_ACCESS_READ: u32 = 1;
 const SHARE_ACCESS_WRITE: u32 = 2;
 
 /// The (device, inode) key of a file.
-pub fn file_key(st: &Stat) -> FileKey {
+pub(super) fn file_key(st: &Stat) -> FileKey {
     (st.dev, st.ino)
 }
 
 /// The current filehandle, which must be a regular file.
-pub fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_file() {
@@ -177,7 +177,7 @@ fn open_create(
 }
 
 /// OPEN (RFC 8881 section 18.16).
-pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let _seqid = x(d.u32())?;
         let access = x(d.u32())? & 3;
@@ -292,7 +292,7 @@ pub fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
 }
 
 /// OPEN_DOWNGRADE.
-pub fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let sid = cx.stateid(stateid(d)?)?;
         let _seqid = x(d.u32())?;
@@ -307,7 +307,7 @@ pub fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 }
 
 /// CLOSE.
-pub fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let _seqid = x(d.u32())?;
         let sid = cx.stateid(stateid(d)?)?;
@@ -324,7 +324,7 @@ pub fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
 }
 
 /// The descriptor to do I/O through for `sid` on the current file.
-pub fn io_fd(
+pub(super) fn io_fd(
     cx: &Ctx<'_>,
     fh: &Fh,
     st: &Stat,
@@ -355,7 +355,7 @@ pub fn io_fd(
 }
 
 /// The readahead stream a stateid reads as: one per open (or lock) state.
-pub fn stream_id(sid: &Stateid) -> u64 {
+pub(super) fn stream_id(sid: &Stateid) -> u64 {
     let o = sid.other;
     u64::from_le_bytes([o[0], o[1], o[2], o[3], o[4], o[5], o[6], o[7]])
         ^ (u32::from_le_bytes([o[8], o[9], o[10], o[11]]) as u64).rotate_left(32)
@@ -368,7 +368,7 @@ pub fn stream_id(sid: &Stateid) -> u64 {
 /// partial pages) reads through a fresh descriptor. A large request of a
 /// cold sequential reader that keeps several in flight is read with
 /// O_DIRECT, straight into that buffer (see the readahead engine).
-pub fn read_data(
+pub(super) fn read_data(
     cx: &Ctx<'_>,
     fh: &Fh,
     fd: &Arc<OwnedFd>,
@@ -530,7 +530,7 @@ fn read_direct(
 /// The shared range lock a READ or READ_PLUS holds around its data. On
 /// the connection's task only when it is free now: WOULD_BLOCK otherwise,
 /// to wait for it elsewhere.
-pub fn read_lock<'a>(
+pub(super) fn read_lock<'a>(
     cx: &Ctx<'a>,
     key: (u64, u64),
     start: u64,
@@ -544,7 +544,7 @@ pub fn read_lock<'a>(
 }
 
 /// READ.
-pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let started = Instant::now();
     let st = run(|| {
         let sid = stateid(d)?;
@@ -576,7 +576,7 @@ pub fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
 }
 
 /// WRITE.
-pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
@@ -617,7 +617,7 @@ pub fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
 }
 
 /// COMMIT: flushes the file to stable storage.
-pub fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let offset = x(d.u64())?;
         let count = x(d.u32())?;
@@ -649,7 +649,7 @@ fn lock_kind(t: u32) -> Result<bool, u32> {
 }
 
 /// LOCK.
-pub fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut denied = None;
     let st = run(|| {
         let write = lock_kind(x(d.u32())?)?;
@@ -698,7 +698,7 @@ pub fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
 }
 
 /// LOCKT.
-pub fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut denied = None;
     let st = run(|| {
         let write = lock_kind(x(d.u32())?)?;
@@ -728,7 +728,7 @@ pub fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
 }
 
 /// LOCKU.
-pub fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         lock_kind(x(d.u32())?)?;
         let _seqid = x(d.u32())?;
@@ -745,7 +745,7 @@ pub fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus
 }
 
 /// TEST_STATEID.
-pub fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let n = x(d.count(1024, 16))?;
         let mut out = Vec::with_capacity(n);
@@ -762,7 +762,7 @@ pub fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 }
 
 /// FREE_STATEID.
-pub fn free_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn free_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let sid = stateid(d)?;
         cx.srv.state.free(&sid)
@@ -770,7 +770,7 @@ pub fn free_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
 }
 
 /// DELEGRETURN: no delegations are granted, so none can be returned.
-pub fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let _sid = stateid(d)?;
         cx.cur()?;

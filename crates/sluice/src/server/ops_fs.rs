@@ -16,7 +16,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// Runs an op body written with `?`, turning its error into the status.
-pub fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
+pub(super) fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
     match f() {
         Ok(()) => status::OK,
         Err(st) => st,
@@ -24,30 +24,30 @@ pub fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
 }
 
 /// Maps a decode failure to NFS4ERR_BADXDR.
-pub fn x<T>(r: XdrResult<T>) -> Result<T, u32> {
+pub(super) fn x<T>(r: XdrResult<T>) -> Result<T, u32> {
     r.map_err(|_| status::BADXDR)
 }
 
 /// Maps a system error to its status.
-pub fn io<T>(r: io::Result<T>) -> Result<T, u32> {
+pub(super) fn io<T>(r: io::Result<T>) -> Result<T, u32> {
     r.map_err(|e| errno_status(&e))
 }
 
 /// Reads a stateid.
-pub fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, u32> {
+pub(super) fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, u32> {
     let seqid = x(d.u32())?;
     let other = x(d.array::<12>())?;
     Ok(Stateid { seqid, other })
 }
 
 /// Writes a stateid.
-pub fn put_stateid(e: &mut Encoder, s: &Stateid) {
+pub(super) fn put_stateid(e: &mut Encoder, s: &Stateid) {
     e.u32(s.seqid);
     e.opaque_fixed(&s.other);
 }
 
 /// Reads and checks a component name.
-pub fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
+pub(super) fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
     let name = x(d.opaque(4096))?;
     if name.is_empty() {
         return Err(status::INVAL);
@@ -62,12 +62,12 @@ pub fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
 }
 
 /// Stats the object behind a filehandle of an export.
-pub fn stat_of(fh: &Fh) -> Result<Stat, u32> {
+pub(super) fn stat_of(fh: &Fh) -> Result<Stat, u32> {
     io(fs::stat(fh.fd.as_fd()))
 }
 
 /// Stats the object behind any filehandle, pseudo directories included.
-pub fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
+pub(super) fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
     match fh.loc {
         Loc::Pseudo(n) => Ok(cx.srv.exports.node_stat(n)),
         Loc::Export(_) => stat_of(fh),
@@ -75,7 +75,7 @@ pub fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
 }
 
 /// The current filehandle, which must be a directory.
-pub fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_dir() {
@@ -88,7 +88,7 @@ pub fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
 }
 
 /// Writes a change_info4 from directory states before and after.
-pub fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
+pub(super) fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
     e.bool(false);
     e.u64(before.change());
     e.u64(after.change());
@@ -96,7 +96,7 @@ pub fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
 
 /// Encodes the attributes `req` of an object with status `st`, in the
 /// file system of `fs_of` (an export, or the pseudo file system).
-pub fn put_fattr(
+pub(super) fn put_fattr(
     cx: &Ctx<'_>,
     e: &mut Encoder,
     fh_wire: Option<&[u8]>,
@@ -137,14 +137,14 @@ pub fn put_fattr(
 }
 
 /// PUTROOTFH and PUTPUBFH: the export at "/", or the pseudo root.
-pub fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     let (wire, fd, loc) = cx.srv.exports.root();
     cx.cur = Some(Fh { wire, fd, loc });
     status::OK
 }
 
 /// PUTFH.
-pub fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let wire = x(d.opaque(FHSIZE))?;
         cx.cur = Some(cx.resolve(wire)?);
@@ -153,7 +153,7 @@ pub fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatu
 }
 
 /// GETFH.
-pub fn getfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn getfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         e.opaque(&cx.cur()?.wire);
         Ok(())
@@ -161,7 +161,7 @@ pub fn getfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
 }
 
 /// SAVEFH.
-pub fn savefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn savefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         cx.saved = Some(cx.cur()?.clone());
         Ok(())
@@ -169,7 +169,7 @@ pub fn savefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpSta
 }
 
 /// RESTOREFH.
-pub fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         cx.cur = Some(cx.saved.clone().ok_or(status::RESTOREFH)?);
         Ok(())
@@ -197,7 +197,7 @@ fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), u32> {
 }
 
 /// LOOKUP.
-pub fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let name = component(d)?;
         let (dir, _) = cur_dir(cx)?;
@@ -209,7 +209,7 @@ pub fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStat
 
 /// LOOKUPP: the parent, never above the export root but into the
 /// pseudo directory holding it, when there is one.
-pub fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let (dir, st) = cur_dir(cx)?;
         if cx.ex(&dir).fs.is_root(&st) {
@@ -227,7 +227,7 @@ pub fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpSt
 }
 
 /// GETATTR.
-pub fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let req = x(d.bitmap(8))?;
         let fh = cx.cur()?;
@@ -239,7 +239,7 @@ pub fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
 
 /// Applies settable attributes to the object behind `fh`. `open_fd` is an
 /// open descriptor to truncate through, when the client gave a stateid.
-pub fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), u32> {
+pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), u32> {
     let fd = fh.fd.as_fd();
     if let Some(size) = a.size {
         if st.is_dir() {
@@ -277,7 +277,7 @@ pub fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), u32> {
 }
 
 /// SETATTR.
-pub fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut set = [0u32; 3];
     let st = run(|| {
         let sid = stateid(d)?;
@@ -325,7 +325,7 @@ fn may(st: &Stat, cx: &Ctx<'_>, bit: u32) -> bool {
 }
 
 /// ACCESS: what the caller may do, from the mode bits.
-pub fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let want = x(d.u32())?;
         let fh = cx.cur()?;
@@ -356,7 +356,7 @@ pub fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
 }
 
 /// A READDIR reply being built: the arguments and the entries that fit.
-pub struct Listing {
+pub(super) struct Listing {
     /// Where the listing starts (0, or the cookie of the last entry seen).
     pub cookie: u64,
     /// Attributes asked for each entry.
@@ -370,7 +370,7 @@ pub struct Listing {
 
 impl Listing {
     /// Reads READDIR4args; cookies 1 and 2 are reserved.
-    pub fn decode(d: &mut Decoder<'_>) -> Result<Self, u32> {
+    pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, u32> {
         let cookie = x(d.u64())?;
         let _verf: [u8; 8] = x(d.array())?;
         let dircount = x(d.u32())? as usize;
@@ -394,7 +394,7 @@ impl Listing {
     /// Adds an entry whose attributes `attrs` writes (given the attributes
     /// asked for); false (and nothing added) when it does not fit the
     /// sizes the client asked for.
-    pub fn add(
+    pub(super) fn add(
         &mut self,
         next: u64,
         name: &[u8],
@@ -416,7 +416,7 @@ impl Listing {
     }
 
     /// Writes READDIR4resok; NFS4ERR_TOOSMALL when not even one entry fit.
-    pub fn finish(self, e: &mut Encoder, eof: bool) -> Result<(), u32> {
+    pub(super) fn finish(self, e: &mut Encoder, eof: bool) -> Result<(), u32> {
         if self.n == 0 && !eof {
             return Err(status::TOOSMALL);
         }
@@ -430,7 +430,7 @@ impl Listing {
 
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
-pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let mut listing = Listing::decode(d)?;
         let (dir, _) = cur_dir(cx)?;
@@ -471,7 +471,7 @@ pub fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStat
 }
 
 /// READLINK.
-pub fn readlink(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn readlink(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let fh = cx.cur()?;
         let st = stat_of(fh)?;
@@ -489,7 +489,7 @@ pub fn readlink(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
 }
 
 /// CREATE: directories, symlinks, device nodes, sockets and FIFOs.
-pub fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let kind = x(d.u32())?;
         let mut link_target = None;
@@ -541,7 +541,7 @@ pub fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
 }
 
 /// REMOVE: files and empty directories.
-pub fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let name = component(d)?;
         let (dir, before) = cur_dir(cx)?;
@@ -564,7 +564,7 @@ pub fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
 }
 
 /// RENAME: from the saved directory to the current one.
-pub fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let from = component(d)?;
         let to = component(d)?;
@@ -591,7 +591,7 @@ pub fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatu
 }
 
 /// LINK: a new name in the current directory for the saved object.
-pub fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let name = component(d)?;
         let (dir, before) = cur_dir(cx)?;
@@ -608,12 +608,12 @@ pub fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
 }
 
 /// SECINFO: AUTH_SYS and AUTH_NONE. It consumes the current filehandle.
-pub fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn secinfo(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     secinfo_of(cx, d, e, false)
 }
 
 /// SECINFO_NO_NAME: as SECINFO, for the current filehandle or its parent.
-pub fn secinfo_no_name(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn secinfo_no_name(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     secinfo_of(cx, d, e, true)
 }
 
@@ -646,19 +646,19 @@ fn secinfo_of(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder, no_name: b
 }
 
 /// The security flavors of every object: AUTH_SYS and AUTH_NONE.
-pub fn put_flavors(e: &mut Encoder) {
+pub(super) fn put_flavors(e: &mut Encoder) {
     e.u32(2);
     e.u32(crate::rpc::AUTH_SYS);
     e.u32(crate::rpc::AUTH_NONE);
 }
 
 /// VERIFY: NFS4ERR_NOT_SAME unless the attributes are as given.
-pub fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn verify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     compare(cx, d, e, true)
 }
 
 /// NVERIFY: NFS4ERR_SAME when the attributes are as given.
-pub fn nverify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn nverify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     compare(cx, d, e, false)
 }
 

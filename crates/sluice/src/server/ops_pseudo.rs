@@ -28,7 +28,7 @@ fn child_fh(cx: &Ctx<'_>, child: Child) -> Fh {
 }
 
 /// The filehandle of pseudo directory `n`.
-pub fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
+pub(super) fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
     let (wire, fd, loc) = cx.srv.exports.node_handle(n);
     Fh { wire, fd, loc }
 }
@@ -47,7 +47,12 @@ fn find(cx: &Ctx<'_>, n: usize, name: &[u8]) -> Result<Child, u32> {
 }
 
 /// LOOKUP in pseudo directory `n`.
-pub fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn lookup(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    d: &mut Decoder<'_>,
+    _e: &mut Encoder,
+) -> OpStatus {
     run(|| {
         let name = component(d)?;
         let child = find(cx, n, name.as_bytes())?;
@@ -57,7 +62,12 @@ pub fn lookup(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, _e: &mut Encoder)
 }
 
 /// LOOKUPP from pseudo directory `n`.
-pub fn lookupp(cx: &mut Ctx<'_>, n: usize, _d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn lookupp(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    _d: &mut Decoder<'_>,
+    _e: &mut Encoder,
+) -> OpStatus {
     if n == 0 {
         return status::NOENT;
     }
@@ -67,7 +77,12 @@ pub fn lookupp(cx: &mut Ctx<'_>, n: usize, _d: &mut Decoder<'_>, _e: &mut Encode
 
 /// READDIR: cookies 3, 4, ... number the entries in name order.
 /// READDIR of pseudo directory `n`.
-pub fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn readdir(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
     run(|| {
         let mut listing = Listing::decode(d)?;
         let exports = &cx.srv.exports;
@@ -98,7 +113,12 @@ pub fn readdir(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder)
 }
 
 /// SECINFO in pseudo directory `n`.
-pub fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn secinfo(
+    cx: &mut Ctx<'_>,
+    n: usize,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
     run(|| {
         let name = component(d)?;
         find(cx, n, name.as_bytes())?;
@@ -109,7 +129,7 @@ pub fn secinfo(cx: &mut Ctx<'_>, n: usize, d: &mut Decoder<'_>, e: &mut Encoder)
 }
 
 /// SECINFO_NO_NAME in pseudo directory `n`.
-pub fn secinfo_no_name(
+pub(super) fn secinfo_no_name(
     cx: &mut Ctx<'_>,
     n: usize,
     d: &mut Decoder<'_>,

@@ -32,7 +32,7 @@ fn skip_bitmap(d: &mut Decoder<'_>) -> XdrResult<()> {
 }
 
 /// EXCHANGE_ID (RFC 8881 section 18.35).
-pub fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let verifier: [u8; 8] = xdr!(d.array());
     let owner = xdr!(d.opaque(OPAQUE_LIMIT));
     let flags = ExchangeFlags(xdr!(d.u32()));
@@ -130,7 +130,7 @@ fn skip_cb_sec(d: &mut Decoder<'_>) -> XdrResult<()> {
 }
 
 /// CREATE_SESSION (RFC 8881 section 18.36).
-pub fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let clientid = xdr!(d.u64());
     let seq = xdr!(d.u32());
     let flags = xdr!(d.u32());
@@ -195,7 +195,7 @@ pub fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 }
 
 /// DESTROY_SESSION.
-pub fn destroy_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn destroy_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     let sid: [u8; SESSIONID_SIZE] = xdr!(d.array());
     match cx.srv.state.destroy_session(&sid) {
         Ok(()) => status::OK,
@@ -205,7 +205,11 @@ pub fn destroy_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) 
 
 /// BIND_CONN_TO_SESSION: connections are not tied to sessions here, so
 /// any connection may serve any session; the answer confirms the binding.
-pub fn bind_conn_to_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn bind_conn_to_session(
+    cx: &mut Ctx<'_>,
+    d: &mut Decoder<'_>,
+    e: &mut Encoder,
+) -> OpStatus {
     let sid: [u8; SESSIONID_SIZE] = xdr!(d.array());
     let dir = xdr!(d.u32());
     let _rdma = xdr!(d.bool());
@@ -225,7 +229,11 @@ pub fn bind_conn_to_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encod
 }
 
 /// DESTROY_CLIENTID.
-pub fn destroy_clientid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn destroy_clientid(
+    cx: &mut Ctx<'_>,
+    d: &mut Decoder<'_>,
+    _e: &mut Encoder,
+) -> OpStatus {
     let clientid = xdr!(d.u64());
     match cx.srv.state.destroy_client(clientid) {
         Ok(()) => status::OK,
@@ -234,7 +242,11 @@ pub fn destroy_clientid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder)
 }
 
 /// RECLAIM_COMPLETE.
-pub fn reclaim_complete(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+pub(super) fn reclaim_complete(
+    cx: &mut Ctx<'_>,
+    d: &mut Decoder<'_>,
+    _e: &mut Encoder,
+) -> OpStatus {
     let one_fs = xdr!(d.bool());
     let clientid = match cx.clientid() {
         Ok(c) => c,

@@ -18,7 +18,7 @@ use std::time::Instant;
 /// [`super::Config::min_hole`]): a hole segment saves wire bytes only when
 /// it replaces enough zeros, and fewer segments keep the client's reply
 /// budget for data. Chosen by measurement: docs/benchmarks.md.
-pub const MIN_HOLE: u64 = 32 * 1024;
+pub(super) const MIN_HOLE: u64 = 32 * 1024;
 
 const CONTENT_DATA: u32 = 0;
 const CONTENT_HOLE: u32 = 1;
@@ -30,7 +30,7 @@ const HOLE_SIZE: usize = 4 + 8 + 8;
 /// READ_PLUS: data and hole segments in ascending, contiguous order. The
 /// encoded segments never take more than `count` bytes plus one segment
 /// header, which is what the Linux client budgets for.
-pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let started = Instant::now();
     let status = run(|| {
         let sid = stateid(d)?;
@@ -129,7 +129,7 @@ pub fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpSt
 }
 
 /// SEEK: the next data or hole at or after an offset.
-pub fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
@@ -155,12 +155,12 @@ pub fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus 
 }
 
 /// ALLOCATE: reserves space for a range.
-pub fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn allocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     fallocate(cx, d, e, false)
 }
 
 /// DEALLOCATE: punches a hole over a range.
-pub fn deallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn deallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     fallocate(cx, d, e, true)
 }
 

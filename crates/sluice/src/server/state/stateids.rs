@@ -12,7 +12,7 @@ use std::time::Instant;
 
 /// An open of a file by an open-owner.
 #[derive(Debug)]
-pub struct OpenState {
+pub(super) struct OpenState {
     /// Owning client.
     pub clientid: u64,
     /// Open-owner bytes.
@@ -31,7 +31,7 @@ pub struct OpenState {
 
 /// A lock-owner's state on one file, derived from an open.
 #[derive(Debug)]
-pub struct LockState {
+pub(super) struct LockState {
     /// Owning client.
     pub clientid: u64,
     /// Lock-owner bytes.
