@@ -14,6 +14,7 @@
 pub mod config;
 pub mod metrics;
 pub mod net;
+pub mod rules;
 pub mod server;
 
 pub use sluice_engine as engine;

@@ -1,9 +1,9 @@
 //! The `sluice` command.
 
 use clap::{Parser, Subcommand};
-use sluice::config::Squash;
 use sluice::engine::export::Export;
 use sluice::engine::handle::HandleKey;
+use sluice::rules::Squash;
 use sluice::server::exports::{Exported, Exports, Rules};
 use sluice::server::state::recovery::SqliteRecovery;
 use sluice::server::{Config, Server};

@@ -1,6 +1,7 @@
 //! Server metrics in the Prometheus text format, served over HTTP at
 //! `--metrics ADDR` (`GET /metrics`).
 
+use crate::server::counters::{Histogram, LATENCY_BOUNDS_US};
 use crate::server::Server;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,60 +10,22 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Upper bounds of the READ latency histogram buckets, in microseconds.
-const LATENCY_BOUNDS_US: [u64; 16] = [
-    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 5_000_000,
-];
-
-/// A latency histogram with fixed buckets, safe to update from any thread.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
-    sum_us: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one observation.
-    pub fn observe(&self, d: Duration) {
-        let us = d.as_micros().min(u64::MAX as u128) as u64;
-        let i = LATENCY_BOUNDS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(LATENCY_BOUNDS_US.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+/// Writes `h` as a Prometheus histogram.
+fn histogram(out: &mut String, h: &Histogram, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let (buckets, sum_us, count) = h.snapshot();
+    let mut cumulative = 0;
+    for (i, n) in buckets.iter().enumerate() {
+        cumulative += n;
+        let le = match LATENCY_BOUNDS_US.get(i) {
+            Some(us) => format!("{}", *us as f64 / 1e6),
+            None => "+Inf".to_string(),
+        };
+        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
     }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in self.buckets.iter().enumerate() {
-            cumulative += b.load(Ordering::Relaxed);
-            let le = match LATENCY_BOUNDS_US.get(i) {
-                Some(us) => format!("{}", *us as f64 / 1e6),
-                None => "+Inf".to_string(),
-            };
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
-    }
-}
-
-/// Counters the server updates as it works.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// READ and READ_PLUS ops that returned data or EOF.
-    pub reads: AtomicU64,
-    /// File data bytes placed in READ and READ_PLUS replies.
-    pub read_bytes_sent: AtomicU64,
-    /// Time from decoding a READ or READ_PLUS to its encoded result.
-    pub read_latency: Histogram,
+    let _ = writeln!(out, "{name}_sum {}", sum_us as f64 / 1e6);
+    let _ = writeln!(out, "{name}_count {count}");
 }
 
 /// Bytes this process caused to be read from storage (`read_bytes` of
@@ -222,8 +185,9 @@ pub fn render(srv: &Server) -> String {
         load(&srv.bufcache.stats.bytes)
     );
     render_state(&mut out, srv);
-    m.read_latency.render(
+    histogram(
         &mut out,
+        &m.read_latency,
         "sluice_read_duration_seconds",
         "Time to serve one READ or READ_PLUS operation.",
     );
@@ -301,7 +265,7 @@ mod tests {
         h.observe(Duration::from_micros(300));
         h.observe(Duration::from_secs(10));
         let mut s = String::new();
-        h.render(&mut s, "x", "help");
+        histogram(&mut s, &h, "x", "help");
         assert!(s.contains("x_bucket{le=\"0.000025\"} 1\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"0.0005\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"5\"} 2\n"), "{s}");

@@ -5,8 +5,8 @@
 //! READ_PLUS stays in the buffer it was read into and is handed to the
 //! socket as it is, next to the small encoded headers.
 
-use crate::config::IpRange;
 use crate::rpc::{self, FragmentHeader, RecordAssembler};
+use crate::rules::IpRange;
 use crate::server::{Call, Server};
 use crate::xdr::Encoder;
 use bytes::Bytes;
@@ -61,7 +61,7 @@ impl Default for Policy {
 impl Policy {
     /// Why a connection from `peer` is refused, or None to serve it.
     pub fn refuse(&self, peer: SocketAddr) -> Option<&'static str> {
-        if !crate::config::admitted(&self.clients, peer.ip()) {
+        if !crate::rules::admitted(&self.clients, peer.ip()) {
             return Some("address not in any export's client list");
         }
         if self.require_privileged_port && peer.port() >= 1024 {

@@ -1,128 +1,21 @@
 //! COMPOUND processing (RFC 8881 sections 2.10.6 and 16.2): the op loop,
 //! SEQUENCE and the reply cache, and the per-request context.
 
-use super::exports::{Exported, Loc};
+use super::context::{Ctx, Fh, OpStatus};
+use super::context::{NoWaitGuard, WOULD_BLOCK};
+use super::exports::Loc;
 use super::optable::{self, flags, OnPseudo, OpDesc};
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
-use crate::engine::cred::{self, Identity};
-use crate::engine::handle::HandleError;
+use crate::engine::cred;
 use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 /// Longest COMPOUND tag accepted.
 const MAX_TAG: usize = 1024;
-
-/// A current or saved filehandle: its wire form and an open descriptor.
-#[derive(Debug, Clone)]
-pub struct Fh {
-    /// The handle as the client sees it.
-    pub wire: Vec<u8>,
-    /// O_PATH descriptor of the object (a placeholder for pseudo
-    /// directories).
-    pub fd: Arc<OwnedFd>,
-    /// The export it belongs to, or the pseudo directory it is.
-    pub loc: Loc,
-}
-
-/// State of one COMPOUND while its ops run.
-pub struct Ctx<'a> {
-    /// The server.
-    pub srv: &'a Server,
-    /// The caller's credentials as sent.
-    pub cred: &'a Cred,
-    /// The caller's address (None for in-process callers).
-    pub peer: Option<IpAddr>,
-    /// Caller identity on the file system, after the squashing of the
-    /// current filehandle's export.
-    pub id: Identity,
-    /// Current filehandle.
-    pub cur: Option<Fh>,
-    /// Saved filehandle.
-    pub saved: Option<Fh>,
-    /// Client id of the session, when the COMPOUND runs in one.
-    pub clientid: Option<u64>,
-    /// Stateid produced by the last op that made one.
-    pub cur_sid: Option<Stateid>,
-    /// The current stateid saved with the filehandle by SAVEFH.
-    pub saved_sid: Option<Stateid>,
-}
-
-impl<'a> Ctx<'a> {
-    /// The current filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn cur(&self) -> Result<&Fh, u32> {
-        self.cur.as_ref().ok_or(status::NOFILEHANDLE)
-    }
-
-    /// The saved filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn saved(&self) -> Result<&Fh, u32> {
-        self.saved.as_ref().ok_or(status::NOFILEHANDLE)
-    }
-
-    /// Resolves a wire handle; handles of exports that do not admit the
-    /// caller's address get NFS4ERR_ACCESS.
-    pub fn resolve(&self, wire: &[u8]) -> Result<Fh, u32> {
-        let (fd, loc) = match cred::as_root(|| self.srv.exports.resolve(wire)) {
-            Ok(r) => r,
-            Err(HandleError::Bad) => return Err(status::BADHANDLE),
-            // A file whose last name went (REMOVE, or a RENAME over it)
-            // while a client has it open stays reachable by its handle
-            // until closed, as on the Linux server: CLOSE, and I/O through
-            // the open, must still work.
-            Err(HandleError::Stale) => cred::as_root(|| {
-                self.srv.exports.resolve_unlinked(wire, |st| {
-                    self.srv.state.file_is_open(super::ops_file::file_key(st))
-                })
-            })
-            .ok_or(status::STALE)?,
-        };
-        if let Loc::Export(i) = loc {
-            if !self.srv.exports.list()[i].rules.admits(self.peer) {
-                return Err(status::ACCESS);
-            }
-        }
-        Ok(Fh {
-            wire: wire.to_vec(),
-            fd,
-            loc,
-        })
-    }
-
-    /// The export `fh` belongs to.
-    pub fn ex(&self, fh: &Fh) -> &'a Exported {
-        self.srv.exports.get(fh.loc)
-    }
-
-    /// The export of the current filehandle (the first export when there
-    /// is none).
-    pub fn cur_ex(&self) -> &'a Exported {
-        self.srv
-            .exports
-            .get(self.cur.as_ref().map_or(Loc::Export(0), |f| f.loc))
-    }
-
-    /// Substitutes the current stateid for the special "current" value.
-    pub fn stateid(&self, sid: Stateid) -> Result<Stateid, u32> {
-        if sid == Stateid::CURRENT {
-            self.cur_sid.ok_or(status::BAD_STATEID)
-        } else {
-            Ok(sid)
-        }
-    }
-
-    /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.
-    pub fn clientid(&self) -> Result<u64, u32> {
-        self.clientid.ok_or(status::OP_NOT_IN_SESSION)
-    }
-}
-
-/// An op's outcome: NFS4_OK or an error status. The handler has written
-/// the result body (if any) after the status.
-pub(super) type OpStatus = u32;
 
 /// Runs one op by its row of the op table, then moves the current
 /// stateid along with the current filehandle (RFC 8881 section
@@ -191,38 +84,6 @@ fn finish(status_: u32, tag: &[u8], count: u32, results: Encoder) -> Encoder {
 
 /// Bytes of an accepted RPC reply header in front of the COMPOUND4res.
 const REPLY_HEADER: usize = 24;
-
-thread_local! {
-    static MUST_NOT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// True while the COMPOUND runs on a thread that must not wait (the
-/// connection's network task): ops that would have to wait for the disk
-/// or for a range lock answer [`WOULD_BLOCK`] instead.
-pub(super) fn must_not_wait() -> bool {
-    MUST_NOT_WAIT.with(|c| c.get())
-}
-
-/// Sets [`must_not_wait`] for the calling thread until dropped.
-struct NoWaitGuard;
-
-impl NoWaitGuard {
-    fn new() -> Self {
-        MUST_NOT_WAIT.with(|c| c.set(true));
-        NoWaitGuard
-    }
-}
-
-impl Drop for NoWaitGuard {
-    fn drop(&mut self) {
-        MUST_NOT_WAIT.with(|c| c.set(false));
-    }
-}
-
-/// An op's answer, under [`must_not_wait`], when it would have to wait:
-/// it has changed nothing (its arguments are decoded again later), and
-/// the COMPOUND goes on from it on a worker thread. Never sent.
-pub(super) const WOULD_BLOCK: u32 = 0xffff_0001;
 
 /// What became of a COMPOUND run where waiting is not allowed.
 pub(super) enum Step {

@@ -7,10 +7,10 @@
 //! the export roots. Pseudo directories have sealed handles of their own
 //! (export id [`PSEUDO_ID`], the node number in place of a kernel handle).
 
-use crate::config::{IpRange, Squash};
 use crate::engine::export::Export;
 use crate::engine::fs::{Stat, Time};
 use crate::engine::handle::{HandleError, HandleKey};
+use crate::rules::{IpRange, Squash};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -56,7 +56,7 @@ impl Rules {
     /// in-process caller (tests, fuzzing), which may use everything.
     pub fn admits(&self, peer: Option<IpAddr>) -> bool {
         match peer {
-            Some(ip) => crate::config::admitted(&self.clients, ip),
+            Some(ip) => crate::rules::admitted(&self.clients, ip),
             None => true,
         }
     }
@@ -111,7 +111,7 @@ pub struct Exports {
     key: HandleKey,
     /// Stands in for a descriptor in pseudo directory filehandles; the
     /// ops never reach the file system through it (see
-    /// `compound::run_op`), and if one did, it would find an empty,
+    /// `compound::dispatch`), and if one did, it would find an empty,
     /// anonymous memory file.
     placeholder: Arc<OwnedFd>,
     /// Times reported for pseudo directories.
@@ -262,7 +262,7 @@ impl Exports {
     }
 
     /// Export number `i` (a pseudo location maps to the first export; ops
-    /// never get there, see `compound::run_op`).
+    /// never get there, see `compound::dispatch`).
     pub fn get(&self, loc: Loc) -> &Exported {
         match loc {
             Loc::Export(i) => &self.list[i],

@@ -3,6 +3,8 @@
 
 pub mod attrs;
 mod compound;
+mod context;
+pub mod counters;
 pub mod exports;
 mod ops_file;
 mod ops_fs;
@@ -86,7 +88,7 @@ pub struct Server {
     /// Readahead past the page cache, into `bufcache`.
     pub ahead: crate::engine::ahead::Ahead,
     /// Counters for the metrics endpoint.
-    pub metrics: crate::metrics::Metrics,
+    pub metrics: counters::Metrics,
 }
 
 impl Server {
@@ -208,7 +210,7 @@ impl Server {
     /// The caller identity used for file system access in an export with
     /// `rules`, after squashing.
     pub fn identity(cred: &Cred, rules: &Rules) -> crate::engine::cred::Identity {
-        use crate::config::Squash;
+        use crate::rules::Squash;
         let (anon_uid, anon_gid) = rules.anon;
         match rules.squash {
             Squash::None => crate::engine::cred::Identity {

@@ -2,7 +2,7 @@
 //! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
 
 use super::attrs::{self, MAX_IO};
-use super::compound::{must_not_wait, Ctx, Fh, OpStatus, WOULD_BLOCK};
+use super::context::{must_not_wait, Ctx, Fh, OpStatus, WOULD_BLOCK};
 use super::errno_status;
 use super::ops_fs::{
     apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, stat_of, stateid, x,

@@ -3,7 +3,7 @@
 //! VERIFY/NVERIFY.
 
 use super::attrs::{self, AttrSource};
-use super::compound::{Ctx, Fh, OpStatus};
+use super::context::{Ctx, Fh, OpStatus};
 use super::errno_status;
 use super::exports::Loc;
 use super::state::Stateid;

@@ -3,7 +3,7 @@
 //! export roots. Entries of exports that do not admit the caller's address
 //! are hidden.
 
-use super::compound::{Ctx, Fh, OpStatus};
+use super::context::{Ctx, Fh, OpStatus};
 use super::exports::{Child, Loc};
 use super::ops_fs::{component, put_fattr, put_flavors, run, x, Listing};
 use crate::engine::fs;

@@ -2,7 +2,7 @@
 //! BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE.
 
 use super::attrs::MAX_IO;
-use super::compound::{Ctx, OpStatus};
+use super::context::{Ctx, OpStatus};
 use super::state::{ChannelAttrs, ExchangeFlags, Principal};
 use crate::nfs4::consts::{status, OPAQUE_LIMIT, SESSIONID_SIZE};
 use crate::xdr::{Decoder, Encoder, XdrResult};

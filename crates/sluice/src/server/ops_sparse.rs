@@ -1,7 +1,7 @@
 //! NFSv4.2 sparse file ops (RFC 7862): READ_PLUS, SEEK, ALLOCATE and
 //! DEALLOCATE.
 
-use super::compound::{must_not_wait, Ctx, OpStatus, WOULD_BLOCK};
+use super::context::{must_not_wait, Ctx, OpStatus, WOULD_BLOCK};
 use super::ops_file::{cur_file, file_key, io_fd, read_data, read_lock};
 use super::ops_fs::{io, run, stateid, x};
 use crate::engine::extents::{self, Segment};

@@ -3,7 +3,7 @@
 //! the row instead of keeping lists of op numbers; adding an op is one row
 //! and one handler.
 
-use super::compound::{Ctx, OpStatus};
+use super::context::{Ctx, OpStatus};
 use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse};
 use crate::nfs4::consts::{op, status};
 use crate::xdr::{Decoder, Encoder};

@@ -306,7 +306,7 @@ fn two_exports(tag: &str) -> (Server, PathBuf, PathBuf) {
             pseudo: "/data/archive".into(),
             rules: Rules {
                 read_only: true,
-                clients: vec![crate::config::IpRange::parse("10.0.0.0/8").unwrap()],
+                clients: vec![crate::rules::IpRange::parse("10.0.0.0/8").unwrap()],
                 ..Default::default()
             },
         },
