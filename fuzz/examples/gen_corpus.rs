@@ -11,6 +11,7 @@
 //! ```
 
 use sluice::nfs4::consts::{attr, ftype, op, status};
+use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::Encoder;
 use sluice_fuzz::harness::{self, Harness, FILE_DATA, FILE_HOLE_END};
@@ -147,10 +148,10 @@ fn seek(c: Compound, offset: u64, hole: bool) -> Compound {
 struct Seed {
     name: &'static str,
     input: Vec<u8>,
-    expect: Option<u32>,
+    expect: Option<Nfsstat4>,
 }
 
-fn session_seed(name: &'static str, ctl: u8, c: Compound, expect: u32) -> Seed {
+fn session_seed(name: &'static str, ctl: u8, c: Compound, expect: Nfsstat4) -> Seed {
     Seed {
         name,
         input: harness::input(ctl, &c.encode()),

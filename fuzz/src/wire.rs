@@ -3,6 +3,7 @@
 //! generator.
 
 use sluice::nfs4::consts::{op, SESSIONID_SIZE};
+use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
 
@@ -173,7 +174,7 @@ pub fn patch_sequence(
 
 /// The overall status and the first op's number and status of a COMPOUND
 /// reply record, if the record is an accepted, successful RPC reply.
-pub fn reply_first_op(reply: &[u8]) -> Option<(u32, Option<(u32, u32)>)> {
+pub fn reply_first_op(reply: &[u8]) -> Option<(Nfsstat4, Option<(u32, Nfsstat4)>)> {
     let mut d = Decoder::new(reply);
     let _xid = d.u32().ok()?;
     if d.u32().ok()? != rpc::MSG_REPLY || d.u32().ok()? != 0 {
@@ -184,14 +185,14 @@ pub fn reply_first_op(reply: &[u8]) -> Option<(u32, Option<(u32, u32)>)> {
     if d.u32().ok()? != 0 {
         return None;
     }
-    let status = d.u32().ok()?;
+    let status = Nfsstat4(d.u32().ok()?);
     d.opaque(MAX_TAG).ok()?;
     let n = d.u32().ok()?;
     if n == 0 {
         return Some((status, None));
     }
     let opnum = d.u32().ok()?;
-    let op_status = d.u32().ok()?;
+    let op_status = Nfsstat4(d.u32().ok()?);
     Some((status, Some((opnum, op_status))))
 }
 

@@ -4,6 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{op, status};
+use sluice_proto::nfs4::Nfsstat4;
 use sluice_proto::rpc;
 use sluice_proto::xdr::{Decoder, Encoder};
 use std::collections::HashMap;
@@ -29,7 +30,7 @@ pub enum ClientError {
         /// The op number.
         op: u32,
         /// The nfsstat4.
-        status: u32,
+        status: Nfsstat4,
     },
     /// The reply could not be parsed.
     #[error("malformed reply")]
@@ -182,7 +183,7 @@ impl Reply {
         let mut d = Decoder::new(&self.body[self.at..]);
         for _ in 0..self.ops {
             let opnum = d.u32().map_err(bad)?;
-            let st = d.u32().map_err(bad)?;
+            let st = Nfsstat4(d.u32().map_err(bad)?);
             if st != status::OK {
                 return Err(ClientError::Status {
                     op: opnum,
@@ -353,7 +354,7 @@ impl Client {
         d.opaque(1024).map_err(bad)?;
         let n = d.u32().map_err(bad)?;
         let sop = d.u32().map_err(bad)?;
-        let sst = d.u32().map_err(bad)?;
+        let sst = Nfsstat4(d.u32().map_err(bad)?);
         if sst != status::OK {
             return Err(ClientError::Status {
                 op: sop,

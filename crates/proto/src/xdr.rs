@@ -290,6 +290,11 @@ impl Encoder {
         self.buf.extend_from_slice(&v.to_be_bytes());
     }
 
+    /// Writes an NFSv4 status.
+    pub fn status(&mut self, st: crate::nfs4::Nfsstat4) {
+        self.u32(st.code());
+    }
+
     /// Writes a signed 32-bit integer.
     pub fn i32(&mut self, v: i32) {
         self.u32(v as u32);

@@ -2,91 +2,93 @@
 
 #![allow(missing_docs)]
 
-/// nfsstat4 values.
+/// nfsstat4 values (RFC 8881 section 15, RFC 7862 section 11).
 pub mod status {
-    pub const OK: u32 = 0;
-    pub const PERM: u32 = 1;
-    pub const NOENT: u32 = 2;
-    pub const IO: u32 = 5;
-    pub const NXIO: u32 = 6;
-    pub const ACCESS: u32 = 13;
-    pub const EXIST: u32 = 17;
-    pub const XDEV: u32 = 18;
-    pub const NOTDIR: u32 = 20;
-    pub const ISDIR: u32 = 21;
-    pub const INVAL: u32 = 22;
-    pub const FBIG: u32 = 27;
-    pub const NOSPC: u32 = 28;
-    pub const ROFS: u32 = 30;
-    pub const MLINK: u32 = 31;
-    pub const NAMETOOLONG: u32 = 63;
-    pub const NOTEMPTY: u32 = 66;
-    pub const DQUOT: u32 = 69;
-    pub const STALE: u32 = 70;
-    pub const BADHANDLE: u32 = 10001;
-    pub const BAD_COOKIE: u32 = 10003;
-    pub const NOTSUPP: u32 = 10004;
-    pub const TOOSMALL: u32 = 10005;
-    pub const SERVERFAULT: u32 = 10006;
-    pub const BADTYPE: u32 = 10007;
-    pub const DELAY: u32 = 10008;
-    pub const SAME: u32 = 10009;
-    pub const DENIED: u32 = 10010;
-    pub const EXPIRED: u32 = 10011;
-    pub const LOCKED: u32 = 10012;
-    pub const GRACE: u32 = 10013;
-    pub const SHARE_DENIED: u32 = 10015;
-    pub const WRONGSEC: u32 = 10016;
-    pub const CLID_INUSE: u32 = 10017;
-    pub const RESOURCE: u32 = 10018;
-    pub const NOFILEHANDLE: u32 = 10020;
-    pub const MINOR_VERS_MISMATCH: u32 = 10021;
-    pub const STALE_CLIENTID: u32 = 10022;
-    pub const STALE_STATEID: u32 = 10023;
-    pub const OLD_STATEID: u32 = 10024;
-    pub const BAD_STATEID: u32 = 10025;
-    pub const BAD_SEQID: u32 = 10026;
-    pub const NOT_SAME: u32 = 10027;
-    pub const LOCK_RANGE: u32 = 10028;
-    pub const SYMLINK: u32 = 10029;
-    pub const RESTOREFH: u32 = 10030;
-    pub const ATTRNOTSUPP: u32 = 10032;
-    pub const NO_GRACE: u32 = 10033;
-    pub const RECLAIM_BAD: u32 = 10034;
-    pub const BADXDR: u32 = 10036;
-    pub const LOCKS_HELD: u32 = 10037;
-    pub const OPENMODE: u32 = 10038;
-    pub const BADOWNER: u32 = 10039;
-    pub const BADCHAR: u32 = 10040;
-    pub const BADNAME: u32 = 10041;
-    pub const BAD_RANGE: u32 = 10042;
-    pub const LOCK_NOTSUPP: u32 = 10043;
-    pub const OP_ILLEGAL: u32 = 10044;
-    pub const DEADLOCK: u32 = 10045;
-    pub const FILE_OPEN: u32 = 10046;
-    pub const BADSESSION: u32 = 10052;
-    pub const BADSLOT: u32 = 10053;
-    pub const COMPLETE_ALREADY: u32 = 10054;
-    pub const CONN_NOT_BOUND_TO_SESSION: u32 = 10055;
-    pub const SEQ_MISORDERED: u32 = 10063;
-    pub const SEQUENCE_POS: u32 = 10064;
-    pub const REQ_TOO_BIG: u32 = 10065;
-    pub const REP_TOO_BIG: u32 = 10066;
-    pub const REP_TOO_BIG_TO_CACHE: u32 = 10067;
-    pub const RETRY_UNCACHED_REP: u32 = 10068;
-    pub const TOO_MANY_OPS: u32 = 10070;
-    pub const OP_NOT_IN_SESSION: u32 = 10071;
-    pub const CLIENTID_BUSY: u32 = 10074;
-    pub const SEQ_FALSE_RETRY: u32 = 10076;
-    pub const BAD_HIGH_SLOT: u32 = 10077;
-    pub const DEADSESSION: u32 = 10078;
-    pub const NOT_ONLY_OP: u32 = 10081;
-    pub const WRONG_CRED: u32 = 10082;
-    pub const WRONG_TYPE: u32 = 10083;
-    pub const UNION_NOTSUPP: u32 = 10090;
+    use super::Nfsstat4;
 
-    /// The name of status `st` as RFC 8881 and RFC 7862 spell it, for logs.
-    pub fn name(st: u32) -> &'static str {
+    pub const OK: Nfsstat4 = Nfsstat4(0);
+    pub const PERM: Nfsstat4 = Nfsstat4(1);
+    pub const NOENT: Nfsstat4 = Nfsstat4(2);
+    pub const IO: Nfsstat4 = Nfsstat4(5);
+    pub const NXIO: Nfsstat4 = Nfsstat4(6);
+    pub const ACCESS: Nfsstat4 = Nfsstat4(13);
+    pub const EXIST: Nfsstat4 = Nfsstat4(17);
+    pub const XDEV: Nfsstat4 = Nfsstat4(18);
+    pub const NOTDIR: Nfsstat4 = Nfsstat4(20);
+    pub const ISDIR: Nfsstat4 = Nfsstat4(21);
+    pub const INVAL: Nfsstat4 = Nfsstat4(22);
+    pub const FBIG: Nfsstat4 = Nfsstat4(27);
+    pub const NOSPC: Nfsstat4 = Nfsstat4(28);
+    pub const ROFS: Nfsstat4 = Nfsstat4(30);
+    pub const MLINK: Nfsstat4 = Nfsstat4(31);
+    pub const NAMETOOLONG: Nfsstat4 = Nfsstat4(63);
+    pub const NOTEMPTY: Nfsstat4 = Nfsstat4(66);
+    pub const DQUOT: Nfsstat4 = Nfsstat4(69);
+    pub const STALE: Nfsstat4 = Nfsstat4(70);
+    pub const BADHANDLE: Nfsstat4 = Nfsstat4(10001);
+    pub const BAD_COOKIE: Nfsstat4 = Nfsstat4(10003);
+    pub const NOTSUPP: Nfsstat4 = Nfsstat4(10004);
+    pub const TOOSMALL: Nfsstat4 = Nfsstat4(10005);
+    pub const SERVERFAULT: Nfsstat4 = Nfsstat4(10006);
+    pub const BADTYPE: Nfsstat4 = Nfsstat4(10007);
+    pub const DELAY: Nfsstat4 = Nfsstat4(10008);
+    pub const SAME: Nfsstat4 = Nfsstat4(10009);
+    pub const DENIED: Nfsstat4 = Nfsstat4(10010);
+    pub const EXPIRED: Nfsstat4 = Nfsstat4(10011);
+    pub const LOCKED: Nfsstat4 = Nfsstat4(10012);
+    pub const GRACE: Nfsstat4 = Nfsstat4(10013);
+    pub const SHARE_DENIED: Nfsstat4 = Nfsstat4(10015);
+    pub const WRONGSEC: Nfsstat4 = Nfsstat4(10016);
+    pub const CLID_INUSE: Nfsstat4 = Nfsstat4(10017);
+    pub const RESOURCE: Nfsstat4 = Nfsstat4(10018);
+    pub const NOFILEHANDLE: Nfsstat4 = Nfsstat4(10020);
+    pub const MINOR_VERS_MISMATCH: Nfsstat4 = Nfsstat4(10021);
+    pub const STALE_CLIENTID: Nfsstat4 = Nfsstat4(10022);
+    pub const STALE_STATEID: Nfsstat4 = Nfsstat4(10023);
+    pub const OLD_STATEID: Nfsstat4 = Nfsstat4(10024);
+    pub const BAD_STATEID: Nfsstat4 = Nfsstat4(10025);
+    pub const BAD_SEQID: Nfsstat4 = Nfsstat4(10026);
+    pub const NOT_SAME: Nfsstat4 = Nfsstat4(10027);
+    pub const LOCK_RANGE: Nfsstat4 = Nfsstat4(10028);
+    pub const SYMLINK: Nfsstat4 = Nfsstat4(10029);
+    pub const RESTOREFH: Nfsstat4 = Nfsstat4(10030);
+    pub const ATTRNOTSUPP: Nfsstat4 = Nfsstat4(10032);
+    pub const NO_GRACE: Nfsstat4 = Nfsstat4(10033);
+    pub const RECLAIM_BAD: Nfsstat4 = Nfsstat4(10034);
+    pub const BADXDR: Nfsstat4 = Nfsstat4(10036);
+    pub const LOCKS_HELD: Nfsstat4 = Nfsstat4(10037);
+    pub const OPENMODE: Nfsstat4 = Nfsstat4(10038);
+    pub const BADOWNER: Nfsstat4 = Nfsstat4(10039);
+    pub const BADCHAR: Nfsstat4 = Nfsstat4(10040);
+    pub const BADNAME: Nfsstat4 = Nfsstat4(10041);
+    pub const BAD_RANGE: Nfsstat4 = Nfsstat4(10042);
+    pub const LOCK_NOTSUPP: Nfsstat4 = Nfsstat4(10043);
+    pub const OP_ILLEGAL: Nfsstat4 = Nfsstat4(10044);
+    pub const DEADLOCK: Nfsstat4 = Nfsstat4(10045);
+    pub const FILE_OPEN: Nfsstat4 = Nfsstat4(10046);
+    pub const BADSESSION: Nfsstat4 = Nfsstat4(10052);
+    pub const BADSLOT: Nfsstat4 = Nfsstat4(10053);
+    pub const COMPLETE_ALREADY: Nfsstat4 = Nfsstat4(10054);
+    pub const CONN_NOT_BOUND_TO_SESSION: Nfsstat4 = Nfsstat4(10055);
+    pub const SEQ_MISORDERED: Nfsstat4 = Nfsstat4(10063);
+    pub const SEQUENCE_POS: Nfsstat4 = Nfsstat4(10064);
+    pub const REQ_TOO_BIG: Nfsstat4 = Nfsstat4(10065);
+    pub const REP_TOO_BIG: Nfsstat4 = Nfsstat4(10066);
+    pub const REP_TOO_BIG_TO_CACHE: Nfsstat4 = Nfsstat4(10067);
+    pub const RETRY_UNCACHED_REP: Nfsstat4 = Nfsstat4(10068);
+    pub const TOO_MANY_OPS: Nfsstat4 = Nfsstat4(10070);
+    pub const OP_NOT_IN_SESSION: Nfsstat4 = Nfsstat4(10071);
+    pub const CLIENTID_BUSY: Nfsstat4 = Nfsstat4(10074);
+    pub const SEQ_FALSE_RETRY: Nfsstat4 = Nfsstat4(10076);
+    pub const BAD_HIGH_SLOT: Nfsstat4 = Nfsstat4(10077);
+    pub const DEADSESSION: Nfsstat4 = Nfsstat4(10078);
+    pub const NOT_ONLY_OP: Nfsstat4 = Nfsstat4(10081);
+    pub const WRONG_CRED: Nfsstat4 = Nfsstat4(10082);
+    pub const WRONG_TYPE: Nfsstat4 = Nfsstat4(10083);
+    pub const UNION_NOTSUPP: Nfsstat4 = Nfsstat4(10090);
+
+    /// The name of status `st` as RFC 8881 and RFC 7862 spell it.
+    pub fn name(st: Nfsstat4) -> &'static str {
         match st {
             OK => "NFS4_OK",
             PERM => "NFS4ERR_PERM",
@@ -171,6 +173,96 @@ pub mod status {
             _ => "unknown status",
         }
     }
+}
+
+/// An NFSv4 status (nfsstat4): [`status::OK`] or an error. It prints by
+/// name (`NFS4ERR_STALE`), so logs read as the RFC does.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Nfsstat4(pub u32);
+
+impl Nfsstat4 {
+    /// The number on the wire.
+    pub fn code(self) -> u32 {
+        self.0
+    }
+
+    /// The RFC's name for it.
+    pub fn name(self) -> &'static str {
+        status::name(self)
+    }
+
+    /// True for NFS4_OK.
+    pub fn is_ok(self) -> bool {
+        self == status::OK
+    }
+}
+
+impl std::fmt::Debug for Nfsstat4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}({})", self.name(), self.0)
+    }
+}
+
+impl std::fmt::Display for Nfsstat4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<&std::io::Error> for Nfsstat4 {
+    /// The status for a failed system call: the one engine errors map to.
+    fn from(e: &std::io::Error) -> Self {
+        match e.raw_os_error() {
+            Some(libc_errno::EPERM) => status::PERM,
+            Some(libc_errno::ENOENT) => status::NOENT,
+            Some(libc_errno::ENXIO) => status::NXIO,
+            Some(libc_errno::EACCES) => status::ACCESS,
+            Some(libc_errno::EEXIST) => status::EXIST,
+            Some(libc_errno::EXDEV) => status::XDEV,
+            Some(libc_errno::ENOTDIR) => status::NOTDIR,
+            Some(libc_errno::EISDIR) => status::ISDIR,
+            // The engine's word for "not a regular file".
+            Some(libc_errno::EMEDIUMTYPE) => status::WRONG_TYPE,
+            Some(libc_errno::EINVAL) => status::INVAL,
+            Some(libc_errno::EFBIG) => status::FBIG,
+            Some(libc_errno::ENOSPC) => status::NOSPC,
+            Some(libc_errno::EROFS) => status::ROFS,
+            Some(libc_errno::EMLINK) => status::MLINK,
+            Some(libc_errno::ENAMETOOLONG) => status::NAMETOOLONG,
+            Some(libc_errno::ENOTEMPTY) => status::NOTEMPTY,
+            Some(libc_errno::EDQUOT) => status::DQUOT,
+            Some(libc_errno::ESTALE) => status::STALE,
+            Some(libc_errno::ELOOP) => status::SYMLINK,
+            Some(libc_errno::EOPNOTSUPP) => status::NOTSUPP,
+            Some(libc_errno::EAGAIN) => status::DELAY,
+            _ => status::IO,
+        }
+    }
+}
+
+/// Linux errno values (the protocol crate does no I/O and has no libc).
+mod libc_errno {
+    pub(super) const EPERM: i32 = 1;
+    pub(super) const ENOENT: i32 = 2;
+    pub(super) const ENXIO: i32 = 6;
+    pub(super) const EAGAIN: i32 = 11;
+    pub(super) const EACCES: i32 = 13;
+    pub(super) const EEXIST: i32 = 17;
+    pub(super) const EXDEV: i32 = 18;
+    pub(super) const ENOTDIR: i32 = 20;
+    pub(super) const EISDIR: i32 = 21;
+    pub(super) const EINVAL: i32 = 22;
+    pub(super) const EFBIG: i32 = 27;
+    pub(super) const ENOSPC: i32 = 28;
+    pub(super) const EROFS: i32 = 30;
+    pub(super) const EMLINK: i32 = 31;
+    pub(super) const ENAMETOOLONG: i32 = 36;
+    pub(super) const ENOTEMPTY: i32 = 39;
+    pub(super) const ELOOP: i32 = 40;
+    pub(super) const EOPNOTSUPP: i32 = 95;
+    pub(super) const EDQUOT: i32 = 122;
+    pub(super) const ESTALE: i32 = 116;
+    pub(super) const EMEDIUMTYPE: i32 = 124;
 }
 
 /// nfs_opnum4 values.

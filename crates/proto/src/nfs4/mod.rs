@@ -1,3 +1,4 @@
 //! NFSv4 protocol definitions.
 
 pub mod consts;
+pub use consts::Nfsstat4;

@@ -3,6 +3,7 @@
 
 use crate::engine::fs::{FsStat, SetTime, Stat, Time};
 use crate::nfs4::consts::{attr, ftype, status};
+use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 
 /// Largest READ and WRITE payload.
@@ -186,7 +187,7 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
                 v.u64(src.fsid.1);
             }
             attr::LEASE_TIME => v.u32(src.lease_secs),
-            attr::RDATTR_ERROR => v.u32(status::OK),
+            attr::RDATTR_ERROR => v.status(status::OK),
             attr::FILEHANDLE => match src.fh {
                 Some(fh) => v.opaque(fh),
                 None => continue,
@@ -271,14 +272,14 @@ impl Default for SetAttrs {
     }
 }
 
-fn parse_id(s: &[u8]) -> Result<u32, u32> {
+fn parse_id(s: &[u8]) -> Result<u32, Nfsstat4> {
     let s = std::str::from_utf8(s).map_err(|_| status::BADOWNER)?;
     // Numeric ids, optionally written as "id@domain".
     let s = s.split('@').next().unwrap_or(s);
     s.parse::<u32>().map_err(|_| status::BADOWNER)
 }
 
-fn settime(d: &mut Decoder<'_>) -> Result<SetTime, u32> {
+fn settime(d: &mut Decoder<'_>) -> Result<SetTime, Nfsstat4> {
     match d.u32().map_err(|_| status::BADXDR)? {
         0 => Ok(SetTime::Now), // SET_TO_SERVER_TIME4
         1 => {
@@ -294,14 +295,14 @@ fn settime(d: &mut Decoder<'_>) -> Result<SetTime, u32> {
 }
 
 /// Reads a fattr4's bitmap and value bytes.
-pub fn decode_raw_fattr<'a>(d: &mut Decoder<'a>) -> Result<(Vec<u32>, &'a [u8]), u32> {
+pub fn decode_raw_fattr<'a>(d: &mut Decoder<'a>) -> Result<(Vec<u32>, &'a [u8]), Nfsstat4> {
     let bm = d.bitmap(MAX_BITMAP_WORDS).map_err(|_| status::BADXDR)?;
     let vals = d.opaque(64 * 1024).map_err(|_| status::BADXDR)?;
     Ok((bm, vals))
 }
 
 /// Decodes a fattr4 of attributes to set (SETATTR, OPEN, CREATE).
-pub fn decode_settable(d: &mut Decoder<'_>) -> Result<SetAttrs, u32> {
+pub fn decode_settable(d: &mut Decoder<'_>) -> Result<SetAttrs, Nfsstat4> {
     let (bm, vals) = decode_raw_fattr(d)?;
     let sup = supported();
     let wr = writable();

@@ -9,6 +9,7 @@ use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
 use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
+use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
 use std::net::IpAddr;
@@ -73,9 +74,9 @@ fn dispatch(cx: &mut Ctx<'_>, desc: &OpDesc, d: &mut Decoder<'_>, e: &mut Encode
 }
 
 /// Builds the COMPOUND4res body: status, tag, results.
-fn finish(status_: u32, tag: &[u8], count: u32, results: Encoder) -> Encoder {
+fn finish(status_: Nfsstat4, tag: &[u8], count: u32, results: Encoder) -> Encoder {
     let mut e = Encoder::with_capacity(tag.len() + 16 + results.len().min(4096));
-    e.u32(status_);
+    e.status(status_);
     e.opaque(tag);
     e.u32(count);
     e.append(results);
@@ -214,7 +215,8 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         return Step::Done(None);
     };
     let nops = nops as usize;
-    let done = |st: u32, count: u32, res: Encoder| Step::Done(Some(finish(st, tag, count, res)));
+    let done =
+        |st: Nfsstat4, count: u32, res: Encoder| Step::Done(Some(finish(st, tag, count, res)));
     if minor != 1 && minor != 2 {
         return done(status::MINOR_VERS_MISMATCH, 0, Encoder::new());
     }
@@ -229,7 +231,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     if first != op::SEQUENCE {
         let Some(desc) = optable::desc(first) else {
             res.u32(op::ILLEGAL);
-            res.u32(status::OP_ILLEGAL);
+            res.status(status::OP_ILLEGAL);
             return done(status::OP_ILLEGAL, 1, res);
         };
         res.u32(first);
@@ -255,16 +257,16 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             let at = res.len();
             res.u32(0);
             let st = run_op(&mut cx, desc, first, &mut d, &mut res);
-            res.patch_u32(at, st);
+            res.patch_u32(at, st.code());
             return done(st, 1, res);
         };
-        res.u32(st);
+        res.status(st);
         return done(st, 1, res);
     }
 
     // SEQUENCE first: find the session and the slot.
     res.u32(op::SEQUENCE);
-    let seq = (|| -> Result<_, u32> {
+    let seq = (|| -> Result<_, Nfsstat4> {
         let sid: [u8; SESSIONID_SIZE] = d.array().map_err(|_| status::BADXDR)?;
         let seqid = d.u32().map_err(|_| status::BADXDR)?;
         let slot = d.u32().map_err(|_| status::BADXDR)?;
@@ -275,23 +277,23 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     let (sid, seqid, slot, cachethis) = match seq {
         Ok(v) => v,
         Err(st) => {
-            res.u32(st);
+            res.status(st);
             return done(st, 1, res);
         }
     };
     let session = match srv.state.session(&sid) {
         Ok(s) => s,
         Err(st) => {
-            res.u32(st);
+            res.status(st);
             return done(st, 1, res);
         }
     };
     if nops > session.fore.max_ops as usize {
-        res.u32(status::TOO_MANY_OPS);
+        res.status(status::TOO_MANY_OPS);
         return done(status::TOO_MANY_OPS, 1, res);
     }
     if args.args().len() + args.rpc_header > session.fore.max_request as usize {
-        res.u32(status::REQ_TOO_BIG);
+        res.status(status::REQ_TOO_BIG);
         return done(status::REQ_TOO_BIG, 1, res);
     }
     // A retransmission carries the same operations from the same caller;
@@ -299,13 +301,13 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     let request = request_fingerprint(&args.cred, nops, &args.args()[d.position()..]);
     let decision = session.begin_request(slot, seqid, request, cachethis);
     if let Err(st) = decision {
-        res.u32(st);
+        res.status(st);
         return done(st, 1, res);
     }
     if let Ok(SlotDecision::Replay(body)) = decision {
         return Step::Done(Some(Encoder::from(body.as_ref().clone())));
     }
-    res.u32(status::OK);
+    res.status(status::OK);
     res.opaque_fixed(&sid);
     res.u32(seqid);
     res.u32(slot);
@@ -327,7 +329,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             Ok((n, Some(_))) => (n, status::RETRY_UNCACHED_REP),
         };
         res.u32(opnum);
-        res.u32(st);
+        res.status(st);
         return done(st, 2, res);
     }
     let next = d.position();
@@ -403,14 +405,14 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             let Ok(opnum) = d.u32() else {
                 // The op array ended early: the next op cannot be decoded.
                 res.u32(op::ILLEGAL);
-                res.u32(status::BADXDR);
+                res.status(status::BADXDR);
                 *count += 1;
                 last = status::BADXDR;
                 break;
             };
             let Some(desc) = optable::desc(opnum) else {
                 res.u32(op::ILLEGAL);
-                res.u32(status::OP_ILLEGAL);
+                res.status(status::OP_ILLEGAL);
                 *count += 1;
                 last = status::OP_ILLEGAL;
                 break;
@@ -447,11 +449,11 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                     None
                 };
                 if let Some(st) = refuse {
-                    res.patch_u32(at, st);
+                    res.patch_u32(at, st.code());
                     *count += 1;
                     tracing::debug!(
                         op = desc.name,
-                        status = st,
+                        status = %st,
                         "op not run: its result might not fit"
                     );
                     last = st;
@@ -477,9 +479,9 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                     status::REP_TOO_BIG_TO_CACHE
                 };
             }
-            res.patch_u32(at, st);
+            res.patch_u32(at, st.code());
             if st != status::OK {
-                tracing::debug!(op = desc.name, status = status::name(st), "op failed");
+                tracing::debug!(op = desc.name, status = %st, "op failed");
                 last = st;
                 break;
             }

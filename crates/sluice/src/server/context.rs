@@ -8,6 +8,7 @@ use super::Server;
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
 use crate::nfs4::consts::status;
+use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
@@ -50,18 +51,18 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// The current filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn cur(&self) -> Result<&Fh, u32> {
+    pub fn cur(&self) -> Result<&Fh, Nfsstat4> {
         self.cur.as_ref().ok_or(status::NOFILEHANDLE)
     }
 
     /// The saved filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn saved(&self) -> Result<&Fh, u32> {
+    pub fn saved(&self) -> Result<&Fh, Nfsstat4> {
         self.saved.as_ref().ok_or(status::NOFILEHANDLE)
     }
 
     /// Resolves a wire handle; handles of exports that do not admit the
     /// caller's address get NFS4ERR_ACCESS.
-    pub fn resolve(&self, wire: &[u8]) -> Result<Fh, u32> {
+    pub fn resolve(&self, wire: &[u8]) -> Result<Fh, Nfsstat4> {
         let (fd, loc) = match cred::as_root(|| self.srv.exports.resolve(wire)) {
             Ok(r) => r,
             Err(HandleError::Bad) => return Err(status::BADHANDLE),
@@ -102,7 +103,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Substitutes the current stateid for the special "current" value.
-    pub fn stateid(&self, sid: Stateid) -> Result<Stateid, u32> {
+    pub fn stateid(&self, sid: Stateid) -> Result<Stateid, Nfsstat4> {
         if sid == Stateid::CURRENT {
             self.cur_sid.ok_or(status::BAD_STATEID)
         } else {
@@ -111,14 +112,14 @@ impl<'a> Ctx<'a> {
     }
 
     /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.
-    pub fn clientid(&self) -> Result<u64, u32> {
+    pub fn clientid(&self) -> Result<u64, Nfsstat4> {
         self.clientid.ok_or(status::OP_NOT_IN_SESSION)
     }
 }
 
 /// An op's outcome: NFS4_OK or an error status. The handler has written
 /// the result body (if any) after the status.
-pub(super) type OpStatus = u32;
+pub(super) type OpStatus = Nfsstat4;
 
 thread_local! {
     static MUST_NOT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -150,4 +151,4 @@ impl Drop for NoWaitGuard {
 /// An op's answer, under [`must_not_wait`], when it would have to wait:
 /// it has changed nothing (its arguments are decoded again later), and
 /// the COMPOUND goes on from it on a worker thread. Never sent.
-pub(super) const WOULD_BLOCK: u32 = 0xffff_0001;
+pub(super) const WOULD_BLOCK: Nfsstat4 = Nfsstat4(0xffff_0001);

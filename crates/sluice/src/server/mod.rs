@@ -16,7 +16,6 @@ pub mod state;
 
 use crate::engine::export::Export;
 use crate::engine::handle::HandleKey;
-use crate::nfs4::consts::status;
 use crate::rpc::{self, AcceptStat, CallError, Cred};
 use crate::xdr::Encoder;
 pub use exports::{Exports, Loc, Rules};
@@ -263,35 +262,6 @@ fn compound_reply(xid: u32, body: Option<Encoder>) -> Option<Encoder> {
             Some(reply)
         }
         None => rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from),
-    }
-}
-
-/// Maps a system error to an NFSv4 status.
-pub fn errno_status(e: &io::Error) -> u32 {
-    match e.raw_os_error() {
-        Some(libc::EPERM) => status::PERM,
-        Some(libc::ENOENT) => status::NOENT,
-        Some(libc::ENXIO) => status::NXIO,
-        Some(libc::EACCES) => status::ACCESS,
-        Some(libc::EEXIST) => status::EXIST,
-        Some(libc::EXDEV) => status::XDEV,
-        Some(libc::ENOTDIR) => status::NOTDIR,
-        Some(libc::EISDIR) => status::ISDIR,
-        // The engine's word for "not a regular file" (fs::not_a_file_errno).
-        Some(libc::EMEDIUMTYPE) => status::WRONG_TYPE,
-        Some(libc::EINVAL) => status::INVAL,
-        Some(libc::EFBIG) => status::FBIG,
-        Some(libc::ENOSPC) => status::NOSPC,
-        Some(libc::EROFS) => status::ROFS,
-        Some(libc::EMLINK) => status::MLINK,
-        Some(libc::ENAMETOOLONG) => status::NAMETOOLONG,
-        Some(libc::ENOTEMPTY) => status::NOTEMPTY,
-        Some(libc::EDQUOT) => status::DQUOT,
-        Some(libc::ESTALE) => status::STALE,
-        Some(libc::ELOOP) => status::SYMLINK,
-        Some(libc::EOPNOTSUPP) => status::NOTSUPP,
-        Some(libc::EAGAIN) => status::DELAY,
-        _ => status::IO,
     }
 }
 

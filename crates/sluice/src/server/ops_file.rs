@@ -3,7 +3,6 @@
 
 use super::attrs::{self, MAX_IO};
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, WOULD_BLOCK};
-use super::errno_status;
 use super::ops_fs::{
     apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, stat_of, stateid, x,
 };
@@ -13,6 +12,7 @@ use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
 use crate::engine::readahead::Access;
 use crate::nfs4::consts::{status, OPAQUE_LIMIT};
+use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
@@ -32,7 +32,7 @@ pub(super) fn file_key(st: &Stat) -> FileKey {
 }
 
 /// The current filehandle, which must be a regular file.
-pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_file() {
@@ -47,7 +47,7 @@ pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
 }
 
 /// Opens the file with the descriptor flags matching share `access`.
-fn open_for(fh: &Fh, access: u32) -> Result<Arc<OwnedFd>, u32> {
+fn open_for(fh: &Fh, access: u32) -> Result<Arc<OwnedFd>, Nfsstat4> {
     let fd = fh.fd.as_fd();
     let r = match access {
         SHARE_ACCESS_READ => fs::reopen(fd, libc::O_RDONLY),
@@ -93,7 +93,7 @@ fn open_create(
     name: &CString,
     how: &How,
     access: u32,
-) -> Result<Opened, u32> {
+) -> Result<Opened, Nfsstat4> {
     let flags = if access == SHARE_ACCESS_READ {
         libc::O_RDONLY
     } else {
@@ -330,7 +330,7 @@ pub(super) fn io_fd(
     st: &Stat,
     sid: Stateid,
     write: bool,
-) -> Result<Arc<OwnedFd>, u32> {
+) -> Result<Arc<OwnedFd>, Nfsstat4> {
     let sid = cx.stateid(sid)?;
     if sid.is_special_io() {
         // I/O without an open could conflict with what clients are about
@@ -376,7 +376,7 @@ pub(super) fn read_data(
     sid: Stateid,
     offset: u64,
     count: usize,
-) -> Result<Bytes, u32> {
+) -> Result<Bytes, Nfsstat4> {
     let srv = cx.srv;
     let stream = stream_id(&cx.stateid(sid)?);
     if let Some(data) = srv.bufcache.get(file_key(st), st, offset, count) {
@@ -410,7 +410,7 @@ pub(super) fn read_data(
             Ok(Some(buf)) => buf,
             Ok(None) => return Err(WOULD_BLOCK),
             Err(err) if err.raw_os_error() == Some(libc::EBADF) => return Err(WOULD_BLOCK),
-            Err(err) => return Err(errno_status(&err)),
+            Err(err) => return Err(Nfsstat4::from(&err)),
         };
         let access = srv
             .readahead
@@ -535,7 +535,7 @@ pub(super) fn read_lock<'a>(
     key: (u64, u64),
     start: u64,
     end: u64,
-) -> Result<RangeGuard<'a>, u32> {
+) -> Result<RangeGuard<'a>, Nfsstat4> {
     if must_not_wait() {
         cx.srv.locks.try_read(key, start, end).ok_or(WOULD_BLOCK)
     } else {
@@ -640,7 +640,7 @@ fn put_denied(e: &mut Encoder, dn: &Denied) {
     e.opaque(&dn.owner);
 }
 
-fn lock_kind(t: u32) -> Result<bool, u32> {
+fn lock_kind(t: u32) -> Result<bool, Nfsstat4> {
     match t {
         1 | 3 => Ok(false),
         2 | 4 => Ok(true),
@@ -755,7 +755,7 @@ pub(super) fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encode
         }
         e.u32(out.len() as u32);
         for s in out {
-            e.u32(s);
+            e.status(s);
         }
         Ok(())
     })

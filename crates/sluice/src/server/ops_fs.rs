@@ -4,11 +4,11 @@
 
 use super::attrs::{self, AttrSource};
 use super::context::{Ctx, Fh, OpStatus};
-use super::errno_status;
 use super::exports::Loc;
 use super::state::Stateid;
 use crate::engine::fs::{self, SetTime, Stat};
 use crate::nfs4::consts::{access, attr, ftype, status, FHSIZE};
+use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use std::ffi::CString;
 use std::io;
@@ -16,7 +16,7 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 /// Runs an op body written with `?`, turning its error into the status.
-pub(super) fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
+pub(super) fn run(f: impl FnOnce() -> Result<(), Nfsstat4>) -> OpStatus {
     match f() {
         Ok(()) => status::OK,
         Err(st) => st,
@@ -24,17 +24,17 @@ pub(super) fn run(f: impl FnOnce() -> Result<(), u32>) -> OpStatus {
 }
 
 /// Maps a decode failure to NFS4ERR_BADXDR.
-pub(super) fn x<T>(r: XdrResult<T>) -> Result<T, u32> {
+pub(super) fn x<T>(r: XdrResult<T>) -> Result<T, Nfsstat4> {
     r.map_err(|_| status::BADXDR)
 }
 
 /// Maps a system error to its status.
-pub(super) fn io<T>(r: io::Result<T>) -> Result<T, u32> {
-    r.map_err(|e| errno_status(&e))
+pub(super) fn io<T>(r: io::Result<T>) -> Result<T, Nfsstat4> {
+    r.map_err(|e| Nfsstat4::from(&e))
 }
 
 /// Reads a stateid.
-pub(super) fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, u32> {
+pub(super) fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, Nfsstat4> {
     let seqid = x(d.u32())?;
     let other = x(d.array::<12>())?;
     Ok(Stateid { seqid, other })
@@ -47,7 +47,7 @@ pub(super) fn put_stateid(e: &mut Encoder, s: &Stateid) {
 }
 
 /// Reads and checks a component name.
-pub(super) fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
+pub(super) fn component(d: &mut Decoder<'_>) -> Result<CString, Nfsstat4> {
     let name = x(d.opaque(4096))?;
     if name.is_empty() {
         return Err(status::INVAL);
@@ -62,12 +62,12 @@ pub(super) fn component(d: &mut Decoder<'_>) -> Result<CString, u32> {
 }
 
 /// Stats the object behind a filehandle of an export.
-pub(super) fn stat_of(fh: &Fh) -> Result<Stat, u32> {
+pub(super) fn stat_of(fh: &Fh) -> Result<Stat, Nfsstat4> {
     io(fs::stat(fh.fd.as_fd()))
 }
 
 /// Stats the object behind any filehandle, pseudo directories included.
-pub(super) fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
+pub(super) fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, Nfsstat4> {
     match fh.loc {
         Loc::Pseudo(n) => Ok(cx.srv.exports.node_stat(n)),
         Loc::Export(_) => stat_of(fh),
@@ -75,7 +75,7 @@ pub(super) fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, u32> {
 }
 
 /// The current filehandle, which must be a directory.
-pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), u32> {
+pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_dir() {
@@ -177,7 +177,7 @@ pub(super) fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
 }
 
 /// Opens `name` in directory `dir` as a new filehandle.
-fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), u32> {
+fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Nfsstat4> {
     let ex = &cx.ex(dir).fs;
     let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
     let st = io(fs::stat(fd.as_fd()))?;
@@ -239,7 +239,7 @@ pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 
 /// Applies settable attributes to the object behind `fh`. `open_fd` is an
 /// open descriptor to truncate through, when the client gave a stateid.
-pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), u32> {
+pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), Nfsstat4> {
     let fd = fh.fd.as_fd();
     if let Some(size) = a.size {
         if st.is_dir() {
@@ -370,7 +370,7 @@ pub(super) struct Listing {
 
 impl Listing {
     /// Reads READDIR4args; cookies 1 and 2 are reserved.
-    pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, u32> {
+    pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, Nfsstat4> {
         let cookie = x(d.u64())?;
         let _verf: [u8; 8] = x(d.array())?;
         let dircount = x(d.u32())? as usize;
@@ -416,7 +416,7 @@ impl Listing {
     }
 
     /// Writes READDIR4resok; NFS4ERR_TOOSMALL when not even one entry fit.
-    pub(super) fn finish(self, e: &mut Encoder, eof: bool) -> Result<(), u32> {
+    pub(super) fn finish(self, e: &mut Encoder, eof: bool) -> Result<(), Nfsstat4> {
         if self.n == 0 && !eof {
             return Err(status::TOOSMALL);
         }

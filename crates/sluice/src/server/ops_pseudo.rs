@@ -8,6 +8,7 @@ use super::exports::{Child, Loc};
 use super::ops_fs::{component, put_fattr, put_flavors, run, x, Listing};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
+use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 use std::os::fd::AsFd;
 
@@ -34,7 +35,7 @@ pub(super) fn node_fh(cx: &Ctx<'_>, n: usize) -> Fh {
 }
 
 /// The visible entry `name` of pseudo directory `n`.
-fn find(cx: &Ctx<'_>, n: usize, name: &[u8]) -> Result<Child, u32> {
+fn find(cx: &Ctx<'_>, n: usize, name: &[u8]) -> Result<Child, Nfsstat4> {
     let exports = &cx.srv.exports;
     exports
         .node(n)

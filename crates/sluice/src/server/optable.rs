@@ -6,6 +6,7 @@
 use super::context::{Ctx, OpStatus};
 use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse};
 use crate::nfs4::consts::{op, status};
+use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 
 /// An op handler: decodes its arguments from the decoder, works, writes
@@ -27,7 +28,7 @@ pub enum OnPseudo {
     Run(PseudoHandler),
     /// Always this status (a pseudo directory is read-only, and not a
     /// file).
-    Fail(u32),
+    Fail(Nfsstat4),
 }
 
 /// Properties of an op (bits of [`OpDesc::flags`]).

@@ -4,6 +4,7 @@ use super::{Config, Server};
 use crate::engine::export::Export;
 use crate::engine::handle::HandleKey;
 use crate::nfs4::consts::{attr, op, status};
+use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
 use proptest::prelude::*;
@@ -49,20 +50,20 @@ fn compound(minor: u32, ops: &[(u32, Vec<u8>)]) -> Vec<u8> {
 }
 
 struct Reply {
-    status: u32,
-    results: Vec<(u32, u32)>,
+    status: Nfsstat4,
+    results: Vec<(u32, Nfsstat4)>,
     body: Vec<u8>,
 }
 
 /// Parses status and the (op, status) of the first result, keeping the body.
 fn parse(body: Vec<u8>) -> Reply {
     let mut d = Decoder::new(&body);
-    let status = d.u32().unwrap();
+    let status = Nfsstat4(d.u32().unwrap());
     d.opaque(1024).unwrap();
     let n = d.u32().unwrap();
     let mut results = Vec::new();
     if n > 0 {
-        results.push((d.u32().unwrap(), d.u32().unwrap()));
+        results.push((d.u32().unwrap(), Nfsstat4(d.u32().unwrap())));
     }
     Reply {
         status,
@@ -333,13 +334,13 @@ fn run_from(
     seq: u32,
     peer: Option<std::net::IpAddr>,
     ops: &[(u32, Vec<u8>)],
-) -> (u32, Vec<u8>) {
+) -> (Nfsstat4, Vec<u8>) {
     let mut all = vec![sequence(sid, seq, 0, false)];
     all.extend_from_slice(ops);
     let body = super::process_compound(srv, &root(), peer, &compound(1, &all), 0)
         .unwrap()
         .into_inner();
-    let st = u32::from_be_bytes(body[0..4].try_into().unwrap());
+    let st = Nfsstat4(u32::from_be_bytes(body[0..4].try_into().unwrap()));
     // status, tag "t" (4 + 4), count, SEQUENCE op + status + 36 bytes.
     (st, body[4 + 8 + 4 + 8 + 36..].to_vec())
 }
@@ -348,7 +349,7 @@ fn run_from(
 /// positioned at the READDIR op number.
 fn readdir_names(d: &mut Decoder<'_>) -> Vec<String> {
     assert_eq!(d.u32().unwrap(), op::READDIR);
-    assert_eq!(d.u32().unwrap(), status::OK);
+    assert_eq!(Nfsstat4(d.u32().unwrap()), status::OK);
     d.array::<8>().unwrap();
     let mut names = Vec::new();
     while d.bool().unwrap() {
@@ -418,7 +419,7 @@ fn pseudo_file_system_joins_exports() {
     assert_eq!(st, status::NOENT, "no parent above the pseudo root");
     let mut d = Decoder::new(&rest[8 + 8 + 8..]);
     assert_eq!(
-        (d.u32().unwrap(), d.u32().unwrap()),
+        (d.u32().unwrap(), Nfsstat4(d.u32().unwrap())),
         (op::GETFH, status::OK)
     );
     let archive_fh = d.opaque(128).unwrap().to_vec();
@@ -428,7 +429,7 @@ fn pseudo_file_system_joins_exports() {
     d.u32().unwrap();
     d.u32().unwrap();
     assert_eq!(
-        (d.u32().unwrap(), d.u32().unwrap()),
+        (d.u32().unwrap(), Nfsstat4(d.u32().unwrap())),
         (op::GETFH, status::OK)
     );
     assert_eq!(d.opaque(128).unwrap(), srv.exports.root().0.as_slice());
@@ -536,18 +537,23 @@ fn run_split(srv: &Server, args: Vec<u8>) -> (Vec<u8>, bool) {
 
 /// A COMPOUND4res: status, (op, status) of each result, the READ data and
 /// the GETFH handle, if any.
-type Results = (u32, Vec<(u32, u32)>, Option<Vec<u8>>, Option<Vec<u8>>);
+type Results = (
+    Nfsstat4,
+    Vec<(u32, Nfsstat4)>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+);
 
 /// Parses a COMPOUND4res of SEQUENCE, PUTFH, LOOKUP, GETFH, READ and the
 /// like.
 fn split_results(body: &[u8]) -> Results {
     let mut d = Decoder::new(body);
-    let st = d.u32().unwrap();
+    let st = Nfsstat4(d.u32().unwrap());
     d.opaque(1024).unwrap();
     let n = d.u32().unwrap();
     let (mut results, mut data, mut fh) = (Vec::new(), None, None);
     for _ in 0..n {
-        let (o, s) = (d.u32().unwrap(), d.u32().unwrap());
+        let (o, s) = (d.u32().unwrap(), Nfsstat4(d.u32().unwrap()));
         results.push((o, s));
         if s != status::OK {
             break;

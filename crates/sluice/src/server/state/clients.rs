@@ -5,6 +5,7 @@
 use super::session::Session;
 use super::{ChannelAttrs, Inner, SessionId, StateTable, MIN_SLOT_BYTES};
 use crate::nfs4::consts::{status, SESSIONID_SIZE};
+use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,7 +46,7 @@ pub(super) struct Client {
     /// Sequence id expected by the next CREATE_SESSION.
     cs_seq: u32,
     /// The last CREATE_SESSION result, for its replay.
-    cs_reply: Option<(u32, Result<Vec<u8>, u32>)>,
+    cs_reply: Option<(u32, Result<Vec<u8>, Nfsstat4>)>,
     pub(super) last_renew: Instant,
     pub(super) sessions: Vec<SessionId>,
     pub(super) reclaim_complete: bool,
@@ -115,7 +116,7 @@ impl ExchangeFlags {
 
     /// NFS4ERR_INVAL for bits a client may not set (section 18.35.3:
     /// undefined ones and CONFIRMED_R).
-    pub fn check(self) -> Result<Self, u32> {
+    pub fn check(self) -> Result<Self, Nfsstat4> {
         if self.0 & !Self::CLIENT_MASK != 0 {
             Err(status::INVAL)
         } else {
@@ -151,7 +152,7 @@ impl StateTable {
         verifier: [u8; 8],
         principal: &Principal,
         flags: ExchangeFlags,
-    ) -> Result<ExchangeResult, u32> {
+    ) -> Result<ExchangeResult, Nfsstat4> {
         let flags = flags.check()?;
         let mut inner = self.lock();
         let now = Instant::now();
@@ -240,7 +241,7 @@ impl StateTable {
     /// its client, if it is still there, gets NFS4ERR_STALE_CLIENTID and
     /// starts over. Confirmed records stay until they expire or are
     /// destroyed: NFS4ERR_DELAY when there is no unconfirmed one.
-    fn make_room(&self, inner: &mut Inner) -> Result<(), u32> {
+    fn make_room(&self, inner: &mut Inner) -> Result<(), Nfsstat4> {
         let oldest = inner
             .clients
             .iter()
@@ -288,7 +289,7 @@ impl StateTable {
         mut fore: ChannelAttrs,
         back: ChannelAttrs,
         make_reply: impl FnOnce(&Session) -> Vec<u8>,
-    ) -> Result<Vec<u8>, u32> {
+    ) -> Result<Vec<u8>, Nfsstat4> {
         let mut inner = self.lock();
         let Some(c) = inner.clients.get(&clientid) else {
             return Err(status::STALE_CLIENTID);
@@ -381,7 +382,7 @@ impl StateTable {
     }
 
     /// Finds a session and renews its client's lease (SEQUENCE).
-    pub fn session(&self, id: &SessionId) -> Result<Arc<Session>, u32> {
+    pub fn session(&self, id: &SessionId) -> Result<Arc<Session>, Nfsstat4> {
         let mut inner = self.lock();
         let s = inner.sessions.get(id).cloned().ok_or(status::BADSESSION)?;
         if let Some(c) = inner.clients.get_mut(&s.clientid) {
@@ -391,7 +392,7 @@ impl StateTable {
     }
 
     /// DESTROY_SESSION.
-    pub fn destroy_session(&self, id: &SessionId) -> Result<(), u32> {
+    pub fn destroy_session(&self, id: &SessionId) -> Result<(), Nfsstat4> {
         let mut inner = self.lock();
         let s = Self::remove_session(&mut inner, id).ok_or(status::BADSESSION)?;
         if let Some(c) = inner.clients.get_mut(&s.clientid) {
@@ -402,7 +403,7 @@ impl StateTable {
 
     /// DESTROY_CLIENTID (RFC 8881 section 18.50): NFS4ERR_CLIENTID_BUSY
     /// while the client has sessions or state.
-    pub fn destroy_client(&self, clientid: u64) -> Result<(), u32> {
+    pub fn destroy_client(&self, clientid: u64) -> Result<(), Nfsstat4> {
         let mut inner = self.lock();
         let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
         if !c.sessions.is_empty() || inner.ids.client_has_state(clientid) {
@@ -416,7 +417,7 @@ impl StateTable {
     /// as one that may reclaim after a restart; a second one gets
     /// NFS4ERR_COMPLETE_ALREADY. When every client known from before has
     /// sent it, grace ends.
-    pub fn reclaim_complete(&self, clientid: u64, one_fs: bool) -> Result<(), u32> {
+    pub fn reclaim_complete(&self, clientid: u64, one_fs: bool) -> Result<(), Nfsstat4> {
         let mut inner = self.lock();
         let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
         if one_fs {
@@ -443,7 +444,7 @@ impl StateTable {
     /// Writes the client's stable record, if it is not written yet: before
     /// any state is granted to it. NFS4ERR_SERVERFAULT when the store
     /// cannot be written (nothing is granted then).
-    pub(super) fn record_client(&self, inner: &mut Inner, clientid: u64) -> Result<(), u32> {
+    pub(super) fn record_client(&self, inner: &mut Inner, clientid: u64) -> Result<(), Nfsstat4> {
         let c = inner
             .clients
             .get_mut(&clientid)

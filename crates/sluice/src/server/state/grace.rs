@@ -10,6 +10,7 @@
 use super::recovery::EpochStart;
 use super::StateTable;
 use crate::nfs4::consts::status;
+use crate::nfs4::Nfsstat4;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -142,7 +143,7 @@ impl StateTable {
     /// NFS4ERR_GRACE while in grace: for ops that would take or change
     /// state that a reclaim might conflict with (REMOVE, RENAME, I/O with
     /// a special stateid). Never waits (no store write).
-    pub fn check_not_in_grace(&self) -> Result<(), u32> {
+    pub fn check_not_in_grace(&self) -> Result<(), Nfsstat4> {
         if self.lock().grace.active_at(Instant::now()) {
             Err(status::GRACE)
         } else {
@@ -171,7 +172,7 @@ impl StateTable {
         inner: &super::Inner,
         clientid: u64,
         now: Instant,
-    ) -> Result<(), u32> {
+    ) -> Result<(), Nfsstat4> {
         let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
         if !inner.grace.active_at(now) || c.reclaim_complete {
             return Err(status::NO_GRACE);
@@ -183,7 +184,11 @@ impl StateTable {
     }
 
     /// NFS4ERR_GRACE for a new open or lock while in grace.
-    pub(super) fn check_new_state(&self, inner: &super::Inner, now: Instant) -> Result<(), u32> {
+    pub(super) fn check_new_state(
+        &self,
+        inner: &super::Inner,
+        now: Instant,
+    ) -> Result<(), Nfsstat4> {
         if inner.grace.active_at(now) {
             Err(status::GRACE)
         } else {

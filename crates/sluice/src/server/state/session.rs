@@ -3,6 +3,7 @@
 
 use super::ChannelAttrs;
 use crate::nfs4::consts::{status, SESSIONID_SIZE};
+use crate::nfs4::Nfsstat4;
 use std::sync::{Arc, Mutex};
 
 /// A slot of a session's table.
@@ -100,7 +101,7 @@ impl Session {
     }
 
     /// Checks slot and sequence id of a SEQUENCE op.
-    pub fn begin(&self, slot: u32, seqid: u32) -> Result<SlotDecision, u32> {
+    pub fn begin(&self, slot: u32, seqid: u32) -> Result<SlotDecision, Nfsstat4> {
         self.begin_slot(slot, seqid, None, false)
     }
 
@@ -121,7 +122,7 @@ impl Session {
         seqid: u32,
         request: Fingerprint,
         cachethis: bool,
-    ) -> Result<SlotDecision, u32> {
+    ) -> Result<SlotDecision, Nfsstat4> {
         self.begin_slot(slot, seqid, Some(request), cachethis)
     }
 
@@ -131,7 +132,7 @@ impl Session {
         seqid: u32,
         request: Option<Fingerprint>,
         cachethis: bool,
-    ) -> Result<SlotDecision, u32> {
+    ) -> Result<SlotDecision, Nfsstat4> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let s = slots.get_mut(slot as usize).ok_or(status::BADSLOT)?;
         if seqid == s.seqid.wrapping_add(1) {

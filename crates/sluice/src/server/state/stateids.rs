@@ -5,6 +5,7 @@
 
 use super::{FileKey, Inner, Other, StateTable, Stateid};
 use crate::nfs4::consts::{status, LENGTH_TO_EOF};
+use crate::nfs4::Nfsstat4;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -83,7 +84,7 @@ pub struct Denied {
 }
 
 /// Turns an (offset, length) pair into a half-open range, checking it.
-pub fn lock_range(offset: u64, length: u64) -> Result<(u64, u64), u32> {
+pub fn lock_range(offset: u64, length: u64) -> Result<(u64, u64), Nfsstat4> {
     if length == 0 {
         return Err(status::INVAL);
     }
@@ -310,7 +311,7 @@ fn denied(r: &LockRange) -> Denied {
     }
 }
 
-fn check_seqid(held: u32, given: u32) -> Result<(), u32> {
+fn check_seqid(held: u32, given: u32) -> Result<(), Nfsstat4> {
     if given == 0 || given == held {
         Ok(())
     } else if given < held {
@@ -350,8 +351,8 @@ impl StateTable {
     pub fn open(
         &self,
         req: OpenRequest,
-        open_fd: impl Fn(u32) -> Result<Arc<OwnedFd>, u32>,
-    ) -> Result<Stateid, u32> {
+        open_fd: impl Fn(u32) -> Result<Arc<OwnedFd>, Nfsstat4>,
+    ) -> Result<Stateid, Nfsstat4> {
         let key = (req.clientid, req.owner.clone(), req.file);
         let mut opened: Option<(u32, Arc<OwnedFd>)> = None;
         // Another request of the same owner may change the open while the
@@ -447,7 +448,7 @@ impl StateTable {
         sid: &Stateid,
         file: FileKey,
         lock: bool,
-    ) -> Result<(), u32> {
+    ) -> Result<(), Nfsstat4> {
         match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Open(o)) if !lock && o.file == file => check_seqid(o.seqid, sid.seqid),
             Some(StateEntry::Lock(l)) if lock && l.file == file => check_seqid(l.seqid, sid.seqid),
@@ -459,7 +460,7 @@ impl StateTable {
         }
     }
 
-    fn check_stale(&self, sid: &Stateid) -> Result<(), u32> {
+    fn check_stale(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
         if sid.other[..4] != self.boot.to_be_bytes() {
             return Err(status::STALE_STATEID);
         }
@@ -468,7 +469,7 @@ impl StateTable {
 
     /// For READ/WRITE/SETATTR: the descriptor and access of an open or lock
     /// stateid on `file`.
-    pub fn io_state(&self, sid: &Stateid, file: FileKey) -> Result<(Arc<OwnedFd>, u32), u32> {
+    pub fn io_state(&self, sid: &Stateid, file: FileKey) -> Result<(Arc<OwnedFd>, u32), Nfsstat4> {
         let inner = self.lock();
         let open_other = match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Open(o)) => {
@@ -491,7 +492,7 @@ impl StateTable {
     }
 
     /// OPEN_DOWNGRADE.
-    pub fn downgrade(&self, sid: &Stateid, access: u32, deny: u32) -> Result<Stateid, u32> {
+    pub fn downgrade(&self, sid: &Stateid, access: u32, deny: u32) -> Result<Stateid, Nfsstat4> {
         let mut inner = self.lock();
         let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&sid.other) else {
             self.check_stale(sid)?;
@@ -511,7 +512,7 @@ impl StateTable {
     }
 
     /// CLOSE: drops the open and the lock states derived from it.
-    pub fn close(&self, sid: &Stateid) -> Result<(), u32> {
+    pub fn close(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
         let mut inner = self.lock();
         match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Open(o)) => check_seqid(o.seqid, sid.seqid)?,
@@ -525,7 +526,7 @@ impl StateTable {
     }
 
     /// TEST_STATEID for one stateid.
-    pub fn test(&self, sid: &Stateid) -> u32 {
+    pub fn test(&self, sid: &Stateid) -> Nfsstat4 {
         let inner = self.lock();
         let held = match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Open(o)) => o.seqid,
@@ -538,7 +539,7 @@ impl StateTable {
     /// FREE_STATEID (RFC 8881 section 18.38): a lock stateid that holds no
     /// locks is freed; one that does, and any open stateid, gets
     /// NFS4ERR_LOCKS_HELD.
-    pub fn free(&self, sid: &Stateid) -> Result<(), u32> {
+    pub fn free(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
         let mut inner = self.lock();
         let held = match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Lock(l)) => {
@@ -570,7 +571,7 @@ impl StateTable {
         clientid: u64,
         reclaim: bool,
         now: Instant,
-    ) -> Result<(), u32> {
+    ) -> Result<(), Nfsstat4> {
         if reclaim {
             self.check_reclaim(inner, clientid, now)
         } else {
@@ -589,7 +590,7 @@ impl StateTable {
         range: (u64, u64),
         write: bool,
         reclaim: bool,
-    ) -> Result<Result<Stateid, Denied>, u32> {
+    ) -> Result<Result<Stateid, Denied>, Nfsstat4> {
         let mut inner = self.lock();
         let now = Instant::now();
         self.check_lock_grace(&mut inner, clientid, reclaim, now)?;
@@ -630,7 +631,7 @@ impl StateTable {
         range: (u64, u64),
         write: bool,
         reclaim: bool,
-    ) -> Result<Result<Stateid, Denied>, u32> {
+    ) -> Result<Result<Stateid, Denied>, Nfsstat4> {
         let mut inner = self.lock();
         let now = Instant::now();
         let clientid = match inner.ids.states.get(&sid.other) {
@@ -681,7 +682,7 @@ impl StateTable {
         write: bool,
         reclaim: bool,
         now: Instant,
-    ) -> Result<Result<Stateid, Denied>, u32> {
+    ) -> Result<Result<Stateid, Denied>, Nfsstat4> {
         let (clientid, owner, file) = match inner.ids.states.get(&other) {
             Some(StateEntry::Lock(l)) => (l.clientid, l.owner.clone(), l.file),
             _ => return Err(status::BAD_STATEID),
@@ -723,7 +724,7 @@ impl StateTable {
         file: FileKey,
         range: (u64, u64),
         write: bool,
-    ) -> Result<Option<Denied>, u32> {
+    ) -> Result<Option<Denied>, Nfsstat4> {
         let inner = self.lock();
         self.check_new_state(&inner, Instant::now())?;
         let found = inner
@@ -740,7 +741,7 @@ impl StateTable {
         sid: &Stateid,
         file: FileKey,
         (start, end): (u64, u64),
-    ) -> Result<Stateid, u32> {
+    ) -> Result<Stateid, Nfsstat4> {
         let mut inner = self.lock();
         self.check_on_file(&inner, sid, file, true)?;
         inner.ids.subtract(file, &sid.other, start, end);

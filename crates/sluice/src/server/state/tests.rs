@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::nfs4::consts::{status, LENGTH_TO_EOF};
+use crate::nfs4::Nfsstat4;
 use std::os::fd::OwnedFd;
 
 fn me() -> Principal {
@@ -25,7 +26,7 @@ fn attrs(slots: u32) -> ChannelAttrs {
     }
 }
 
-fn devnull() -> Result<Arc<OwnedFd>, u32> {
+fn devnull() -> Result<Arc<OwnedFd>, Nfsstat4> {
     Ok(Arc::new(std::fs::File::open("/dev/null").unwrap().into()))
 }
 
