@@ -13,6 +13,7 @@ pub mod fs;
 pub mod handle;
 pub mod hugebuf;
 pub mod rangelock;
+pub mod read;
 pub mod readahead;
 
 /// Keeps I/O buffers (up to 1 MiB each, one per request in flight) on the

@@ -335,7 +335,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         let srv = srv.clone();
         tokio::spawn(async move {
             while usr1.recv().await.is_some() {
-                let bytes = srv.bufcache.clear();
+                let bytes = srv.read.bufcache.clear();
                 tracing::info!(bytes, "SIGUSR1: read cache dropped");
             }
         })

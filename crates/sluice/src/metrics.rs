@@ -112,7 +112,7 @@ fn render_state(out: &mut String, srv: &Server) {
 /// The metrics page.
 pub fn render(srv: &Server) -> String {
     let m = &srv.metrics;
-    let ra = &srv.readahead.stats;
+    let ra = &srv.read.readahead.stats;
     let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let counters: [(&str, &str, u64); 10] = [
         (
@@ -163,7 +163,7 @@ pub fn render(srv: &Server) -> String {
         (
             "sluice_read_cache_hits_total",
             "READs served from the server's cache of data read with O_DIRECT.",
-            load(&srv.bufcache.stats.hits),
+            load(&srv.read.bufcache.stats.hits),
         ),
     ];
     let mut out = String::with_capacity(4096);
@@ -175,14 +175,14 @@ pub fn render(srv: &Server) -> String {
         "# HELP sluice_readahead_max_bytes Largest readahead window of a stream.\n\
          # TYPE sluice_readahead_max_bytes gauge\n\
          sluice_readahead_max_bytes {}",
-        srv.readahead.config().max
+        srv.read.readahead.config().max
     );
     let _ = writeln!(
         out,
         "# HELP sluice_read_cache_bytes Bytes held by the cache of data read with O_DIRECT.\n\
          # TYPE sluice_read_cache_bytes gauge\n\
          sluice_read_cache_bytes {}",
-        load(&srv.bufcache.stats.bytes)
+        load(&srv.read.bufcache.stats.bytes)
     );
     render_state(&mut out, srv);
     histogram(

@@ -1,10 +1,10 @@
 //! COMPOUND processing (RFC 8881 sections 2.10.6 and 16.2): the op loop,
 //! SEQUENCE and the reply cache, and the per-request context.
 
-use super::context::{Ctx, Fh, OpStatus};
-use super::context::{NoWaitGuard, WOULD_BLOCK};
+use super::context::{Ctx, Fh};
+use super::context::{NoWaitGuard, Outcome};
 use super::exports::Loc;
-use super::optable::{self, flags, OnPseudo, OpDesc};
+use super::optable::{self, flags, Handler, OnPseudo, OpDesc};
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
@@ -29,9 +29,9 @@ fn run_op(
     opnum: u32,
     d: &mut Decoder<'_>,
     e: &mut Encoder,
-) -> OpStatus {
+) -> Outcome {
     let st = dispatch(cx, desc, d, e);
-    if st == status::OK {
+    if st == Outcome::Done(status::OK) {
         if desc.has(flags::CLEARS_STATEID) {
             cx.cur_sid = None;
         }
@@ -44,32 +44,33 @@ fn run_op(
     st
 }
 
-fn dispatch(cx: &mut Ctx<'_>, desc: &OpDesc, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+fn dispatch(cx: &mut Ctx<'_>, desc: &OpDesc, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
     if desc.uses_cur_object() {
         if let Some(Loc::Pseudo(n)) = cx.cur.as_ref().map(|f| f.loc) {
             // Pseudo directories never reach the file system ops.
             match desc.pseudo {
                 OnPseudo::Same => {}
-                OnPseudo::Run(f) => return f(cx, n, d, e),
-                OnPseudo::Fail(st) => return st,
+                OnPseudo::Run(f) => return f(cx, n, d, e).into(),
+                OnPseudo::Fail(st) => return st.into(),
             }
         }
         if desc.has(flags::TWO_OBJECTS) {
             if let (Some(s), Some(c)) = (&cx.saved, &cx.cur) {
                 if s.loc != c.loc {
-                    return status::XDEV;
+                    return status::XDEV.into();
                 }
             }
         }
         if desc.has(flags::CHANGES_FS) && cx.cur_ex().rules.read_only {
-            return status::ROFS;
+            return status::ROFS.into();
         }
     }
     match desc.run {
-        Some(f) => f(cx, d, e),
+        Some(Handler::Plain(f)) => f(cx, d, e).into(),
+        Some(Handler::MayBlock(f)) => f(cx, d, e),
         // Defined but not implemented; NFSv4.0-only ops are not for
         // sessions (RFC 8881 section 18).
-        None => status::NOTSUPP,
+        None => status::NOTSUPP.into(),
     }
 }
 
@@ -256,7 +257,11 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             };
             let at = res.len();
             res.u32(0);
-            let st = run_op(&mut cx, desc, first, &mut d, &mut res);
+            // The ops allowed here are never stopped for waiting.
+            let st = match run_op(&mut cx, desc, first, &mut d, &mut res) {
+                Outcome::Done(st) => st,
+                Outcome::WouldBlock => status::SERVERFAULT,
+            };
             res.patch_u32(at, st.code());
             return done(st, 1, res);
         };
@@ -460,14 +465,16 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                     break;
                 }
             }
-            let mut st = run_op(&mut cx, desc, opnum, &mut d, res);
-            if st == WOULD_BLOCK {
-                debug_assert!(nowait, "op {opnum} would block where waiting is allowed");
-                res.truncate(at - 4);
-                *next = op_at;
-                paused = true;
-                break;
-            }
+            let mut st = match run_op(&mut cx, desc, opnum, &mut d, res) {
+                Outcome::Done(st) => st,
+                Outcome::WouldBlock => {
+                    debug_assert!(nowait, "op {opnum} would block where waiting is allowed");
+                    res.truncate(at - 4);
+                    *next = op_at;
+                    paused = true;
+                    break;
+                }
+            };
             *count += 1;
             *left -= 1;
             let size = fixed + res.len();

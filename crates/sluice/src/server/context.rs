@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// A current or saved filehandle: its wire form and an open descriptor.
 #[derive(Debug, Clone)]
-pub struct Fh {
+pub(super) struct Fh {
     /// The handle as the client sees it.
     pub wire: Vec<u8>,
     /// O_PATH descriptor of the object (a placeholder for pseudo
@@ -27,7 +27,7 @@ pub struct Fh {
 }
 
 /// State of one COMPOUND while its ops run.
-pub struct Ctx<'a> {
+pub(super) struct Ctx<'a> {
     /// The server.
     pub srv: &'a Server,
     /// The caller's credentials as sent.
@@ -51,18 +51,18 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// The current filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn cur(&self) -> Result<&Fh, Nfsstat4> {
+    pub(super) fn cur(&self) -> Result<&Fh, Nfsstat4> {
         self.cur.as_ref().ok_or(status::NOFILEHANDLE)
     }
 
     /// The saved filehandle or NFS4ERR_NOFILEHANDLE.
-    pub fn saved(&self) -> Result<&Fh, Nfsstat4> {
+    pub(super) fn saved(&self) -> Result<&Fh, Nfsstat4> {
         self.saved.as_ref().ok_or(status::NOFILEHANDLE)
     }
 
     /// Resolves a wire handle; handles of exports that do not admit the
     /// caller's address get NFS4ERR_ACCESS.
-    pub fn resolve(&self, wire: &[u8]) -> Result<Fh, Nfsstat4> {
+    pub(super) fn resolve(&self, wire: &[u8]) -> Result<Fh, Nfsstat4> {
         let (fd, loc) = match cred::as_root(|| self.srv.exports.resolve(wire)) {
             Ok(r) => r,
             Err(HandleError::Bad) => return Err(status::BADHANDLE),
@@ -90,20 +90,20 @@ impl<'a> Ctx<'a> {
     }
 
     /// The export `fh` belongs to.
-    pub fn ex(&self, fh: &Fh) -> &'a Exported {
+    pub(super) fn ex(&self, fh: &Fh) -> &'a Exported {
         self.srv.exports.get(fh.loc)
     }
 
     /// The export of the current filehandle (the first export when there
     /// is none).
-    pub fn cur_ex(&self) -> &'a Exported {
+    pub(super) fn cur_ex(&self) -> &'a Exported {
         self.srv
             .exports
             .get(self.cur.as_ref().map_or(Loc::Export(0), |f| f.loc))
     }
 
     /// Substitutes the current stateid for the special "current" value.
-    pub fn stateid(&self, sid: Stateid) -> Result<Stateid, Nfsstat4> {
+    pub(super) fn stateid(&self, sid: Stateid) -> Result<Stateid, Nfsstat4> {
         if sid == Stateid::CURRENT {
             self.cur_sid.ok_or(status::BAD_STATEID)
         } else {
@@ -112,14 +112,48 @@ impl<'a> Ctx<'a> {
     }
 
     /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.
-    pub fn clientid(&self) -> Result<u64, Nfsstat4> {
+    pub(super) fn clientid(&self) -> Result<u64, Nfsstat4> {
         self.clientid.ok_or(status::OP_NOT_IN_SESSION)
     }
 }
 
-/// An op's outcome: NFS4_OK or an error status. The handler has written
-/// the result body (if any) after the status.
+/// What became of an op: the handler has written its result body (if
+/// any) after the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// It ran, or was refused, with this status.
+    Done(Nfsstat4),
+    /// Under [`must_not_wait`] it would have to wait: it has changed
+    /// nothing (its arguments are decoded again later), and the COMPOUND
+    /// goes on from it on a worker thread. Never sent.
+    WouldBlock,
+}
+
+impl From<Nfsstat4> for Outcome {
+    fn from(st: Nfsstat4) -> Self {
+        Outcome::Done(st)
+    }
+}
+
+/// The status of an op that cannot have to wait; the handler has written
+/// its result body (if any).
 pub(super) type OpStatus = Nfsstat4;
+
+/// Why an op that may wait stopped short of its result: a status, or
+/// having to wait where it must not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stop {
+    /// The op fails with this status.
+    Status(Nfsstat4),
+    /// See [`Outcome::WouldBlock`].
+    WouldBlock,
+}
+
+impl From<Nfsstat4> for Stop {
+    fn from(st: Nfsstat4) -> Self {
+        Stop::Status(st)
+    }
+}
 
 thread_local! {
     static MUST_NOT_WAIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -127,7 +161,7 @@ thread_local! {
 
 /// True while the COMPOUND runs on a thread that must not wait (the
 /// connection's network task): ops that would have to wait for the disk
-/// or for a range lock answer [`WOULD_BLOCK`] instead.
+/// or for a range lock answer [`Outcome::WouldBlock`] instead.
 pub(super) fn must_not_wait() -> bool {
     MUST_NOT_WAIT.with(|c| c.get())
 }
@@ -147,8 +181,3 @@ impl Drop for NoWaitGuard {
         MUST_NOT_WAIT.with(|c| c.set(false));
     }
 }
-
-/// An op's answer, under [`must_not_wait`], when it would have to wait:
-/// it has changed nothing (its arguments are decoded again later), and
-/// the COMPOUND goes on from it on a worker thread. Never sent.
-pub(super) const WOULD_BLOCK: Nfsstat4 = Nfsstat4(0xffff_0001);

@@ -11,7 +11,7 @@ mod ops_fs;
 mod ops_pseudo;
 mod ops_session;
 mod ops_sparse;
-pub mod optable;
+mod optable;
 pub mod state;
 
 use crate::engine::export::Export;
@@ -80,12 +80,8 @@ pub struct Server {
     pub locks: Arc<crate::engine::rangelock::RangeLocks>,
     /// Cached data/hole maps.
     pub extents: crate::engine::extents::ExtentCache,
-    /// Sequential stream detection and readahead.
-    pub readahead: crate::engine::readahead::Readahead,
-    /// Data of cold streams, read past the page cache.
-    pub bufcache: Arc<crate::engine::bufcache::BufCache>,
-    /// Readahead past the page cache, into `bufcache`.
-    pub ahead: crate::engine::ahead::Ahead,
+    /// The read path: readahead, the read cache, reads that wait or not.
+    pub read: crate::engine::read::ReadPath,
     /// Counters for the metrics endpoint.
     pub metrics: counters::Metrics,
 }
@@ -109,19 +105,8 @@ impl Server {
         let locks = Arc::new(crate::engine::rangelock::RangeLocks::new(
             config.range_locks,
         ));
-        let bufcache = Arc::new(crate::engine::bufcache::BufCache::new(config.read_cache));
-        // Buffers of data read past the page cache fill the read cache:
-        // keep as much memory for them when the cache lets go of some.
-        crate::engine::hugebuf::keep_free(config.read_cache);
-        let mut ra = config.readahead;
-        ra.direct_ahead &= config.read_cache > 0;
-        let readahead = crate::engine::readahead::Readahead::new(ra);
-        let ahead = crate::engine::ahead::Ahead::new(
-            ra.direct_ahead && ra.max > 0 && ra.direct_min > 0,
-            bufcache.clone(),
-            locks.clone(),
-            readahead.stats.clone(),
-        );
+        let read =
+            crate::engine::read::ReadPath::new(config.readahead, config.read_cache, locks.clone());
         Ok(Server {
             exports,
             state: StateTable::start(
@@ -140,9 +125,7 @@ impl Server {
             write_verifier,
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             locks,
-            readahead,
-            bufcache,
-            ahead,
+            read,
             config,
             extents: Default::default(),
             metrics: Default::default(),
@@ -153,7 +136,7 @@ impl Server {
     /// the server changed it.
     pub fn file_changed(&self, file: (u64, u64)) {
         self.extents.invalidate(file);
-        self.bufcache.invalidate(file);
+        self.read.bufcache.invalidate(file);
     }
 
     /// Handles one RPC record from an in-process caller (tests, fuzzing),

@@ -2,15 +2,15 @@
 //! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
 
 use super::attrs::{self, MAX_IO};
-use super::context::{must_not_wait, Ctx, Fh, OpStatus, WOULD_BLOCK};
+use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
-    apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, stat_of, stateid, x,
+    apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, run_or_block, stat_of, stateid, x,
 };
 use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
-use crate::engine::readahead::Access;
+use crate::engine::read::{Mode, ReadAt, ReadError};
 use crate::nfs4::consts::{status, OPAQUE_LIMIT};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
@@ -315,6 +315,7 @@ pub(super) fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         cx.srv.state.close(&sid)?;
         if let Ok((_, st)) = cur_file(cx) {
             cx.srv
+                .read
                 .readahead
                 .forget_stream(file_key(&st), stream_id(&sid));
         }
@@ -361,13 +362,26 @@ pub(super) fn stream_id(sid: &Stateid) -> u64 {
         ^ (u32::from_le_bytes([o[8], o[9], o[10], o[11]]) as u64).rotate_left(32)
 }
 
-/// Reads up to `count` bytes at `offset` for READ and READ_PLUS, through
-/// the open's descriptor: tells the readahead engine about the request,
-/// reads into a fresh buffer that the reply will carry without copying,
-/// and counts page-cache hits. A write-only open (writers may read to fill
-/// partial pages) reads through a fresh descriptor. A large request of a
-/// cold sequential reader that keeps several in flight is read with
-/// O_DIRECT, straight into that buffer (see the readahead engine).
+/// Whether this COMPOUND's ops may wait (see [`must_not_wait`]).
+pub(super) fn read_mode() -> Mode {
+    if must_not_wait() {
+        Mode::NoWait
+    } else {
+        Mode::Wait
+    }
+}
+
+/// What a read that gave no data means for the op.
+fn stop(e: ReadError) -> Stop {
+    match e {
+        ReadError::WouldBlock => Stop::WouldBlock,
+        ReadError::Io(e) => Stop::Status(Nfsstat4::from(&e)),
+    }
+}
+
+/// Reads up to `count` bytes at `offset` for READ and READ_PLUS through the
+/// engine's read path (see `sluice_engine::read`), as the open's stream;
+/// a write-only open reads through a fresh descriptor.
 pub(super) fn read_data(
     cx: &Ctx<'_>,
     fh: &Fh,
@@ -376,177 +390,37 @@ pub(super) fn read_data(
     sid: Stateid,
     offset: u64,
     count: usize,
-) -> Result<Bytes, Nfsstat4> {
-    let srv = cx.srv;
-    let stream = stream_id(&cx.stateid(sid)?);
-    if let Some(data) = srv.bufcache.get(file_key(st), st, offset, count) {
-        let access =
-            srv.readahead
-                .access_own_cache(file_key(st), stream, fd, offset, count as u64, st.size);
-        read_ahead(cx, fh, st, stream, &access, count);
-        srv.readahead.record(access, true);
-        srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-        return Ok(data);
-    }
-    // Whether the page cache lacks some of the data, asked only for a
-    // request that may go past the cache, and without touching the cache:
-    // a non-blocking read of missing pages would start reading them in,
-    // and the data would then come from the disk twice.
-    let within = st.size.saturating_sub(offset).min(count as u64);
-    let uncached = within > 0
-        && srv.readahead.direct_candidate(offset, count as u64)
-        && fs::cached_fully(fd.as_fd(), offset, within) == Some(false);
-    let buf = if must_not_wait() {
-        if uncached {
-            srv.readahead
-                .queued(file_key(st), stream, fd, offset, count as u64);
-            return Err(WOULD_BLOCK);
-        }
-        // Only what the page cache holds; the rest is read where waiting
-        // is allowed (also the reopen a write-only open needs). The
-        // readahead engine hears of the request once it has been served,
-        // so a request finished elsewhere is not counted twice.
-        let buf = match fs::read_cached(fd.as_fd(), offset, count) {
-            Ok(Some(buf)) => buf,
-            Ok(None) => return Err(WOULD_BLOCK),
-            Err(err) if err.raw_os_error() == Some(libc::EBADF) => return Err(WOULD_BLOCK),
-            Err(err) => return Err(Nfsstat4::from(&err)),
-        };
-        let access = srv
-            .readahead
-            .access(file_key(st), stream, fd, offset, count as u64, st.size);
-        srv.readahead.record(access, true);
-        let buf = buf.freeze();
-        if access.keep {
-            srv.bufcache.insert(file_key(st), st, offset, buf.clone());
-        }
-        buf
-    } else {
-        // Readahead starts before this request waits for the disk.
-        let access = srv.readahead.begin(
-            file_key(st),
-            stream,
-            fd,
-            offset,
-            count as u64,
-            st.size,
-            uncached,
-        );
-        read_ahead(cx, fh, st, stream, &access, count);
-        // Part of it being read ahead: wait for that rather than ask the
-        // device for the same bytes again.
-        if srv.ahead.wait(file_key(st), offset, count as u64) {
-            if let Some(data) = srv.bufcache.get(file_key(st), st, offset, count) {
-                srv.readahead.record(access, false);
-                srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(data);
-            }
-        }
-        let read = if access.direct {
-            read_direct(cx, fh, st, stream, offset, count)
-        } else {
-            None
-        };
-        let read = match read {
-            Some(r) => r.map(|buf| {
-                srv.readahead
-                    .stats
-                    .direct_bytes
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                (buf, false)
-            }),
-            None => match fs::read_buf(fd.as_fd(), offset, count) {
-                Err(err) if err.raw_os_error() == Some(libc::EBADF) => {
-                    cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY))
-                        .and_then(|rfd| fs::read_buf(rfd.as_fd(), offset, count))
-                }
-                r => r,
-            }
-            .map(|(buf, cached)| (buf.freeze(), cached)),
-        };
-        // Recorded whatever the outcome: the request is no longer in flight.
-        srv.readahead
-            .record(access, read.as_ref().is_ok_and(|(_, cached)| *cached));
-        let buf = io(read)?.0;
-        if access.keep {
-            // Kept for the reader's next pass: the page cache has not got
-            // what was read past it.
-            srv.bufcache.insert(file_key(st), st, offset, buf.clone());
-        }
-        buf
+) -> Result<Bytes, Stop> {
+    let at = ReadAt {
+        file: file_key(st),
+        st,
+        fd,
+        path: fh.fd.as_fd(),
+        stream: stream_id(&cx.stateid(sid)?),
+        offset,
+        count,
     };
-    srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
-    Ok(buf)
-}
-
-/// The stream's own O_DIRECT descriptor (the open's has the page cache's
-/// flags), opened as root: the open or the stateid already passed the
-/// permission check.
-fn direct_fd(cx: &Ctx<'_>, fh: &Fh, st: &Stat, stream: u64) -> std::io::Result<Arc<OwnedFd>> {
-    cx.srv.readahead.direct_fd(file_key(st), stream, || {
-        cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY | libc::O_DIRECT))
-    })
-}
-
-/// Starts reading the part of a window that the readahead engine handed
-/// back for a reader past the page cache, in pieces of the reader's
-/// request size, into the server's cache.
-fn read_ahead(cx: &Ctx<'_>, fh: &Fh, st: &Stat, stream: u64, access: &Access, count: usize) {
-    let Some((from, to)) = access.ahead else {
-        return;
-    };
-    let align = fs::DIRECT_ALIGN as u64;
-    let piece = (count as u64 / align * align)
-        .max(cx.srv.readahead.config().direct_min.next_multiple_of(align));
-    if let Ok(fd) = direct_fd(cx, fh, st, stream) {
-        cx.srv
-            .ahead
-            .schedule(file_key(st), st, &fd, from, to, piece);
-    }
-}
-
-/// Reads with O_DIRECT through the stream's own descriptor. None when the
-/// file system refuses direct I/O here, to read through the page cache
-/// instead.
-fn read_direct(
-    cx: &Ctx<'_>,
-    fh: &Fh,
-    st: &Stat,
-    stream: u64,
-    offset: u64,
-    count: usize,
-) -> Option<std::io::Result<Bytes>> {
-    let fd = match direct_fd(cx, fh, st, stream) {
-        Ok(fd) => fd,
-        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => return None,
-        Err(err) => return Some(Err(err)),
-    };
-    match fs::read_direct(fd.as_fd(), offset, count) {
-        Err(err) if err.raw_os_error() == Some(libc::EINVAL) => None,
-        r => Some(r),
-    }
+    let data = cx.srv.read.read(&at, read_mode()).map_err(stop)?;
+    cx.srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
+    Ok(data)
 }
 
 /// The shared range lock a READ or READ_PLUS holds around its data. On
-/// the connection's task only when it is free now: WOULD_BLOCK otherwise,
-/// to wait for it elsewhere.
+/// the connection's task only when it is free now ([`Stop::WouldBlock`]
+/// otherwise, to wait for it elsewhere).
 pub(super) fn read_lock<'a>(
     cx: &Ctx<'a>,
     key: (u64, u64),
     start: u64,
     end: u64,
-) -> Result<RangeGuard<'a>, Nfsstat4> {
-    if must_not_wait() {
-        cx.srv.locks.try_read(key, start, end).ok_or(WOULD_BLOCK)
-    } else {
-        Ok(cx.srv.locks.read(key, start, end))
-    }
+) -> Result<RangeGuard<'a>, Stop> {
+    cx.srv.read.lock(key, start, end, read_mode()).map_err(stop)
 }
 
 /// READ.
-pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
     let started = Instant::now();
-    let st = run(|| {
+    let st = run_or_block(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
         let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as usize;
@@ -569,7 +443,7 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         e.opaque_shared(data);
         Ok(())
     });
-    if st != WOULD_BLOCK {
+    if st != Outcome::WouldBlock {
         cx.srv.metrics.read_latency.observe(started.elapsed());
     }
     st

@@ -3,7 +3,7 @@
 //! VERIFY/NVERIFY.
 
 use super::attrs::{self, AttrSource};
-use super::context::{Ctx, Fh, OpStatus};
+use super::context::{Ctx, Fh, OpStatus, Outcome, Stop};
 use super::exports::Loc;
 use super::state::Stateid;
 use crate::engine::fs::{self, SetTime, Stat};
@@ -20,6 +20,15 @@ pub(super) fn run(f: impl FnOnce() -> Result<(), Nfsstat4>) -> OpStatus {
     match f() {
         Ok(()) => status::OK,
         Err(st) => st,
+    }
+}
+
+/// Like [`run`] for an op that may have to wait (see [`Stop`]).
+pub(super) fn run_or_block(f: impl FnOnce() -> Result<(), Stop>) -> Outcome {
+    match f() {
+        Ok(()) => Outcome::Done(status::OK),
+        Err(Stop::Status(st)) => Outcome::Done(st),
+        Err(Stop::WouldBlock) => Outcome::WouldBlock,
     }
 }
 

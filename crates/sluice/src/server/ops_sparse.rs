@@ -1,9 +1,9 @@
 //! NFSv4.2 sparse file ops (RFC 7862): READ_PLUS, SEEK, ALLOCATE and
 //! DEALLOCATE.
 
-use super::context::{must_not_wait, Ctx, OpStatus, WOULD_BLOCK};
+use super::context::{must_not_wait, Ctx, OpStatus, Outcome, Stop};
 use super::ops_file::{cur_file, file_key, io_fd, read_data, read_lock};
-use super::ops_fs::{io, run, stateid, x};
+use super::ops_fs::{io, run, run_or_block, stateid, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
@@ -30,9 +30,9 @@ const HOLE_SIZE: usize = 4 + 8 + 8;
 /// READ_PLUS: data and hole segments in ascending, contiguous order. The
 /// encoded segments never take more than `count` bytes plus one segment
 /// header, which is what the Linux client budgets for.
-pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
+pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
     let started = Instant::now();
-    let status = run(|| {
+    let status = run_or_block(|| {
         let sid = stateid(d)?;
         let offset = x(d.u64())?;
         let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as u64;
@@ -54,7 +54,7 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
             cx.srv
                 .extents
                 .cached_extents(&st, offset, end)
-                .ok_or(WOULD_BLOCK)?
+                .ok_or(Stop::WouldBlock)?
         } else {
             io(cx
                 .srv
@@ -122,7 +122,7 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
         e.append(body);
         Ok(())
     });
-    if status != WOULD_BLOCK {
+    if status != Outcome::WouldBlock {
         cx.srv.metrics.read_latency.observe(started.elapsed());
     }
     status

@@ -3,7 +3,7 @@
 //! the row instead of keeping lists of op numbers; adding an op is one row
 //! and one handler.
 
-use super::context::{Ctx, OpStatus};
+use super::context::{Ctx, OpStatus, Outcome};
 use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse};
 use crate::nfs4::consts::{op, status};
 use crate::nfs4::Nfsstat4;
@@ -11,17 +11,24 @@ use crate::xdr::{Decoder, Encoder};
 
 /// An op handler: decodes its arguments from the decoder, works, writes
 /// its result body (after the status the loop writes) and returns the
-/// status.
-pub type Handler = fn(&mut Ctx<'_>, &mut Decoder<'_>, &mut Encoder) -> OpStatus;
+/// status; or, for ops that may run where waiting is not allowed and
+/// find they would have to, says so.
+#[derive(Clone, Copy)]
+pub(super) enum Handler {
+    /// An op that never has to stop for waiting.
+    Plain(fn(&mut Ctx<'_>, &mut Decoder<'_>, &mut Encoder) -> OpStatus),
+    /// An op that may answer [`Outcome::WouldBlock`].
+    MayBlock(fn(&mut Ctx<'_>, &mut Decoder<'_>, &mut Encoder) -> Outcome),
+}
 
 /// An op handler for a pseudo directory (its index in the pseudo file
 /// system is the second argument).
-pub type PseudoHandler = fn(&mut Ctx<'_>, usize, &mut Decoder<'_>, &mut Encoder) -> OpStatus;
+pub(super) type PseudoHandler = fn(&mut Ctx<'_>, usize, &mut Decoder<'_>, &mut Encoder) -> OpStatus;
 
 /// What an op does on a pseudo directory of the namespace joining the
 /// exports.
 #[derive(Clone, Copy)]
-pub enum OnPseudo {
+pub(super) enum OnPseudo {
     /// The ordinary handler, which reads pseudo directories' attributes.
     Same,
     /// A handler of its own.
@@ -32,36 +39,36 @@ pub enum OnPseudo {
 }
 
 /// Properties of an op (bits of [`OpDesc::flags`]).
-pub mod flags {
+pub(super) mod flags {
     /// Changes the file system: refused on read-only exports.
-    pub const CHANGES_FS: u16 = 1 << 0;
+    pub(crate) const CHANGES_FS: u16 = 1 << 0;
     /// Sets, saves, restores or returns the current filehandle without
     /// touching the object behind it.
-    pub const MOVES_FH: u16 = 1 << 1;
+    pub(crate) const MOVES_FH: u16 = 1 << 1;
     /// Does not act on the current object at all (client, session and
     /// stateid ops).
-    pub const NO_OBJECT: u16 = 1 << 2;
+    pub(crate) const NO_OBJECT: u16 = 1 << 2;
     /// May be the only op of a COMPOUND without SEQUENCE.
-    pub const SESSIONLESS: u16 = 1 << 3;
+    pub(crate) const SESSIONLESS: u16 = 1 << 3;
     /// May run on the connection's task: touches only memory, or only
     /// tries (see `compound::try_compound`).
-    pub const NO_WAIT: u16 = 1 << 4;
+    pub(crate) const NO_WAIT: u16 = 1 << 4;
     /// Sets a new current filehandle and no stateid: resets the current
     /// stateid (RFC 8881 section 16.2.3.1.2).
-    pub const CLEARS_STATEID: u16 = 1 << 5;
+    pub(crate) const CLEARS_STATEID: u16 = 1 << 5;
     /// Changes server or file system state: its result must fit the
     /// session's reply limits before it runs, or it is not run.
-    pub const MODIFIES: u16 = 1 << 6;
+    pub(crate) const MODIFIES: u16 = 1 << 6;
     /// An NFSv4.0 op that NFSv4.1 does not allow (RFC 8881 section 18).
-    pub const V40_ONLY: u16 = 1 << 7;
+    pub(crate) const V40_ONLY: u16 = 1 << 7;
     /// Renames or links between the saved and the current filehandle:
     /// both must be in one export.
-    pub const TWO_OBJECTS: u16 = 1 << 8;
+    pub(crate) const TWO_OBJECTS: u16 = 1 << 8;
 }
 
 /// One row of the op table.
 #[derive(Clone, Copy)]
-pub struct OpDesc {
+pub(super) struct OpDesc {
     /// The op's name in RFC 8881 and RFC 7862.
     pub name: &'static str,
     /// The handler; None for ops that are defined but not implemented
@@ -77,12 +84,12 @@ pub struct OpDesc {
 
 impl OpDesc {
     /// True when the op has property `flag`.
-    pub fn has(&self, flag: u16) -> bool {
+    pub(super) fn has(&self, flag: u16) -> bool {
         self.flags & flag != 0
     }
 
     /// True when the op acts on the object behind the current filehandle.
-    pub fn uses_cur_object(&self) -> bool {
+    pub(super) fn uses_cur_object(&self) -> bool {
         !self.has(flags::MOVES_FH | flags::NO_OBJECT)
     }
 }
@@ -100,14 +107,14 @@ const BITMAP: u32 = 16;
 
 const fn row(
     name: &'static str,
-    run: Handler,
+    run: fn(&mut Ctx<'_>, &mut Decoder<'_>, &mut Encoder) -> OpStatus,
     pseudo: OnPseudo,
     flags: u16,
     reply_bound: u32,
 ) -> OpDesc {
     OpDesc {
         name,
-        run: Some(run),
+        run: Some(Handler::Plain(run)),
         pseudo,
         flags,
         reply_bound,
@@ -231,7 +238,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         MOVES_FH | NO_WAIT | CLEARS_STATEID,
         0,
     ),
-    row("READ", ops_file::read, ISDIR, NO_WAIT, 0),
+    OpDesc {
+        name: "READ",
+        run: Some(Handler::MayBlock(ops_file::read)),
+        pseudo: ISDIR,
+        flags: NO_WAIT,
+        reply_bound: 0,
+    },
     row(
         "READDIR",
         ops_fs::readdir,
@@ -370,7 +383,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     unsupported("LAYOUTSTATS", 0),
     unsupported("OFFLOAD_CANCEL", 0),
     unsupported("OFFLOAD_STATUS", 0),
-    row("READ_PLUS", ops_sparse::read_plus, ISDIR, NO_WAIT, 0),
+    OpDesc {
+        name: "READ_PLUS",
+        run: Some(Handler::MayBlock(ops_sparse::read_plus)),
+        pseudo: ISDIR,
+        flags: NO_WAIT,
+        reply_bound: 0,
+    },
     row("SEEK", ops_sparse::seek, ISDIR, 0, 0),
     unsupported("WRITE_SAME", 0),
     unsupported("CLONE", 0),
@@ -387,16 +406,11 @@ fn sequence_not_first(_: &mut Ctx<'_>, _: &mut Decoder<'_>, _: &mut Encoder) -> 
 
 /// The row of op `opnum`, or None for numbers that are not NFSv4.1/4.2
 /// ops (NFS4ERR_OP_ILLEGAL).
-pub fn desc(opnum: u32) -> Option<&'static OpDesc> {
+pub(super) fn desc(opnum: u32) -> Option<&'static OpDesc> {
     if opnum < op::ACCESS {
         return None;
     }
     OPS.get(opnum as usize)
-}
-
-/// The name of op `opnum`, for logs.
-pub fn name(opnum: u32) -> &'static str {
-    desc(opnum).map_or("ILLEGAL", |d| d.name)
 }
 
 #[cfg(test)]
@@ -417,7 +431,7 @@ mod tests {
             (op::SEEK, "SEEK"),
             (op::REMOVEXATTR, "REMOVEXATTR"),
         ] {
-            assert_eq!(name, super::name(n), "op {n}");
+            assert_eq!(Some(name), desc(n).map(|d| d.name), "op {n}");
         }
         assert!(desc(0).is_none() && desc(2).is_none() && desc(op::LAST_KNOWN + 1).is_none());
     }
