@@ -192,7 +192,8 @@ class MetricsServer(SluiceServer):
             assert r.status == 200
             ctype = r.headers.get("Content-Type", "")
             text = r.read().decode()
-        assert ctype.startswith("text/plain"), f"Content-Type {ctype!r}"
+        assert ctype.startswith("application/openmetrics-text"), f"Content-Type {ctype!r}"
+        assert text.endswith("# EOF\n"), "the OpenMetrics page does not end with # EOF"
         return parse_metrics(text)
 
 
@@ -200,7 +201,7 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\d+)?$"
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text format -> {"name" or "name{labels}": value}."""
+    """OpenMetrics text format -> {"name" or "name{labels}": value}."""
     out = {}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):

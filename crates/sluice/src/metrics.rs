@@ -1,32 +1,25 @@
 //! Server metrics in the Prometheus text format, served over HTTP at
 //! `--metrics ADDR` (`GET /metrics`).
 
-use crate::server::counters::{Histogram, LATENCY_BOUNDS_US};
 use crate::server::Server;
-use std::fmt::Write as _;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-/// Writes `h` as a Prometheus histogram.
-fn histogram(out: &mut String, h: &Histogram, name: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    let (buckets, sum_us, count) = h.snapshot();
-    let mut cumulative = 0;
-    for (i, n) in buckets.iter().enumerate() {
-        cumulative += n;
-        let le = match LATENCY_BOUNDS_US.get(i) {
-            Some(us) => format!("{}", *us as f64 / 1e6),
-            None => "+Inf".to_string(),
-        };
-        let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
-    }
-    let _ = writeln!(out, "{name}_sum {}", sum_us as f64 / 1e6);
-    let _ = writeln!(out, "{name}_count {count}");
-}
+use tokio::net::TcpListener;
 
 /// Bytes this process caused to be read from storage (`read_bytes` of
 /// /proc/self/io), or None where the kernel does not account I/O.
@@ -37,240 +30,244 @@ pub fn disk_read_bytes() -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn counter(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    let _ = writeln!(out, "{name} {v}");
+/// The server's metrics, read at each scrape: counters and gauges from
+/// the server's atomics and state table, and the READ latency histogram.
+#[derive(Debug)]
+struct Collect(Arc<Server>);
+
+/// One counter (its name without `_total`, which the encoding adds).
+fn counter(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(e.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} gauge");
-    let _ = writeln!(out, "{name} {v}");
+/// One gauge.
+fn gauge(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt::Result {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
-/// Clients, sessions, opens, locks, grace and reclaims.
-fn render_state(out: &mut String, srv: &Server) {
-    let u = srv.state.usage();
-    let g = srv.state.grace_status();
-    let c = &srv.state.counters;
-    let gauges: [(&str, &str, u64); 8] = [
-        (
-            "sluice_clients",
-            "Client records, confirmed or not.",
-            u.clients as u64,
-        ),
-        (
-            "sluice_courtesy_clients",
-            "Clients whose lease ran out that keep their state until somebody conflicts with it.",
-            u.courtesy as u64,
-        ),
-        ("sluice_sessions", "Sessions.", u.sessions as u64),
-        (
-            "sluice_opens",
-            "Open stateids (one per open-owner and file).",
-            u.opens as u64,
-        ),
-        (
-            "sluice_lock_owners",
-            "Lock stateids (one per lock-owner and file).",
-            u.lock_owners as u64,
-        ),
-        (
-            "sluice_locks",
-            "Byte ranges locked by clients.",
-            u.locks as u64,
-        ),
-        (
-            "sluice_in_grace",
-            "1 during the grace period after a start, when only reclaims are allowed.",
-            g.active as u64,
-        ),
-        (
-            "sluice_grace_waiting_clients",
-            "Clients known from before the start that have not finished reclaiming.",
-            g.waiting as u64,
-        ),
-    ];
-    for (name, help, v) in gauges {
-        gauge(out, name, help, v);
+impl Collector for Collect {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> fmt::Result {
+        let srv = &self.0;
+        let m = &srv.metrics;
+        let ra = &srv.read.readahead.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counters: [(&str, &str, u64); 12] = [
+            ("sluice_reads", "READ and READ_PLUS operations served.", load(&m.reads)),
+            (
+                "sluice_read_bytes_sent",
+                "File data bytes sent in READ and READ_PLUS replies.",
+                load(&m.read_bytes_sent),
+            ),
+            (
+                "sluice_disk_read_bytes",
+                "Bytes the server process read from storage (read_bytes of /proc/self/io).",
+                disk_read_bytes().unwrap_or(0),
+            ),
+            (
+                "sluice_readahead_issued_bytes",
+                "Bytes the server read ahead: into the page cache, or with O_DIRECT into its read cache.",
+                load(&ra.issued_bytes),
+            ),
+            (
+                "sluice_readahead_dropped",
+                "Readahead requests dropped because a readahead queue was full.",
+                load(&ra.dropped),
+            ),
+            (
+                "sluice_readahead_hits",
+                "Reads of sequential streams served without waiting for the disk (from the page cache or from data read ahead into the read cache).",
+                load(&ra.hits),
+            ),
+            (
+                "sluice_readahead_misses",
+                "Reads of sequential streams that had to wait for the disk.",
+                load(&ra.misses),
+            ),
+            (
+                "sluice_readahead_wasted_bytes",
+                "Bytes read ahead that no read reached before the stream moved or ended.",
+                load(&ra.wasted_bytes),
+            ),
+            (
+                "sluice_direct_read_bytes",
+                "Bytes of cold sequential streams read with O_DIRECT, past the page cache (their READs and their readahead).",
+                load(&ra.direct_bytes),
+            ),
+            (
+                "sluice_read_cache_hits",
+                "READs served from the server's cache of data read with O_DIRECT.",
+                load(&srv.read.bufcache.stats.hits),
+            ),
+            (
+                "sluice_reclaims",
+                "Opens and locks reclaimed during grace.",
+                load(&srv.state.counters.reclaims),
+            ),
+            (
+                "sluice_clients_expired",
+                "Clients expired: silent with nothing to keep, out of courtesy time, or in the way of another client.",
+                load(&srv.state.counters.expired),
+            ),
+        ];
+        for (name, help, v) in counters {
+            counter(&mut e, name, help, v)?;
+        }
+        let u = srv.state.usage();
+        let g = srv.state.grace_status();
+        let gauges: [(&str, &str, u64); 10] = [
+            (
+                "sluice_readahead_max_bytes",
+                "Largest readahead window of a stream.",
+                srv.read.readahead.config().max,
+            ),
+            (
+                "sluice_read_cache_bytes",
+                "Bytes held by the cache of data read with O_DIRECT.",
+                load(&srv.read.bufcache.stats.bytes),
+            ),
+            ("sluice_clients", "Client records, confirmed or not.", u.clients as u64),
+            (
+                "sluice_courtesy_clients",
+                "Clients whose lease ran out that keep their state until somebody conflicts with it.",
+                u.courtesy as u64,
+            ),
+            ("sluice_sessions", "Sessions.", u.sessions as u64),
+            ("sluice_opens", "Open stateids (one per open-owner and file).", u.opens as u64),
+            (
+                "sluice_lock_owners",
+                "Lock stateids (one per lock-owner and file).",
+                u.lock_owners as u64,
+            ),
+            ("sluice_locks", "Byte ranges locked by clients.", u.locks as u64),
+            (
+                "sluice_in_grace",
+                "1 during the grace period after a start, when only reclaims are allowed.",
+                g.active as u64,
+            ),
+            (
+                "sluice_grace_waiting_clients",
+                "Clients known from before the start that have not finished reclaiming.",
+                g.waiting as u64,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            gauge(&mut e, name, help, v)?;
+        }
+        let h = &m.read_latency.0;
+        h.encode(e.encode_descriptor(
+            "sluice_read_duration_seconds",
+            "Time to serve one READ or READ_PLUS operation.",
+            None,
+            h.metric_type(),
+        )?)
     }
-    counter(
-        out,
-        "sluice_reclaims_total",
-        "Opens and locks reclaimed during grace.",
-        c.reclaims.load(Ordering::Relaxed),
-    );
-    counter(
-        out,
-        "sluice_clients_expired_total",
-        "Clients expired: silent with nothing to keep, out of courtesy time, or in the way of another client.",
-        c.expired.load(Ordering::Relaxed),
-    );
 }
 
-/// The metrics page.
-pub fn render(srv: &Server) -> String {
-    let m = &srv.metrics;
-    let ra = &srv.read.readahead.stats;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let counters: [(&str, &str, u64); 10] = [
-        (
-            "sluice_reads_total",
-            "READ and READ_PLUS operations served.",
-            load(&m.reads),
-        ),
-        (
-            "sluice_read_bytes_sent_total",
-            "File data bytes sent in READ and READ_PLUS replies.",
-            load(&m.read_bytes_sent),
-        ),
-        (
-            "sluice_disk_read_bytes_total",
-            "Bytes the server process read from storage (read_bytes of /proc/self/io).",
-            disk_read_bytes().unwrap_or(0),
-        ),
-        (
-            "sluice_readahead_issued_bytes_total",
-            "Bytes the server read ahead: into the page cache, or with O_DIRECT into its read cache.",
-            load(&ra.issued_bytes),
-        ),
-        (
-            "sluice_readahead_dropped_total",
-            "Readahead requests dropped because a readahead queue was full.",
-            load(&ra.dropped),
-        ),
-        (
-            "sluice_readahead_hits_total",
-            "Reads of sequential streams served without waiting for the disk (from the page cache or from data read ahead into the read cache).",
-            load(&ra.hits),
-        ),
-        (
-            "sluice_readahead_misses_total",
-            "Reads of sequential streams that had to wait for the disk.",
-            load(&ra.misses),
-        ),
-        (
-            "sluice_readahead_wasted_bytes_total",
-            "Bytes read ahead that no read reached before the stream moved or ended.",
-            load(&ra.wasted_bytes),
-        ),
-        (
-            "sluice_direct_read_bytes_total",
-            "Bytes of cold sequential streams read with O_DIRECT, past the page cache (their READs and their readahead).",
-            load(&ra.direct_bytes),
-        ),
-        (
-            "sluice_read_cache_hits_total",
-            "READs served from the server's cache of data read with O_DIRECT.",
-            load(&srv.read.bufcache.stats.hits),
-        ),
-    ];
-    let mut out = String::with_capacity(4096);
-    for (name, help, v) in counters {
-        counter(&mut out, name, help, v);
+/// The metrics page, in the OpenMetrics text format.
+pub fn render(srv: &Arc<Server>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Collect(srv.clone())));
+    let mut out = String::with_capacity(8192);
+    if let Err(e) = encode(&mut out, &registry) {
+        tracing::warn!(error = %e, "metrics: cannot encode");
     }
-    let _ = writeln!(
-        out,
-        "# HELP sluice_readahead_max_bytes Largest readahead window of a stream.\n\
-         # TYPE sluice_readahead_max_bytes gauge\n\
-         sluice_readahead_max_bytes {}",
-        srv.read.readahead.config().max
-    );
-    let _ = writeln!(
-        out,
-        "# HELP sluice_read_cache_bytes Bytes held by the cache of data read with O_DIRECT.\n\
-         # TYPE sluice_read_cache_bytes gauge\n\
-         sluice_read_cache_bytes {}",
-        load(&srv.read.bufcache.stats.bytes)
-    );
-    render_state(&mut out, srv);
-    histogram(
-        &mut out,
-        &m.read_latency,
-        "sluice_read_duration_seconds",
-        "Time to serve one READ or READ_PLUS operation.",
-    );
     out
 }
 
-/// Serves the metrics page until the task is dropped.
+/// The content type of [`render`]'s page.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves the metrics page over HTTP/1.1 (hyper) until the task is
+/// dropped: `GET /metrics` (or `/`); other paths get 404, other methods 405.
 pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                let srv = srv.clone();
-                tokio::spawn(async move {
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(10), answer(stream, srv)).await;
-                });
-            }
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        }
+        };
+        let srv = srv.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| answer(req, srv.clone()));
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
+        });
     }
 }
 
-/// Reads one HTTP request head (bounded) and answers it.
-async fn answer(mut s: TcpStream, srv: Arc<Server>) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        let n = s.read(&mut buf).await?;
-        if n == 0 {
-            break;
+/// Answers one request.
+async fn answer(
+    req: Request<Incoming>,
+    srv: Arc<Server>,
+) -> Result<Response<Full<Bytes>>, std::convert::Infallible> {
+    let reply = |status: StatusCode, ctype: &str, body: String| {
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        *r.status_mut() = status;
+        if let Ok(v) = hyper::header::HeaderValue::from_str(ctype) {
+            r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
         }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > 8192 {
-            break;
-        }
-    }
-    let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, body, ctype) = if method != "GET" {
-        (
-            "405 Method Not Allowed",
-            "only GET\n".to_string(),
+        r
+    };
+    Ok(if req.method() != Method::GET {
+        reply(
+            StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
+            "only GET\n".into(),
         )
-    } else if path == "/metrics" || path == "/" {
-        let srv2 = srv.clone();
-        let body = tokio::task::spawn_blocking(move || render(&srv2))
+    } else if matches!(req.uri().path(), "/metrics" | "/") {
+        // The state table's lock and /proc reads: off the async threads.
+        let body = tokio::task::spawn_blocking(move || render(&srv))
             .await
             .unwrap_or_default();
-        ("200 OK", body, "text/plain; version=0.0.4")
+        reply(StatusCode::OK, CONTENT_TYPE, body)
     } else {
-        ("404 Not Found", "see /metrics\n".to_string(), "text/plain")
-    };
-    let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(resp.as_bytes()).await?;
-    s.shutdown().await
+        reply(StatusCode::NOT_FOUND, "text/plain", "see /metrics\n".into())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn server() -> Arc<Server> {
+        let mut r = [0u8; 8];
+        getrandom::getrandom(&mut r).unwrap();
+        let dir = std::env::temp_dir().join(format!("sluice-metrics-{}", u64::from_le_bytes(r)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = crate::engine::handle::HandleKey::new([1; 32]);
+        let export = crate::engine::export::Export::open(&dir, 0, key.clone()).unwrap();
+        Arc::new(Server::new(export, key, Default::default()).unwrap())
+    }
+
     #[test]
-    fn histogram_buckets_are_cumulative() {
-        let h = Histogram::default();
+    fn the_page_has_counters_gauges_and_a_cumulative_histogram() {
+        let srv = server();
+        srv.metrics.reads.fetch_add(3, Ordering::Relaxed);
+        let h = &srv.metrics.read_latency;
         h.observe(Duration::from_micros(10));
         h.observe(Duration::from_micros(300));
         h.observe(Duration::from_secs(10));
-        let mut s = String::new();
-        histogram(&mut s, &h, "x", "help");
-        assert!(s.contains("x_bucket{le=\"0.000025\"} 1\n"), "{s}");
-        assert!(s.contains("x_bucket{le=\"0.0005\"} 2\n"), "{s}");
-        assert!(s.contains("x_bucket{le=\"5\"} 2\n"), "{s}");
-        assert!(s.contains("x_bucket{le=\"+Inf\"} 3\n"), "{s}");
-        assert!(s.contains("x_count 3\n"), "{s}");
+        let s = render(&srv);
+        for want in [
+            "# TYPE sluice_reads counter\n",
+            "sluice_reads_total 3\n",
+            "# TYPE sluice_in_grace gauge\n",
+            "sluice_in_grace 0\n",
+            "sluice_sessions 0\n",
+            "sluice_read_duration_seconds_bucket{le=\"0.000025\"} 1\n",
+            "sluice_read_duration_seconds_bucket{le=\"0.0005\"} 2\n",
+            "sluice_read_duration_seconds_bucket{le=\"5.0\"} 2\n",
+            "sluice_read_duration_seconds_bucket{le=\"+Inf\"} 3\n",
+            "sluice_read_duration_seconds_count 3\n",
+        ] {
+            assert!(s.contains(want), "{want:?} not in:\n{s}");
+        }
+        assert!(s.ends_with("# EOF\n"), "{s}");
     }
 
     #[test]

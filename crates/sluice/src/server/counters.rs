@@ -1,45 +1,32 @@
-//! Counters the server updates as it works; `crate::metrics` renders
+//! Counters the server updates as it works; `crate::metrics` exposes
 //! them for Prometheus.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-/// Upper bounds of the READ latency histogram buckets, in microseconds.
-pub const LATENCY_BOUNDS_US: [u64; 16] = [
-    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 5_000_000,
+/// Upper bounds of the READ latency histogram buckets, in seconds.
+pub const LATENCY_BOUNDS: [f64; 16] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 5.0,
 ];
 
-/// A latency histogram with fixed buckets, safe to update from any thread.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
-    sum_us: AtomicU64,
-    count: AtomicU64,
+/// A latency histogram with fixed buckets ([`LATENCY_BOUNDS`]), safe to
+/// update from any thread.
+#[derive(Debug, Clone)]
+pub struct Histogram(pub prometheus_client::metrics::histogram::Histogram);
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram(prometheus_client::metrics::histogram::Histogram::new(
+            LATENCY_BOUNDS,
+        ))
+    }
 }
 
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
-        let us = d.as_micros().min(u64::MAX as u128) as u64;
-        let i = LATENCY_BOUNDS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(LATENCY_BOUNDS_US.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The count in each bucket (not cumulative), the sum in
-    /// microseconds and the number of observations.
-    pub fn snapshot(&self) -> ([u64; LATENCY_BOUNDS_US.len() + 1], u64, u64) {
-        let buckets = std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
-        (
-            buckets,
-            self.sum_us.load(Ordering::Relaxed),
-            self.count.load(Ordering::Relaxed),
-        )
+        self.0.observe(d.as_secs_f64());
     }
 }
 
