@@ -33,8 +33,10 @@ EXPERIMENTS = ["sparse", "stream", "mix"]
 RA_OFF = "sluice-ra-off"
 # sluice with --read-plus-min-hole 4K (every hole the file system reports).
 HOLE_4K = "sluice-hole4k"
+# Another sluice binary (--baseline-binary), measured beside this one.
+BASELINE = "sluice-base"
 # The servers a run can start; the variants of the others are left out.
-SERVERS = ["sluice", RA_OFF, HOLE_4K, "ganesha"]
+SERVERS = ["sluice", RA_OFF, HOLE_4K, BASELINE, "ganesha"]
 CACHES = ["cold", "warm"]
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
@@ -283,7 +285,7 @@ def plan_stream(cfg: Config) -> list[Round]:
     rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration)
     pass_seconds = cfg.pass_seconds(cfg.size)
     both = ("sluice", "ganesha")
-    three = ("sluice", RA_OFF, "ganesha")
+    three = ("sluice", BASELINE, RA_OFF, "ganesha")
     cases = {
         "seq-1-stream": [
             Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
@@ -314,7 +316,7 @@ def plan_mix(cfg: Config) -> list[Round]:
     common = dict(pattern="random", bs=8192, inflight=1, streams=MIX_STREAMS, duration=cfg.duration)
     mixed = LoadSpec(mode="mix", write_pct=50, **common)
     readers = LoadSpec(mode="read", **common)
-    both = ("sluice", "ganesha")
+    both = ("sluice", BASELINE, "ganesha")
     cases = {
         "randrw-50": [_load_variant(s, "mix", path, mixed, cfg, warm=SEQ_1M) for s in both],
         "randread-only": [_load_variant(s, "read", path, readers, cfg, warm=SEQ_1M) for s in both],

@@ -106,11 +106,22 @@ class Sluice(Server):
             return ""
 
     def __init__(
-        self, binary: Path, export: Path, workdir: Path, name: str = "sluice", extra_args=(), link: Link | None = None
+        self,
+        binary: Path,
+        export: Path,
+        workdir: Path,
+        name: str = "sluice",
+        extra_args=(),
+        link: Link | None = None,
+        root_squash_flag: bool = True,
     ):
         super().__init__(link)
         self.binary, self.export, self.workdir = binary, export, workdir
         self.name, self.extra_args = name, list(extra_args)
+        # The benchmark's clients write as root: --no-root-squash (builds
+        # from before root was squashed by default do not know the flag).
+        if root_squash_flag:
+            self.extra_args.insert(0, "--no-root-squash")
 
     def start(self, teardown: Teardown) -> None:
         state = self.workdir / f"{self.name}-state"
@@ -127,8 +138,6 @@ class Sluice(Server):
                         f"{self.host}:0",
                         "--state-dir",
                         str(state),
-                        # The benchmark's clients write as root.
-                        "--no-root-squash",
                         *self.extra_args,
                     ]
                 ),
