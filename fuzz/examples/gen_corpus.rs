@@ -11,6 +11,7 @@
 //! ```
 
 use sluice::nfs4::consts::{attr, ftype, op, status};
+use sluice::nfs4::msg::{AuthSysParms, CallbackSec, ChannelAttrs4, CreateSessionArgs, Xdr};
 use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::Encoder;
@@ -653,19 +654,28 @@ fn compound_seeds() -> Vec<Seed> {
             "wrapped-create-session-stale",
             w,
             Compound::new(1, "").op(op::CREATE_SESSION, |e| {
-                e.u64(0x1234);
-                e.u32(1);
-                e.u32(0);
-                harness::channel_attrs(e, &[0, 65536, 65536, 4096, 8, 4]);
-                harness::channel_attrs(e, &[0, 4096, 4096, 0, 2, 1]);
-                e.u32(0x4000_0000);
-                e.u32(1);
-                e.u32(1); // AUTH_SYS
-                e.u32(0);
-                e.string("cb");
-                e.u32(0);
-                e.u32(0);
-                e.u32(0);
+                let channel = |max: u32, cached: u32, ops: u32, reqs: u32| ChannelAttrs4 {
+                    header_pad: 0,
+                    max_request: max,
+                    max_response: max,
+                    max_response_cached: cached,
+                    max_ops: ops,
+                    max_requests: reqs,
+                    rdma_ird: None,
+                };
+                CreateSessionArgs {
+                    clientid: 0x1234,
+                    sequence: 1,
+                    flags: 0,
+                    fore: channel(65536, 4096, 8, 4),
+                    back: channel(4096, 0, 2, 1),
+                    cb_program: 0x4000_0000,
+                    cb_sec: vec![CallbackSec::Sys(AuthSysParms {
+                        machine: b"cb".to_vec(),
+                        ..Default::default()
+                    })],
+                }
+                .encode(e)
             }),
             status::STALE_CLIENTID,
         ),

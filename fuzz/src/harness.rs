@@ -23,6 +23,10 @@ use crate::wire::{self, Auth, Compound};
 use sluice::engine::export::Export;
 use sluice::engine::handle::HandleKey;
 use sluice::nfs4::consts::{op, status, SESSIONID_SIZE};
+use sluice::nfs4::msg::{
+    CallbackSec, ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs,
+    ExchangeIdResOk, Xdr,
+};
 use sluice::server::{Config, Server};
 use std::ffi::CString;
 use std::io::Write;
@@ -280,17 +284,27 @@ fn clear_dir(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Fore channel attributes the harness asks for: header pad, max request,
-/// max response, max response cached, max ops, max requests.
-const FORE_CHANNEL: [u32; 6] = [0, 1 << 20, 1 << 20, 64 * 1024, 64, SLOTS];
+/// Fore channel attributes the harness asks for.
+const FORE_CHANNEL: ChannelAttrs4 = ChannelAttrs4 {
+    header_pad: 0,
+    max_request: 1 << 20,
+    max_response: 1 << 20,
+    max_response_cached: 64 * 1024,
+    max_ops: 64,
+    max_requests: SLOTS,
+    rdma_ird: None,
+};
 
-/// Writes channel_attrs4 for CREATE_SESSION.
-pub fn channel_attrs(e: &mut sluice::xdr::Encoder, attrs: &[u32; 6]) {
-    for v in attrs {
-        e.u32(*v);
-    }
-    e.u32(0); // no RDMA
-}
+/// Back channel attributes the harness asks for.
+const BACK_CHANNEL: ChannelAttrs4 = ChannelAttrs4 {
+    header_pad: 0,
+    max_request: 4096,
+    max_response: 4096,
+    max_response_cached: 0,
+    max_ops: 2,
+    max_requests: 1,
+    rdma_ird: None,
+};
 
 impl Harness {
     /// Makes the export, the server and the session. Panics when the
@@ -374,31 +388,35 @@ impl Harness {
     fn new_session(&mut self) -> Session {
         let generation = self.resets;
         let xchg = Compound::new(1, "harness").op(op::EXCHANGE_ID, |e| {
-            e.opaque_fixed(&generation.to_be_bytes());
-            e.string("sluice-fuzz-harness");
-            e.u32(0); // flags
-            e.u32(0); // SP4_NONE
-            e.u32(0); // no implementation id
+            ExchangeIdArgs {
+                verifier: generation.to_be_bytes(),
+                ownerid: b"sluice-fuzz-harness".to_vec(),
+                ..Default::default()
+            }
+            .encode(e)
         });
         let reply = self.must("EXCHANGE_ID", &xchg);
         let (_, mut d) = wire::reply_results(&reply).expect("EXCHANGE_ID reply");
         d.u32().and(d.u32()).expect("EXCHANGE_ID result header");
-        let clientid = d.u64().expect("client id");
-        let seq = d.u32().expect("sequence id");
+        let x = ExchangeIdResOk::decode(&mut d).expect("EXCHANGE_ID result");
         let create = Compound::new(1, "harness").op(op::CREATE_SESSION, |e| {
-            e.u64(clientid);
-            e.u32(seq);
-            e.u32(0); // flags
-            channel_attrs(e, &FORE_CHANNEL);
-            channel_attrs(e, &[0, 4096, 4096, 0, 2, 1]);
-            e.u32(0x4000_0000); // callback program
-            e.u32(1);
-            e.u32(0); // AUTH_NONE for callbacks
+            CreateSessionArgs {
+                clientid: x.clientid,
+                sequence: x.sequenceid,
+                flags: 0,
+                fore: FORE_CHANNEL,
+                back: BACK_CHANNEL,
+                cb_program: 0x4000_0000,
+                cb_sec: vec![CallbackSec::None],
+            }
+            .encode(e)
         });
         let reply = self.must("CREATE_SESSION", &create);
         let (_, mut d) = wire::reply_results(&reply).expect("CREATE_SESSION reply");
         d.u32().and(d.u32()).expect("CREATE_SESSION result header");
-        let id: [u8; SESSIONID_SIZE] = d.array().expect("session id");
+        let id = CreateSessionResOk::decode(&mut d)
+            .expect("CREATE_SESSION result")
+            .sessionid;
         let reclaim = Compound::new(1, "harness")
             .sequence(&id, 1, 0, false)
             .op(op::RECLAIM_COMPLETE, |e| e.bool(false));
@@ -411,8 +429,13 @@ impl Harness {
     /// Drops all client state, lays the export out anew and makes a new
     /// session.
     pub fn reset(&mut self) {
+        // Every client's lease runs out; those holding state become
+        // courtesy clients, and go when their courtesy does.
         let later = Instant::now() + Duration::from_secs(86_400);
         self.server.state.expire_at(later);
+        self.server
+            .state
+            .expire_at(later + Duration::from_secs(2 * 86_400));
         clear_dir(&self.dir).expect("clear the scratch export");
         make_fixtures(&self.dir, &self.keep).expect("lay out the fixtures");
         self.resets += 1;

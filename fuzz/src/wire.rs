@@ -3,6 +3,7 @@
 //! generator.
 
 use sluice::nfs4::consts::{op, SESSIONID_SIZE};
+use sluice::nfs4::msg::{SequenceArgs, Xdr};
 use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
@@ -105,11 +106,14 @@ impl Compound {
     /// Appends a SEQUENCE op (slot `slot`, highest slot `slot`).
     pub fn sequence(self, sid: &[u8; SESSIONID_SIZE], seqid: u32, slot: u32, cache: bool) -> Self {
         self.op(op::SEQUENCE, |e| {
-            e.opaque_fixed(sid);
-            e.u32(seqid);
-            e.u32(slot);
-            e.u32(slot);
-            e.bool(cache);
+            SequenceArgs {
+                sessionid: *sid,
+                sequenceid: seqid,
+                slotid: slot,
+                highest_slotid: slot,
+                cachethis: cache,
+            }
+            .encode(e)
         })
     }
 

@@ -4,6 +4,10 @@
 
 use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{op, status};
+use sluice_proto::nfs4::msg::{
+    CallbackSec, ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs,
+    ExchangeIdResOk, ReadArgs, SequenceArgs, SequenceResOk, Stateid4, WriteArgs, WriteResOk, Xdr,
+};
 use sluice_proto::nfs4::Nfsstat4;
 use sluice_proto::rpc;
 use sluice_proto::xdr::{Decoder, Encoder};
@@ -212,7 +216,7 @@ pub struct Client {
 }
 
 /// A stateid as sent on the wire.
-pub type Sid = (u32, [u8; 12]);
+pub type Sid = Stateid4;
 
 /// An open file.
 #[derive(Debug, Clone)]
@@ -225,11 +229,18 @@ pub struct OpenFile {
     pub size: u64,
 }
 
-fn channel(e: &mut Encoder, slots: u32) {
-    for v in [0, 2 << 20, 2 << 20, 64 * 1024, 32, slots] {
-        e.u32(v);
+/// The channel attributes asked for: 2 MiB messages, 64 KiB cached
+/// replies, 32 ops, `slots` slots.
+fn channel(slots: u32) -> ChannelAttrs4 {
+    ChannelAttrs4 {
+        header_pad: 0,
+        max_request: 2 << 20,
+        max_response: 2 << 20,
+        max_response_cached: 64 * 1024,
+        max_ops: 32,
+        max_requests: slots,
+        rdma_ird: None,
     }
-    e.u32(0);
 }
 
 impl Client {
@@ -243,16 +254,17 @@ impl Client {
         a.u32(minor);
         a.u32(1);
         a.u32(op::EXCHANGE_ID);
-        a.opaque_fixed(&owner[..8]);
-        a.opaque(&owner);
-        a.u32(0);
-        a.u32(0);
-        a.u32(0);
+        ExchangeIdArgs {
+            verifier: owner[..8].try_into().map_err(bad)?,
+            ownerid: owner.to_vec(),
+            ..Default::default()
+        }
+        .encode(&mut a);
         let r = Reply::parse(conn.call(a.as_slice()).await?)?;
         let (mut clientid, mut seq) = (0, 0);
         r.walk(|_, d| {
-            clientid = d.u64().map_err(bad)?;
-            seq = d.u32().map_err(bad)?;
+            let x = ExchangeIdResOk::decode(d).map_err(bad)?;
+            (clientid, seq) = (x.clientid, x.sequenceid);
             Ok(())
         })?;
         let mut a = Encoder::new();
@@ -260,30 +272,23 @@ impl Client {
         a.u32(minor);
         a.u32(1);
         a.u32(op::CREATE_SESSION);
-        a.u64(clientid);
-        a.u32(seq);
-        a.u32(0);
-        channel(&mut a, slots);
-        channel(&mut a, 1);
-        a.u32(0x4000_0000);
-        a.u32(1);
-        a.u32(0);
+        CreateSessionArgs {
+            clientid,
+            sequence: seq,
+            flags: 0,
+            fore: channel(slots),
+            back: channel(1),
+            cb_program: 0x4000_0000,
+            cb_sec: vec![CallbackSec::None],
+        }
+        .encode(&mut a);
         let r = Reply::parse(conn.call(a.as_slice()).await?)?;
         let mut session = [0u8; 16];
         let mut granted = slots;
         r.walk(|_, d| {
-            session = d.array().map_err(bad)?;
-            d.u32().map_err(bad)?;
-            d.u32().map_err(bad)?;
-            for _ in 0..5 {
-                d.u32().map_err(bad)?;
-            }
-            granted = d.u32().map_err(bad)?;
-            d.bitmap(1).map_err(bad)?;
-            for _ in 0..6 {
-                d.u32().map_err(bad)?;
-            }
-            d.bitmap(1).map_err(bad)?;
+            let x = CreateSessionResOk::decode(d).map_err(bad)?;
+            session = x.sessionid;
+            granted = x.fore.max_requests;
             Ok(())
         })?;
         let granted = granted.clamp(1, slots.max(1));
@@ -337,11 +342,14 @@ impl Client {
         e.u32(self.minor);
         e.u32(nops + 1);
         e.u32(op::SEQUENCE);
-        e.opaque_fixed(&self.session);
-        e.u32(seqid);
-        e.u32(slot);
-        e.u32(slot);
-        e.bool(false);
+        SequenceArgs {
+            sessionid: self.session,
+            sequenceid: seqid,
+            slotid: slot,
+            highest_slotid: slot,
+            cachethis: false,
+        }
+        .encode(&mut e);
         ops(&mut e);
         let r = self.conn.call(e.as_slice()).await;
         if let Ok(mut s) = self.slots.seq.lock() {
@@ -361,10 +369,7 @@ impl Client {
                 status: sst,
             });
         }
-        d.opaque_fixed(16).map_err(bad)?;
-        for _ in 0..5 {
-            d.u32().map_err(bad)?;
-        }
+        SequenceResOk::decode(&mut d).map_err(bad)?;
         let at = d.position();
         Ok(Reply {
             body,
@@ -408,13 +413,13 @@ impl Client {
             .await?;
         let mut f = OpenFile {
             fh: Vec::new(),
-            sid: (0, [0; 12]),
+            sid: Stateid4::default(),
             size: 0,
         };
         r.walk(|opnum, d| {
             match opnum {
                 op::OPEN => {
-                    f.sid = (d.u32().map_err(bad)?, d.array().map_err(bad)?);
+                    f.sid = Stateid4::decode(d).map_err(bad)?;
                     d.bool().map_err(bad)?;
                     d.u64().map_err(bad)?;
                     d.u64().map_err(bad)?;
@@ -442,10 +447,12 @@ impl Client {
             e.u32(op::PUTFH);
             e.opaque(&f.fh);
             e.u32(opnum);
-            e.u32(f.sid.0);
-            e.opaque_fixed(&f.sid.1);
-            e.u64(offset);
-            e.u32(count);
+            ReadArgs {
+                stateid: f.sid,
+                offset,
+                count,
+            }
+            .encode(e);
         })
         .await
     }
@@ -527,19 +534,19 @@ impl Client {
                 e.u32(op::PUTFH);
                 e.opaque(&f.fh);
                 e.u32(op::WRITE);
-                e.u32(f.sid.0);
-                e.opaque_fixed(&f.sid.1);
-                e.u64(offset);
-                e.u32(if sync { 2 } else { 0 });
-                e.opaque(data);
+                WriteArgs {
+                    stateid: f.sid,
+                    offset,
+                    stable: if sync { 2 } else { 0 },
+                    data,
+                }
+                .encode(e);
             })
             .await?;
         let mut n = 0;
         r.walk(|opnum, d| {
             if opnum == op::WRITE {
-                n = d.u32().map_err(bad)?;
-                d.u32().map_err(bad)?;
-                d.opaque_fixed(8).map_err(bad)?;
+                n = WriteResOk::decode(d).map_err(bad)?.count;
             }
             Ok(())
         })?;

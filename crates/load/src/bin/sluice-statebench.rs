@@ -10,7 +10,7 @@
 use clap::Parser;
 use sluice_load::client::{Client, ClientError};
 use sluice_proto::nfs4::consts::op;
-use sluice_proto::xdr::Encoder;
+use sluice_proto::nfs4::msg::{Stateid4, Xdr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,11 +40,6 @@ struct Cli {
 
 const ACTIVE_FILE: &str = "statebench-active";
 
-fn stateid(e: &mut Encoder, seqid: u32, other: &[u8; 12]) {
-    e.u32(seqid);
-    e.opaque_fixed(other);
-}
-
 /// OPEN (CLAIM_NULL, no create) by `owner` of `name` in the root, then
 /// CLOSE of the current stateid.
 async fn open_close(c: &Client, owner: &[u8], name: &str) -> Result<(), ClientError> {
@@ -61,7 +56,7 @@ async fn open_close(c: &Client, owner: &[u8], name: &str) -> Result<(), ClientEr
         e.string(name);
         e.u32(op::CLOSE);
         e.u32(0);
-        stateid(e, 1, &[0; 12]); // the current stateid
+        Stateid4::CURRENT.encode(e);
     })
     .await
     .map(drop)
@@ -72,7 +67,7 @@ async fn open_close(c: &Client, owner: &[u8], name: &str) -> Result<(), ClientEr
 async fn lock_unlock(
     c: &Client,
     fh: &[u8],
-    open: &(u32, [u8; 12]),
+    open: &Stateid4,
     owner: &[u8],
     at: u64,
 ) -> Result<(), ClientError> {
@@ -86,14 +81,14 @@ async fn lock_unlock(
         e.u64(1);
         e.bool(true); // open_to_lock_owner4
         e.u32(0);
-        stateid(e, open.0, &open.1);
+        open.encode(e);
         e.u32(0);
         e.u64(c.clientid);
         e.opaque(owner);
         e.u32(op::LOCKU);
         e.u32(2);
         e.u32(0);
-        stateid(e, 1, &[0; 12]);
+        Stateid4::CURRENT.encode(e);
         e.u64(at);
         e.u64(1);
     })

@@ -2,3 +2,4 @@
 
 pub mod consts;
 pub use consts::Nfsstat4;
+pub mod msg;

@@ -8,7 +8,8 @@ use super::optable::{self, flags, Handler, OnPseudo, OpDesc};
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
-use crate::nfs4::consts::{op, status, SESSIONID_SIZE};
+use crate::nfs4::consts::{op, status};
+use crate::nfs4::msg::{SequenceArgs, SequenceResOk, Xdr};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
@@ -271,19 +272,11 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
 
     // SEQUENCE first: find the session and the slot.
     res.u32(op::SEQUENCE);
-    let seq = (|| -> Result<_, Nfsstat4> {
-        let sid: [u8; SESSIONID_SIZE] = d.array().map_err(|_| status::BADXDR)?;
-        let seqid = d.u32().map_err(|_| status::BADXDR)?;
-        let slot = d.u32().map_err(|_| status::BADXDR)?;
-        let _highest = d.u32().map_err(|_| status::BADXDR)?;
-        let cachethis = d.bool().map_err(|_| status::BADXDR)?;
-        Ok((sid, seqid, slot, cachethis))
-    })();
-    let (sid, seqid, slot, cachethis) = match seq {
-        Ok(v) => v,
-        Err(st) => {
-            res.status(st);
-            return done(st, 1, res);
+    let (sid, seqid, slot, cachethis) = match SequenceArgs::decode(&mut d) {
+        Ok(a) => (a.sessionid, a.sequenceid, a.slotid, a.cachethis),
+        Err(_) => {
+            res.status(status::BADXDR);
+            return done(status::BADXDR, 1, res);
         }
     };
     let session = match srv.state.session(&sid) {
@@ -313,12 +306,15 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         return Step::Done(Some(Encoder::from(body.as_ref().clone())));
     }
     res.status(status::OK);
-    res.opaque_fixed(&sid);
-    res.u32(seqid);
-    res.u32(slot);
-    res.u32(session.highest_slot());
-    res.u32(session.highest_slot());
-    res.u32(0); // status flags
+    SequenceResOk {
+        sessionid: sid,
+        sequenceid: seqid,
+        slotid: slot,
+        highest_slotid: session.highest_slot(),
+        target_highest_slotid: session.highest_slot(),
+        status_flags: 0,
+    }
+    .encode(&mut res);
     if let Ok(SlotDecision::Uncached) = decision {
         // RFC 8881 section 2.10.6.1.3: a retry whose reply was not kept
         // gets SEQUENCE's result and NFS4ERR_RETRY_UNCACHED_REP on the

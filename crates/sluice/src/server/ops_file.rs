@@ -12,6 +12,7 @@ use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
 use crate::engine::read::{Mode, ReadAt, ReadError};
 use crate::nfs4::consts::{status, OPAQUE_LIMIT};
+use crate::nfs4::msg::{CloseArgs, ReadArgs, WriteArgs, WriteResOk, Xdr};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 use std::ffi::CString;
@@ -309,8 +310,8 @@ pub(super) fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
 /// CLOSE.
 pub(super) fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let _seqid = x(d.u32())?;
-        let sid = cx.stateid(stateid(d)?)?;
+        let args = x(CloseArgs::decode(d))?;
+        let sid = cx.stateid(args.stateid)?;
         cx.cur()?;
         cx.srv.state.close(&sid)?;
         if let Ok((_, st)) = cur_file(cx) {
@@ -421,9 +422,12 @@ pub(super) fn read_lock<'a>(
 pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
     let started = Instant::now();
     let st = run_or_block(|| {
-        let sid = stateid(d)?;
-        let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as usize;
+        let ReadArgs {
+            stateid: sid,
+            offset,
+            count,
+        } = x(ReadArgs::decode(d))?;
+        let count = count.min(cx.cur_ex().rules.max_read) as usize;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let _shared = read_lock(
@@ -452,10 +456,12 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
 /// WRITE.
 pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let sid = stateid(d)?;
-        let offset = x(d.u64())?;
-        let stable = x(d.u32())?;
-        let data = x(d.opaque(MAX_IO as usize))?;
+        let WriteArgs {
+            stateid: sid,
+            offset,
+            stable,
+            data,
+        } = x(WriteArgs::decode(d, MAX_IO as usize))?;
         if stable > 2 {
             return Err(status::BADXDR);
         }
@@ -483,9 +489,12 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
             2 => io(fs::sync(fd.as_fd(), true))?,
             _ => {}
         }
-        e.u32(n as u32);
-        e.u32(stable);
-        e.opaque_fixed(&cx.srv.write_verifier);
+        WriteResOk {
+            count: n as u32,
+            committed: stable,
+            verifier: cx.srv.write_verifier,
+        }
+        .encode(e);
         Ok(())
     })
 }

@@ -8,6 +8,7 @@ use super::exports::Loc;
 use super::state::Stateid;
 use crate::engine::fs::{self, SetTime, Stat};
 use crate::nfs4::consts::{access, attr, ftype, status, FHSIZE};
+use crate::nfs4::msg::Xdr;
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use std::ffi::CString;
@@ -44,15 +45,12 @@ pub(super) fn io<T>(r: io::Result<T>) -> Result<T, Nfsstat4> {
 
 /// Reads a stateid.
 pub(super) fn stateid(d: &mut Decoder<'_>) -> Result<Stateid, Nfsstat4> {
-    let seqid = x(d.u32())?;
-    let other = x(d.array::<12>())?;
-    Ok(Stateid { seqid, other })
+    x(Stateid::decode(d))
 }
 
 /// Writes a stateid.
 pub(super) fn put_stateid(e: &mut Encoder, s: &Stateid) {
-    e.u32(s.seqid);
-    e.opaque_fixed(&s.other);
+    s.encode(e);
 }
 
 /// Reads and checks a component name.

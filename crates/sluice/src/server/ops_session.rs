@@ -4,8 +4,12 @@
 use super::attrs::MAX_IO;
 use super::context::{Ctx, OpStatus};
 use super::state::{ChannelAttrs, ExchangeFlags, Principal};
-use crate::nfs4::consts::{status, OPAQUE_LIMIT, SESSIONID_SIZE};
-use crate::xdr::{Decoder, Encoder, XdrResult};
+use crate::nfs4::consts::{status, SESSIONID_SIZE};
+use crate::nfs4::msg::{
+    ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs, ExchangeIdResOk, ImplId,
+    StateProtectArgs, Xdr,
+};
+use crate::xdr::{Decoder, Encoder};
 
 const CREATE_SESSION4_FLAG_PERSIST: u32 = 0x1;
 const CREATE_SESSION4_FLAG_CONN_BACK_CHAN: u32 = 0x2;
@@ -27,117 +31,77 @@ macro_rules! xdr {
     };
 }
 
-fn skip_bitmap(d: &mut Decoder<'_>) -> XdrResult<()> {
-    d.bitmap(8).map(drop)
-}
-
 /// EXCHANGE_ID (RFC 8881 section 18.35).
 pub(super) fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    let verifier: [u8; 8] = xdr!(d.array());
-    let owner = xdr!(d.opaque(OPAQUE_LIMIT));
-    let flags = ExchangeFlags(xdr!(d.u32()));
-    match xdr!(d.u32()) {
-        0 => {}
-        1 => {
-            xdr!(skip_bitmap(d));
-            xdr!(skip_bitmap(d));
-        }
+    let args = xdr!(ExchangeIdArgs::decode(d));
+    if let StateProtectArgs::Ssv(_) = args.state_protect {
         // SP4_SSV needs GSS: not offered.
-        2 => return status::NOTSUPP,
-        _ => return status::BADXDR,
-    }
-    let n = xdr!(d.count(1, 4));
-    for _ in 0..n {
-        xdr!(d.opaque(OPAQUE_LIMIT));
-        xdr!(d.opaque(OPAQUE_LIMIT));
-        xdr!(d.i64());
-        xdr!(d.u32());
+        return status::NOTSUPP;
     }
     let principal = Principal::of(cx.cred);
-    let r = match cx.srv.state.exchange_id(owner, verifier, &principal, flags) {
+    let flags = ExchangeFlags(args.flags);
+    let r = match cx
+        .srv
+        .state
+        .exchange_id(&args.ownerid, args.verifier, &principal, flags)
+    {
         Ok(r) => r,
         Err(st) => return st,
     };
-    e.u64(r.clientid);
-    e.u32(r.seq);
     let mut flags = ExchangeFlags::USE_NON_PNFS;
     if r.confirmed {
         flags |= ExchangeFlags::CONFIRMED_R;
     }
-    e.u32(flags);
-    e.u32(0); // SP4_NONE
-    e.u64(0); // server_owner minor id
-    e.opaque(&cx.srv.owner);
-    e.opaque(&cx.srv.owner); // server scope
-    e.u32(1); // one implementation id
-    e.string("sluice.invalid");
-    e.string(concat!("sluice ", env!("CARGO_PKG_VERSION")));
-    e.i64(0);
-    e.u32(0);
+    ExchangeIdResOk {
+        clientid: r.clientid,
+        sequenceid: r.seq,
+        flags,
+        state_protect: 0, // SP4_NONE
+        owner_minor: 0,
+        owner_major: cx.srv.owner.clone(),
+        scope: cx.srv.owner.clone(),
+        impl_id: vec![ImplId {
+            domain: b"sluice.invalid".to_vec(),
+            name: concat!("sluice ", env!("CARGO_PKG_VERSION"))
+                .as_bytes()
+                .to_vec(),
+            date: Default::default(),
+        }],
+    }
+    .encode(e);
     status::OK
 }
 
-fn decode_channel(d: &mut Decoder<'_>) -> XdrResult<ChannelAttrs> {
-    let c = ChannelAttrs {
-        header_pad: d.u32()?,
-        max_request: d.u32()?,
-        max_response: d.u32()?,
-        max_response_cached: d.u32()?,
-        max_ops: d.u32()?,
-        max_requests: d.u32()?,
-    };
-    let n = d.count(1, 4)?;
-    for _ in 0..n {
-        d.u32()?;
+/// The state table's channel limits from the wire's.
+fn channel(c: &ChannelAttrs4) -> ChannelAttrs {
+    ChannelAttrs {
+        header_pad: c.header_pad,
+        max_request: c.max_request,
+        max_response: c.max_response,
+        max_response_cached: c.max_response_cached,
+        max_ops: c.max_ops,
+        max_requests: c.max_requests,
     }
-    Ok(c)
 }
 
-fn encode_channel(e: &mut Encoder, c: &ChannelAttrs) {
-    e.u32(c.header_pad);
-    e.u32(c.max_request);
-    e.u32(c.max_response);
-    e.u32(c.max_response_cached);
-    e.u32(c.max_ops);
-    e.u32(c.max_requests);
-    e.u32(0); // no RDMA
-}
-
-fn skip_cb_sec(d: &mut Decoder<'_>) -> XdrResult<()> {
-    let n = d.count(16, 4)?;
-    for _ in 0..n {
-        match d.u32()? {
-            0 => {}
-            1 => {
-                d.u32()?;
-                d.opaque(255)?;
-                d.u32()?;
-                d.u32()?;
-                let g = d.count(16, 4)?;
-                for _ in 0..g {
-                    d.u32()?;
-                }
-            }
-            6 => {
-                d.u32()?;
-                d.opaque(OPAQUE_LIMIT)?;
-                d.opaque(OPAQUE_LIMIT)?;
-            }
-            v => return Err(crate::xdr::XdrError::BadValue(v)),
-        }
+/// The wire's channel limits from the state table's (no RDMA).
+fn channel4(c: &ChannelAttrs) -> ChannelAttrs4 {
+    ChannelAttrs4 {
+        header_pad: c.header_pad,
+        max_request: c.max_request,
+        max_response: c.max_response,
+        max_response_cached: c.max_response_cached,
+        max_ops: c.max_ops,
+        max_requests: c.max_requests,
+        rdma_ird: None,
     }
-    Ok(())
 }
 
 /// CREATE_SESSION (RFC 8881 section 18.36).
 pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    let clientid = xdr!(d.u64());
-    let seq = xdr!(d.u32());
-    let flags = xdr!(d.u32());
-    let fore = xdr!(decode_channel(d));
-    let back = xdr!(decode_channel(d));
-    let _cb_program = xdr!(d.u32());
-    xdr!(skip_cb_sec(d));
+    let args = xdr!(CreateSessionArgs::decode(d));
+    let (clientid, seq, flags) = (args.clientid, args.sequence, args.flags);
+    let (fore, back) = (channel(&args.fore), channel(&args.back));
     // RFC 8881 section 18.36.3: undefined flags are an error; channels
     // too small for any COMPOUND get NFS4ERR_TOOSMALL.
     if flags
@@ -178,11 +142,14 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
         .state
         .create_session(clientid, &principal, seq, fore, back, |s| {
             let mut r = Encoder::with_capacity(128);
-            r.opaque_fixed(&s.id);
-            r.u32(seq);
-            r.u32(out_flags);
-            encode_channel(&mut r, &s.fore);
-            encode_channel(&mut r, &s.back);
+            CreateSessionResOk {
+                sessionid: s.id,
+                sequence: seq,
+                flags: out_flags,
+                fore: channel4(&s.fore),
+                back: channel4(&s.back),
+            }
+            .encode(&mut r);
             r.into_inner()
         });
     match r {

@@ -4,6 +4,10 @@ use super::{Config, Server};
 use crate::engine::export::Export;
 use crate::engine::handle::HandleKey;
 use crate::nfs4::consts::{attr, op, status};
+use crate::nfs4::msg::{
+    CallbackSec, ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs,
+    ExchangeIdResOk, SequenceArgs, Xdr,
+};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
@@ -79,11 +83,12 @@ fn session(srv: &Server) -> [u8; 16] {
 /// A session whose replies may be cached up to `cached` bytes.
 fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
     let mut a = Encoder::new();
-    a.opaque_fixed(&[1; 8]);
-    a.opaque(b"test-client");
-    a.u32(0);
-    a.u32(0);
-    a.u32(0);
+    ExchangeIdArgs {
+        verifier: [1; 8],
+        ownerid: b"test-client".to_vec(),
+        ..Default::default()
+    }
+    .encode(&mut a);
     let r = process_compound_ok(srv, &compound(1, &[(op::EXCHANGE_ID, a.into_inner())]));
     let mut d = Decoder::new(&r.body);
     d.u32().unwrap();
@@ -91,21 +96,27 @@ fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
     d.u32().unwrap();
     d.u32().unwrap();
     d.u32().unwrap();
-    let clientid = d.u64().unwrap();
-    let seq = d.u32().unwrap();
+    let x = ExchangeIdResOk::decode(&mut d).unwrap();
+    let channel = ChannelAttrs4 {
+        header_pad: 0,
+        max_request: 1 << 20,
+        max_response: 1 << 20,
+        max_response_cached: cached,
+        max_ops: 16,
+        max_requests: 8,
+        rdma_ird: None,
+    };
     let mut a = Encoder::new();
-    a.u64(clientid);
-    a.u32(seq);
-    a.u32(0);
-    for _ in 0..2 {
-        for v in [0, 1 << 20, 1 << 20, cached, 16, 8] {
-            a.u32(v);
-        }
-        a.u32(0);
+    CreateSessionArgs {
+        clientid: x.clientid,
+        sequence: x.sequenceid,
+        flags: 0,
+        fore: channel,
+        back: channel,
+        cb_program: 0x4000_0000,
+        cb_sec: vec![CallbackSec::None],
     }
-    a.u32(0x40000000);
-    a.u32(1);
-    a.u32(0);
+    .encode(&mut a);
     let r = process_compound_ok(srv, &compound(1, &[(op::CREATE_SESSION, a.into_inner())]));
     let mut d = Decoder::new(&r.body);
     d.u32().unwrap();
@@ -113,7 +124,7 @@ fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
     d.u32().unwrap();
     d.u32().unwrap();
     d.u32().unwrap();
-    d.array::<16>().unwrap()
+    CreateSessionResOk::decode(&mut d).unwrap().sessionid
 }
 
 /// Runs a COMPOUND as if its RPC header were empty.
@@ -129,11 +140,14 @@ fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {
 
 fn sequence(sid: &[u8; 16], seq: u32, slot: u32, cache: bool) -> (u32, Vec<u8>) {
     let mut a = Encoder::new();
-    a.opaque_fixed(sid);
-    a.u32(seq);
-    a.u32(slot);
-    a.u32(slot);
-    a.bool(cache);
+    SequenceArgs {
+        sessionid: *sid,
+        sequenceid: seq,
+        slotid: slot,
+        highest_slotid: slot,
+        cachethis: cache,
+    }
+    .encode(&mut a);
     (op::SEQUENCE, a.into_inner())
 }
 

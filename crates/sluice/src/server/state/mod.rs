@@ -35,42 +35,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A stateid: sequence number and 12 opaque bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Stateid {
-    /// Sequence number, bumped on every change of the state.
-    pub seqid: u32,
-    /// Identifies the state.
-    pub other: [u8; 12],
-}
-
-impl Stateid {
-    /// The anonymous stateid (all zeros).
-    pub const ANONYMOUS: Stateid = Stateid {
-        seqid: 0,
-        other: [0; 12],
-    };
-    /// The READ bypass stateid (all ones).
-    pub const BYPASS: Stateid = Stateid {
-        seqid: u32::MAX,
-        other: [0xff; 12],
-    };
-    /// The "current stateid" of a COMPOUND (RFC 8881 section 16.2.3.1.2).
-    pub const CURRENT: Stateid = Stateid {
-        seqid: 1,
-        other: [0; 12],
-    };
-    /// The invalid stateid returned by CLOSE.
-    pub const INVALID: Stateid = Stateid {
-        seqid: u32::MAX,
-        other: [0; 12],
-    };
-
-    /// True for the anonymous and bypass special stateids.
-    pub fn is_special_io(&self) -> bool {
-        *self == Self::ANONYMOUS || *self == Self::BYPASS
-    }
-}
+/// A stateid: sequence number and 12 opaque bytes (the protocol's
+/// stateid4, with its special values).
+pub use crate::nfs4::msg::Stateid4 as Stateid;
 
 /// Identifies a file across handles: device and inode.
 pub type FileKey = (u64, u64);
