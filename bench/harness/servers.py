@@ -113,14 +113,15 @@ class Sluice(Server):
         name: str = "sluice",
         extra_args=(),
         link: Link | None = None,
-        root_squash_flag: bool = True,
     ):
         super().__init__(link)
         self.binary, self.export, self.workdir = binary, export, workdir
         self.name, self.extra_args = name, list(extra_args)
-        # The benchmark's clients write as root: --no-root-squash (builds
-        # from before root was squashed by default do not know the flag).
-        if root_squash_flag:
+        # The benchmark's clients work as root: --no-root-squash (builds
+        # from before root was squashed by default do not know the flag,
+        # and squash no one).
+        usage = subprocess.run([str(binary), "serve", "--help"], capture_output=True, text=True).stdout
+        if "--no-root-squash" in usage:
             self.extra_args.insert(0, "--no-root-squash")
 
     def start(self, teardown: Teardown) -> None:

@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,44 @@ class SluiceServer:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class MetricsServer(SluiceServer):
+    """A SluiceServer with its metrics endpoint on a free port: the
+    `metrics on ADDR:PORT` line after `listening on` is read at every
+    start."""
+
+    def __init__(self, binary: Path, export: Path, state: Path, extra_args=(), root_squash: bool = False):
+        super().__init__(binary, export, state, ["--metrics", "127.0.0.1:0", *extra_args], root_squash)
+        self.metrics_port = 0
+
+    def start(self):
+        super().start()
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("metrics on "):
+            self.proc.kill()
+            raise RuntimeError(f"no 'metrics on' line after 'listening on' (got {line!r})")
+        self.metrics_port = int(line.strip().rsplit(":", 1)[1])
+
+    def page(self) -> str:
+        """The metrics page, checked to be OpenMetrics text."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+            ctype = r.headers.get("Content-Type", "")
+            text = r.read().decode()
+        assert ctype.startswith("application/openmetrics-text"), f"Content-Type {ctype!r}"
+        assert text.endswith("# EOF\n"), "the OpenMetrics page does not end with # EOF"
+        return text
+
+    def metrics(self) -> dict[str, float]:
+        """{"name" or "name{labels}": value} of every sample on the page."""
+        out = {}
+        for line in self.page().splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, value = line.rsplit(None, 1)
+                out[name] = float(value)
+        return out
 
 
 @pytest.fixture(scope="session")

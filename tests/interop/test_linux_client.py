@@ -28,13 +28,12 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 import rpcclient as rc
-from conftest import SluiceServer
+from conftest import MetricsServer
 from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, st_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,21 +65,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class GuestServer(SluiceServer):
-    """The test's sluice: metrics on a free port (the `metrics on` line
-    after `listening on`, read at every start), and a log to search."""
-
-    def __init__(self, binary, export, state):
-        super().__init__(binary, export, state, ["--metrics", "127.0.0.1:0"])
-        self.metrics_port = 0
-
-    def start(self):
-        super().start()
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("metrics on "):
-            self.proc.kill()
-            raise RuntimeError(f"no 'metrics on' line after 'listening on' (got {line!r})")
-        self.metrics_port = int(line.strip().rsplit(":", 1)[1])
+class GuestServer(MetricsServer):
+    """The test's sluice: metrics on a free port, restarts with extra
+    options, and a log to search."""
 
     def restart_with(self, *args):
         """SIGKILL, then start once with `args` added (later starts go
@@ -91,16 +78,6 @@ class GuestServer(SluiceServer):
             self.restart()
         finally:
             self.extra_args = base
-
-    def metrics(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(None, 1)
-                out[name] = float(value)
-        return out
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size

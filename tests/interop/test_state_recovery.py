@@ -22,7 +22,8 @@ import threading
 import time
 
 import pytest
-import urllib.request
+
+from conftest import MetricsServer
 
 from rpcclient import (
     CLAIM_PREVIOUS,
@@ -34,7 +35,6 @@ from rpcclient import (
     op_lock_new,
     op_open,
     op_putfh,
-    op_putrootfh,
     op_reclaim_complete,
 )
 
@@ -55,33 +55,22 @@ def store_rows(state_dir):
 
 
 def metric(server, name):
-    """A value from the server's metrics page (the server runs --metrics)."""
-    with urllib.request.urlopen(f"http://{server.metrics_addr}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not on the metrics page")
+    """A value from the server's metrics page."""
+    m = server.metrics()
+    assert name in m, f"{name} not on the metrics page"
+    return m[name]
 
 
 @pytest.fixture
 def serve_state(sluice_binary, tmp_path):
     """A server with a metrics endpoint, restartable on its state dir."""
-    from conftest import SluiceServer
-
-    class Metered(SluiceServer):
-        def start(self):
-            super().start()
-            line = self.proc.stdout.readline().decode()
-            assert line.startswith("metrics on "), line
-            self.metrics_addr = line.split()[-1]
-
     servers = []
 
     def make(*extra):
         export, state = tmp_path / "export", tmp_path / "state"
         export.mkdir(exist_ok=True)
         state.mkdir(exist_ok=True)
-        s = Metered(sluice_binary, export, state, ["--metrics", "127.0.0.1:0", *extra])
+        s = MetricsServer(sluice_binary, export, state, list(extra))
         s.start()
         servers.append(s)
         return s

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SluiceServer
+from conftest import MetricsServer
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "tests" / "vm" / "linux-client"
@@ -170,31 +170,12 @@ def cold_root(tmp_path):
 # server with metrics
 
 
-class MetricsServer(SluiceServer):
-    """A SluiceServer started with --metrics 127.0.0.1:0; reads the second
-    stdout line `metrics on ADDR:PORT`."""
-
-    def __init__(self, binary, export, state, extra_args=()):
-        super().__init__(binary, export, state, ["--metrics", "127.0.0.1:0", *extra_args])
-        self.metrics_port = 0
-
-    def start(self):
-        super().start()
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("metrics on "):
-            self.proc.kill()
-            raise RuntimeError(f"no 'metrics on' line after 'listening on' (got {line!r})")
-        self.metrics_port = int(line.strip().rsplit(":", 1)[1])
+class StreamServer(MetricsServer):
+    """A MetricsServer whose scrape checks that every metric these tests
+    read is there."""
 
     def scrape(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            assert r.status == 200
-            ctype = r.headers.get("Content-Type", "")
-            text = r.read().decode()
-        assert ctype.startswith("application/openmetrics-text"), f"Content-Type {ctype!r}"
-        assert text.endswith("# EOF\n"), "the OpenMetrics page does not end with # EOF"
-        return parse_metrics(text)
+        return parse_metrics(self.page())
 
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+\d+)?$")
@@ -276,7 +257,7 @@ def check_sequential_disk(d: dict[str, float], size: int, ra_max: int, events: d
 
 @pytest.fixture
 def start_server(sluice_binary, cold_root):
-    """start_server(*extra_args) -> a running MetricsServer whose export and
+    """start_server(*extra_args) -> a running StreamServer whose export and
     state directories are on the block-backed cold_root."""
     servers = []
 
@@ -285,7 +266,7 @@ def start_server(sluice_binary, cold_root):
         export, state = cold_root / f"export{n}", cold_root / f"state{n}"
         export.mkdir()
         state.mkdir()
-        s = MetricsServer(sluice_binary, export, state, extra)
+        s = StreamServer(sluice_binary, export, state, extra)
         s.start()
         servers.append(s)
         return s
