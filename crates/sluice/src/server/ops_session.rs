@@ -6,7 +6,7 @@ use super::context::{Ctx, OpStatus};
 use super::state::{ChannelAttrs, ExchangeFlags, Principal};
 use crate::nfs4::consts::{status, SESSIONID_SIZE};
 use crate::nfs4::msg::{
-    ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs, ExchangeIdResOk, ImplId,
+    CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs, ExchangeIdResOk, ImplId,
     StateProtectArgs, Xdr,
 };
 use crate::xdr::{Decoder, Encoder};
@@ -72,36 +72,11 @@ pub(super) fn exchange_id(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder
     status::OK
 }
 
-/// The state table's channel limits from the wire's.
-fn channel(c: &ChannelAttrs4) -> ChannelAttrs {
-    ChannelAttrs {
-        header_pad: c.header_pad,
-        max_request: c.max_request,
-        max_response: c.max_response,
-        max_response_cached: c.max_response_cached,
-        max_ops: c.max_ops,
-        max_requests: c.max_requests,
-    }
-}
-
-/// The wire's channel limits from the state table's (no RDMA).
-fn channel4(c: &ChannelAttrs) -> ChannelAttrs4 {
-    ChannelAttrs4 {
-        header_pad: c.header_pad,
-        max_request: c.max_request,
-        max_response: c.max_response,
-        max_response_cached: c.max_response_cached,
-        max_ops: c.max_ops,
-        max_requests: c.max_requests,
-        rdma_ird: None,
-    }
-}
-
 /// CREATE_SESSION (RFC 8881 section 18.36).
 pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let args = xdr!(CreateSessionArgs::decode(d));
     let (clientid, seq, flags) = (args.clientid, args.sequence, args.flags);
-    let (fore, back) = (channel(&args.fore), channel(&args.back));
+    let (fore, back) = (args.fore, args.back);
     // RFC 8881 section 18.36.3: undefined flags are an error; channels
     // too small for any COMPOUND get NFS4ERR_TOOSMALL.
     if flags
@@ -119,6 +94,7 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
         return status::INVAL;
     }
     let limit = MAX_IO + 64 * 1024;
+    // No header padding, no RDMA.
     let fore = ChannelAttrs {
         header_pad: 0,
         max_request: fore.max_request.min(limit),
@@ -127,10 +103,12 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
         max_ops: fore.max_ops.min(128),
         // The state table grants at most its slot limit.
         max_requests: fore.max_requests,
+        rdma_ird: None,
     };
     let back = ChannelAttrs {
         header_pad: 0,
         max_requests: back.max_requests.clamp(1, 4),
+        rdma_ird: None,
         ..back
     };
     // The back channel is accepted but never used: no delegations or
@@ -146,8 +124,8 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
                 sessionid: s.id,
                 sequence: seq,
                 flags: out_flags,
-                fore: channel4(&s.fore),
-                back: channel4(&s.back),
+                fore: s.fore,
+                back: s.back,
             }
             .encode(&mut r);
             r.into_inner()

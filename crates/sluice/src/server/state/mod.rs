@@ -48,22 +48,9 @@ type Other = [u8; 12];
 /// A session id.
 type SessionId = [u8; SESSIONID_SIZE];
 
-/// Fore-channel limits agreed at CREATE_SESSION.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ChannelAttrs {
-    /// Header padding (always 0 here).
-    pub header_pad: u32,
-    /// Largest request.
-    pub max_request: u32,
-    /// Largest response.
-    pub max_response: u32,
-    /// Largest response kept in the reply cache.
-    pub max_response_cached: u32,
-    /// Most operations in one COMPOUND.
-    pub max_ops: u32,
-    /// Number of slots.
-    pub max_requests: u32,
-}
+/// Channel limits agreed at CREATE_SESSION (the protocol's
+/// channel_attrs4).
+pub use crate::nfs4::msg::ChannelAttrs4 as ChannelAttrs;
 
 /// Replies up to this size are kept in a slot even when the client did
 /// not ask for caching (see `process_compound`), so a slot reserves at

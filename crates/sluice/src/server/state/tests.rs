@@ -14,6 +14,21 @@ fn me() -> Principal {
     })
 }
 
+/// A confirmed client of `t` with one session of two slots: its id and
+/// the session.
+fn two_slot_session(t: &StateTable) -> ([u8; 16], Arc<Session>) {
+    let r = t
+        .exchange_id(b"c", [1; 8], &me(), ExchangeFlags(0))
+        .unwrap();
+    let id: [u8; 16] = t
+        .create_session(r.clientid, &me(), 1, attrs(2), attrs(1), |s| s.id.to_vec())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let s = t.session(&id).unwrap();
+    (id, s)
+}
+
 fn table() -> StateTable {
     StateTable::new(Duration::from_secs(90), 7)
 }
@@ -65,14 +80,7 @@ fn exchange_and_create_session_with_replay() {
 #[test]
 fn slots_detect_replays_and_misordering() {
     let t = table();
-    let r = t
-        .exchange_id(b"c", [1; 8], &me(), ExchangeFlags(0))
-        .unwrap();
-    let reply = t
-        .create_session(r.clientid, &me(), 1, attrs(2), attrs(1), |s| s.id.to_vec())
-        .unwrap();
-    let id: [u8; 16] = reply.try_into().unwrap();
-    let s = t.session(&id).unwrap();
+    let (id, s) = two_slot_session(&t);
     assert!(matches!(s.begin(0, 1), Ok(SlotDecision::Execute)));
     assert_eq!(s.begin(0, 1).unwrap_err(), status::DELAY);
     s.finish(0, Some(Arc::new(vec![42])));
@@ -92,15 +100,7 @@ fn slots_detect_replays_and_misordering() {
 #[test]
 fn false_retries_do_not_get_another_requests_reply() {
     let t = table();
-    let r = t
-        .exchange_id(b"c", [1; 8], &me(), ExchangeFlags(0))
-        .unwrap();
-    let id: [u8; 16] = t
-        .create_session(r.clientid, &me(), 1, attrs(2), attrs(1), |s| s.id.to_vec())
-        .unwrap()
-        .try_into()
-        .unwrap();
-    let s = t.session(&id).unwrap();
+    let (_, s) = two_slot_session(&t);
     let user = |uid| crate::rpc::Cred {
         uid,
         gid: 100,
@@ -929,15 +929,7 @@ fn an_expired_client_may_not_reclaim_after_a_restart() {
 #[test]
 fn a_panicking_request_gives_its_slot_back() {
     let t = table();
-    let r = t
-        .exchange_id(b"c", [1; 8], &me(), ExchangeFlags(0))
-        .unwrap();
-    let id: [u8; 16] = t
-        .create_session(r.clientid, &me(), 1, attrs(2), attrs(1), |s| s.id.to_vec())
-        .unwrap()
-        .try_into()
-        .unwrap();
-    let s = t.session(&id).unwrap();
+    let (_, s) = two_slot_session(&t);
     assert!(matches!(s.begin(0, 1), Ok(SlotDecision::Execute)));
     let guard = SlotGuard::new(s.clone(), 0);
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
