@@ -1202,3 +1202,21 @@ class Client:
         r = self.compound([op_test_stateid(list(stateids))])
         assert r.status == St.OK, f"TEST_STATEID: {r!r}"
         return r[1].codes
+
+
+# --- assertions on replies ----------------------------------------------------
+
+
+def expect(r, status: int, what: str):
+    """The COMPOUND `r` ended with `status` (on its last result)."""
+    assert r.status == status, f"{what}: expected {st_name(status)}, got {r!r}"
+    return r
+
+
+def expect_ok(r, what: str):
+    return expect(r, St.OK, what)
+
+
+def expect_in(r, statuses, what: str):
+    assert r.status in statuses, f"{what}: expected one of {[st_name(s) for s in statuses]}, got {r!r}"
+    return r

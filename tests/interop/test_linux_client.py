@@ -34,7 +34,7 @@ import pytest
 
 import rpcclient as rc
 from conftest import MetricsServer
-from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, st_name
+from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, expect
 
 REPO = Path(__file__).resolve().parents[2]
 VM = REPO / "tests" / "vm" / "linux-client"
@@ -87,12 +87,6 @@ class GuestServer(MetricsServer):
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             return ANSI.sub("", f.read().decode(errors="replace"))
-
-
-def expect(r, status: int, what: str):
-    """The COMPOUND `r` ended with `status`."""
-    assert r.status == status, f"{what}: expected {st_name(status)}, got {r.describe()}"
-    return r
 
 
 def open_path(c: Client, path: str):

@@ -56,6 +56,8 @@ from rpcclient import (
     Client,
     Op,
     St,
+    expect,
+    expect_ok,
     st_name,
     unique_name,
 )
@@ -80,16 +82,6 @@ def srv(sluice_factory):
 
 
 # --- helpers -----------------------------------------------------------------
-
-
-def expect(r, status: int, what: str):
-    """The COMPOUND ended with `status` (on its last result)."""
-    assert r.status == status, f"{what}: expected {st_name(status)}, got {r!r}"
-    return r
-
-
-def expect_ok(r, what: str):
-    return expect(r, St.OK, what)
 
 
 def client(srv, **kw) -> Client:

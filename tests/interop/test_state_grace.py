@@ -42,7 +42,9 @@ from rpcclient import (
     WRITE_LT,
     Client,
     St,
-    st_name,
+    expect,
+    expect_in,
+    expect_ok,
     unique_name,
 )
 
@@ -69,20 +71,6 @@ def serve(sluice_factory):
 
 
 # --- helpers -----------------------------------------------------------------
-
-
-def expect(r, status: int, what: str):
-    assert r.status == status, f"{what}: expected {st_name(status)}, got {r!r}"
-    return r
-
-
-def expect_ok(r, what: str):
-    return expect(r, St.OK, what)
-
-
-def expect_in(r, statuses, what: str):
-    assert r.status in statuses, f"{what}: expected one of {[st_name(s) for s in statuses]}, got {r!r}"
-    return r
 
 
 class Holder:
