@@ -360,11 +360,7 @@ impl StateTable {
         for _ in 0..4 {
             let mut inner = self.lock();
             let now = Instant::now();
-            if req.reclaim {
-                self.check_reclaim(&inner, req.clientid, now)?;
-            } else {
-                self.check_new_state(&inner, now)?;
-            }
+            self.check_grace(&inner, req.clientid, req.reclaim, now)?;
             let holders =
                 inner
                     .ids
@@ -563,11 +559,11 @@ impl StateTable {
         Ok(())
     }
 
-    /// Checks grace for a LOCK: reclaims only during grace and from
-    /// clients known from before, new locks only after it.
-    fn check_lock_grace(
+    /// Checks grace for an OPEN or a LOCK: reclaims only during grace and
+    /// from clients known from before, new opens and locks only after it.
+    fn check_grace(
         &self,
-        inner: &mut Inner,
+        inner: &Inner,
         clientid: u64,
         reclaim: bool,
         now: Instant,
@@ -593,7 +589,7 @@ impl StateTable {
     ) -> Result<Result<Stateid, Denied>, Nfsstat4> {
         let mut inner = self.lock();
         let now = Instant::now();
-        self.check_lock_grace(&mut inner, clientid, reclaim, now)?;
+        self.check_grace(&inner, clientid, reclaim, now)?;
         self.check_on_file(&inner, open, file, false)?;
         // Reuse the lock state this owner already has on the file.
         let key = (clientid, owner.to_vec(), file);
@@ -641,7 +637,7 @@ impl StateTable {
                 return Err(status::BAD_STATEID);
             }
         };
-        self.check_lock_grace(&mut inner, clientid, reclaim, now)?;
+        self.check_grace(&inner, clientid, reclaim, now)?;
         self.check_on_file(&inner, sid, file, true)?;
         self.apply_lock(&mut inner, sid.other, range, write, reclaim, now)
     }
