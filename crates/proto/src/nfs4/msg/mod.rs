@@ -10,6 +10,17 @@
 use super::consts::{OPAQUE_LIMIT, SESSIONID_SIZE};
 use crate::xdr::{Decoder, Encoder, XdrError, XdrResult};
 
+mod common;
+mod file;
+mod ns;
+use common::{array, put_array};
+pub use common::{
+    Bitmap4, ChangeInfo4, Component4, Fattr4, Nfsace4, StateOwner4, MAX_ATTR_VALS,
+    MAX_BITMAP_WORDS, MAX_COMPONENT,
+};
+pub use file::*;
+pub use ns::*;
+
 /// A type with an XDR form: [`Xdr::encode`] writes it, [`Xdr::decode`]
 /// reads it back.
 pub trait Xdr: Sized {
@@ -24,18 +35,6 @@ const SMALL_ARRAY: usize = 16;
 
 fn opaque(d: &mut Decoder<'_>) -> XdrResult<Vec<u8>> {
     d.opaque(OPAQUE_LIMIT).map(<[u8]>::to_vec)
-}
-
-fn array<T: Xdr>(d: &mut Decoder<'_>, max: usize, min_bytes: usize) -> XdrResult<Vec<T>> {
-    let n = d.count(max, min_bytes)?;
-    (0..n).map(|_| T::decode(d)).collect()
-}
-
-fn put_array<T: Xdr>(e: &mut Encoder, items: &[T]) {
-    e.u32(items.len() as u32);
-    for i in items {
-        i.encode(e);
-    }
 }
 
 impl Xdr for u32 {
@@ -685,7 +684,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn roundtrip<T: Xdr + PartialEq + std::fmt::Debug>(v: &T) {
+    pub(super) fn roundtrip<T: Xdr + PartialEq + std::fmt::Debug>(v: &T) {
         let mut e = Encoder::new();
         v.encode(&mut e);
         let bytes = e.into_inner();
@@ -699,11 +698,11 @@ mod tests {
         }
     }
 
-    fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    pub(super) fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
         proptest::collection::vec(any::<u8>(), 0..max)
     }
 
-    fn stateid() -> impl Strategy<Value = Stateid4> {
+    pub(super) fn stateid() -> impl Strategy<Value = Stateid4> {
         (any::<u32>(), any::<[u8; 12]>()).prop_map(|(seqid, other)| Stateid4 { seqid, other })
     }
 
