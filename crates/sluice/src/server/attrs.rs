@@ -3,14 +3,12 @@
 
 use crate::engine::fs::{FsStat, SetTime, Stat, Time};
 use crate::nfs4::consts::{attr, ftype, status};
+use crate::nfs4::msg::Fattr4;
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 
 /// Largest READ and WRITE payload.
 pub const MAX_IO: u32 = 1024 * 1024;
-
-/// Bitmap words a client may send.
-const MAX_BITMAP_WORDS: usize = 8;
 
 fn bits(list: &[u32]) -> [u32; 3] {
     let mut w = [0u32; 3];
@@ -294,22 +292,15 @@ fn settime(d: &mut Decoder<'_>) -> Result<SetTime, Nfsstat4> {
     }
 }
 
-/// Reads a fattr4's bitmap and value bytes.
-pub fn decode_raw_fattr<'a>(d: &mut Decoder<'a>) -> Result<(Vec<u32>, &'a [u8]), Nfsstat4> {
-    let bm = d.bitmap(MAX_BITMAP_WORDS).map_err(|_| status::BADXDR)?;
-    let vals = d.opaque(64 * 1024).map_err(|_| status::BADXDR)?;
-    Ok((bm, vals))
-}
-
-/// Decodes a fattr4 of attributes to set (SETATTR, OPEN, CREATE).
-pub fn decode_settable(d: &mut Decoder<'_>) -> Result<SetAttrs, Nfsstat4> {
-    let (bm, vals) = decode_raw_fattr(d)?;
+/// The attributes to set that a fattr4 carries (SETATTR, OPEN, CREATE).
+pub fn settable(f: &Fattr4) -> Result<SetAttrs, Nfsstat4> {
+    let bm = &f.mask.0;
     let sup = supported();
     let wr = writable();
     let mut out = SetAttrs::default();
-    let mut v = Decoder::new(vals);
+    let mut v = Decoder::new(&f.vals);
     for n in 0..(bm.len() as u32 * 32) {
-        if !has(&bm, n) {
+        if !has(bm, n) {
             continue;
         }
         if !has(&wr, n) {
@@ -345,12 +336,13 @@ pub fn encode_bitmap(e: &mut Encoder, mask: &[u32; 3]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfs4::msg::Bitmap4;
 
-    fn fattr(bm: &[u32], vals: &[u8]) -> Vec<u8> {
-        let mut e = Encoder::new();
-        e.bitmap(bm);
-        e.opaque(vals);
-        e.into_inner()
+    fn fattr(bm: &[u32], vals: &[u8]) -> Fattr4 {
+        Fattr4 {
+            mask: Bitmap4::trimmed(bm),
+            vals: vals.to_vec(),
+        }
     }
 
     #[test]
@@ -376,7 +368,7 @@ mod tests {
             set_bit(&mut bm, b);
         }
         let buf = fattr(&bm, v.as_slice());
-        let s = decode_settable(&mut Decoder::new(&buf)).unwrap();
+        let s = settable(&buf).unwrap();
         assert_eq!(s.size, Some(4096));
         assert_eq!(s.mode, Some(0o644));
         assert_eq!((s.uid, s.gid), (Some(1000), Some(100)));
@@ -394,30 +386,18 @@ mod tests {
     fn rejects_bad_settable_attributes() {
         let mut bm = [0u32; 3];
         set_bit(&mut bm, attr::TYPE);
-        assert_eq!(
-            decode_settable(&mut Decoder::new(&fattr(&bm, &[0, 0, 0, 1]))),
-            Err(status::INVAL)
-        );
+        assert_eq!(settable(&fattr(&bm, &[0, 0, 0, 1])), Err(status::INVAL));
         let mut bm = [0u32; 3];
         set_bit(&mut bm, 12); // acl: not supported
-        assert_eq!(
-            decode_settable(&mut Decoder::new(&fattr(&bm, &[]))),
-            Err(status::ATTRNOTSUPP)
-        );
+        assert_eq!(settable(&fattr(&bm, &[])), Err(status::ATTRNOTSUPP));
         let mut bm = [0u32; 3];
         set_bit(&mut bm, attr::SIZE);
-        assert_eq!(
-            decode_settable(&mut Decoder::new(&fattr(&bm, &[0, 0, 0, 1]))),
-            Err(status::BADXDR)
-        );
+        assert_eq!(settable(&fattr(&bm, &[0, 0, 0, 1])), Err(status::BADXDR));
         let mut bm = [0u32; 3];
         set_bit(&mut bm, attr::OWNER);
         let mut v = Encoder::new();
         v.string("alice");
-        assert_eq!(
-            decode_settable(&mut Decoder::new(&fattr(&bm, v.as_slice()))),
-            Err(status::BADOWNER)
-        );
+        assert_eq!(settable(&fattr(&bm, v.as_slice())), Err(status::BADOWNER));
     }
 
     #[test]

@@ -4,15 +4,21 @@
 use super::attrs::{self, MAX_IO};
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
-    apply_attrs, cinfo, component, cur_dir, io, put_stateid, run, run_or_block, stat_of, stateid, x,
+    apply_attrs, cinfo, component_of, cur_dir, io, put_stateid, run, run_or_block, stat_of,
+    stateid, x,
 };
 use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
 use crate::engine::read::{Mode, ReadAt, ReadError};
-use crate::nfs4::consts::{status, OPAQUE_LIMIT};
-use crate::nfs4::msg::{CloseArgs, ReadArgs, WriteArgs, WriteResOk, Xdr};
+use crate::nfs4::consts::status;
+use crate::nfs4::msg::{
+    lock_type, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs, LockDenied4, Locker4,
+    LocktArgs, LockuArgs, OpenArgs, OpenClaim4, OpenDelegation4, OpenDowngradeArgs, OpenResOk,
+    Openflag4, ReadArgs, StateOwner4, TestStateidArgs, TestStateidResOk, WriteArgs, WriteResOk,
+    Xdr, OPEN_RESULT_LOCKTYPE_POSIX, SHARE_ACCESS_READ, SHARE_ACCESS_WRITE,
+};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
 use std::ffi::CString;
@@ -22,10 +28,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-
-const OPEN4_RESULT_LOCKTYPE_POSIX: u32 = 4;
-const SHARE_ACCESS_READ: u32 = 1;
-const SHARE_ACCESS_WRITE: u32 = 2;
 
 /// The (device, inode) key of a file.
 pub(super) fn file_key(st: &Stat) -> FileKey {
@@ -180,42 +182,34 @@ fn open_create(
 /// OPEN (RFC 8881 section 18.16).
 pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let _seqid = x(d.u32())?;
-        let access = x(d.u32())? & 3;
-        let deny = x(d.u32())? & 3;
-        let owner_client = x(d.u64())?;
-        let owner = x(d.opaque(OPAQUE_LIMIT))?.to_vec();
-        let how = match x(d.u32())? {
-            0 => How::NoCreate,
-            1 => match x(d.u32())? {
-                0 => How::Unchecked(attrs::decode_settable(d)?),
-                1 => How::Guarded(attrs::decode_settable(d)?),
-                2 => How::Exclusive(x(d.array())?, attrs::SetAttrs::default()),
-                3 => {
-                    let v = x(d.array())?;
-                    let a = attrs::decode_settable(d)?;
-                    let ok = attrs::exclcreat();
-                    if a.mask.iter().zip(ok.iter()).any(|(m, o)| m & !o != 0) {
-                        return Err(status::INVAL);
-                    }
-                    How::Exclusive(v, a)
-                }
-                _ => return Err(status::BADXDR),
-            },
-            _ => return Err(status::BADXDR),
-        };
-        let claim = x(d.u32())?;
-        // CLAIM_PREVIOUS: an open held before the server restarted.
-        let reclaim = claim == 1;
-        let name = match claim {
-            0 => Some(component(d)?),
-            1 => {
-                let _deleg_type = x(d.u32())?;
-                None
+        let args = x(OpenArgs::decode(d))?;
+        let access = args.share_access & 3;
+        let deny = args.share_deny & 3;
+        let how = match &args.openhow {
+            Openflag4::NoCreate => How::NoCreate,
+            Openflag4::Create(Createhow4::Unchecked(a)) => How::Unchecked(attrs::settable(a)?),
+            Openflag4::Create(Createhow4::Guarded(a)) => How::Guarded(attrs::settable(a)?),
+            Openflag4::Create(Createhow4::Exclusive(v)) => {
+                How::Exclusive(*v, attrs::SetAttrs::default())
             }
-            4 => None,
-            2 | 3 | 5 | 6 => return Err(status::NOTSUPP),
-            _ => return Err(status::BADXDR),
+            Openflag4::Create(Createhow4::Exclusive41 { verifier, attrs: a }) => {
+                let a = attrs::settable(a)?;
+                let ok = attrs::exclcreat();
+                if a.mask.iter().zip(ok.iter()).any(|(m, o)| m & !o != 0) {
+                    return Err(status::INVAL);
+                }
+                How::Exclusive(*verifier, a)
+            }
+        };
+        // CLAIM_PREVIOUS: an open held before the server restarted.
+        let reclaim = matches!(args.claim, OpenClaim4::Previous(_));
+        let name = match &args.claim {
+            OpenClaim4::Null(file) => Some(component_of(file)?),
+            OpenClaim4::Previous(_) | OpenClaim4::Fh => None,
+            OpenClaim4::DelegateCur { .. }
+            | OpenClaim4::DelegatePrev(_)
+            | OpenClaim4::DelegCurFh(_)
+            | OpenClaim4::DelegPrevFh => return Err(status::NOTSUPP),
         };
         if access == 0 {
             return Err(status::INVAL);
@@ -226,7 +220,6 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             return Err(status::ROFS);
         }
         let clientid = cx.clientid()?;
-        let _ = owner_client;
 
         let (fh, fd, attrset, before, after_dir) = match &name {
             Some(name) => {
@@ -271,7 +264,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         }
         let req = OpenRequest {
             clientid,
-            owner,
+            owner: args.owner.owner,
             file: file_key(&st),
             access,
             deny,
@@ -281,11 +274,14 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             (Some(fd), w) if w == access => Ok(fd.clone()),
             _ => open_for(&fh, want),
         })?;
-        put_stateid(e, &sid);
-        cinfo(e, &before, &after_dir);
-        e.u32(OPEN4_RESULT_LOCKTYPE_POSIX);
-        attrs::encode_bitmap(e, &attrset);
-        e.u32(0); // OPEN_DELEGATE_NONE
+        OpenResOk {
+            stateid: sid,
+            cinfo: cinfo(&before, &after_dir),
+            rflags: OPEN_RESULT_LOCKTYPE_POSIX,
+            attrset: Bitmap4::trimmed(&attrset),
+            delegation: OpenDelegation4::None,
+        }
+        .encode(e);
         cx.cur = Some(fh);
         cx.cur_sid = Some(sid);
         Ok(())
@@ -295,12 +291,13 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
 /// OPEN_DOWNGRADE.
 pub(super) fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let sid = cx.stateid(stateid(d)?)?;
-        let _seqid = x(d.u32())?;
-        let access = x(d.u32())? & 3;
-        let deny = x(d.u32())? & 3;
+        let args = x(OpenDowngradeArgs::decode(d))?;
+        let sid = cx.stateid(args.stateid)?;
         cur_file(cx)?;
-        let sid = cx.srv.state.downgrade(&sid, access, deny)?;
+        let sid = cx
+            .srv
+            .state
+            .downgrade(&sid, args.share_access & 3, args.share_deny & 3)?;
         put_stateid(e, &sid);
         cx.cur_sid = Some(sid);
         Ok(())
@@ -502,8 +499,7 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 /// COMMIT: flushes the file to stable storage.
 pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let offset = x(d.u64())?;
-        let count = x(d.u32())?;
+        let CommitArgs { offset, count } = x(CommitArgs::decode(d))?;
         if offset.checked_add(count as u64).is_none() {
             return Err(status::INVAL);
         }
@@ -515,18 +511,27 @@ pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
     })
 }
 
-fn put_denied(e: &mut Encoder, dn: &Denied) {
-    e.u64(dn.offset);
-    e.u64(dn.length);
-    e.u32(if dn.write { 2 } else { 1 });
-    e.u64(dn.clientid);
-    e.opaque(&dn.owner);
+fn denied4(dn: Denied) -> LockDenied4 {
+    LockDenied4 {
+        offset: dn.offset,
+        length: dn.length,
+        locktype: if dn.write {
+            lock_type::WRITE
+        } else {
+            lock_type::READ
+        },
+        owner: StateOwner4 {
+            clientid: dn.clientid,
+            owner: dn.owner,
+        },
+    }
 }
 
+/// Whether a lock type is for writing; INVAL for no lock type.
 fn lock_kind(t: u32) -> Result<bool, Nfsstat4> {
     match t {
-        1 | 3 => Ok(false),
-        2 | 4 => Ok(true),
+        lock_type::READ | lock_type::READW => Ok(false),
+        lock_type::WRITE | lock_type::WRITEW => Ok(true),
         _ => Err(status::INVAL),
     }
 }
@@ -535,36 +540,35 @@ fn lock_kind(t: u32) -> Result<bool, Nfsstat4> {
 pub(super) fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut denied = None;
     let st = run(|| {
-        let write = lock_kind(x(d.u32())?)?;
-        let reclaim = x(d.bool())?;
-        let offset = x(d.u64())?;
-        let length = x(d.u64())?;
-        let new_owner = x(d.bool())?;
-        let (fh_st, range) = {
-            let (_, st) = cur_file(cx)?;
-            (st, lock_range(offset, length)?)
-        };
-        let file = file_key(&fh_st);
-        let r = if new_owner {
-            let _open_seqid = x(d.u32())?;
-            let open = cx.stateid(stateid(d)?)?;
-            let _lock_seqid = x(d.u32())?;
-            let _owner_client = x(d.u64())?;
-            let owner = x(d.opaque(OPAQUE_LIMIT))?;
-            let clientid = cx.clientid()?;
-            cx.srv
-                .state
-                .lock_new_owner(&open, clientid, owner, file, range, write, reclaim)?
-        } else {
-            let sid = cx.stateid(stateid(d)?)?;
-            let _lock_seqid = x(d.u32())?;
-            cx.srv
-                .state
-                .lock_existing(&sid, file, range, write, reclaim)?
+        let args = x(LockArgs::decode(d))?;
+        let write = lock_kind(args.locktype)?;
+        let (_, st) = cur_file(cx)?;
+        let range = lock_range(args.offset, args.length)?;
+        let file = file_key(&st);
+        let r = match args.locker {
+            Locker4::New(n) => {
+                let open = cx.stateid(n.open_stateid)?;
+                let clientid = cx.clientid()?;
+                cx.srv.state.lock_new_owner(
+                    &open,
+                    clientid,
+                    &n.lock_owner.owner,
+                    file,
+                    range,
+                    write,
+                    args.reclaim,
+                )?
+            }
+            Locker4::Existing(x) => {
+                let sid = cx.stateid(x.lock_stateid)?;
+                cx.srv
+                    .state
+                    .lock_existing(&sid, file, range, write, args.reclaim)?
+            }
         };
         match r {
             Ok(sid) => {
-                put_stateid(e, &sid);
+                sid.encode(e);
                 cx.cur_sid = Some(sid);
                 Ok(())
             }
@@ -575,7 +579,7 @@ pub(super) fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         }
     });
     if let Some(dn) = denied {
-        put_denied(e, &dn);
+        denied4(dn).encode(e);
     }
     st
 }
@@ -584,18 +588,15 @@ pub(super) fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
 pub(super) fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut denied = None;
     let st = run(|| {
-        let write = lock_kind(x(d.u32())?)?;
-        let offset = x(d.u64())?;
-        let length = x(d.u64())?;
-        let _client = x(d.u64())?;
-        let owner = x(d.opaque(OPAQUE_LIMIT))?;
+        let args = x(LocktArgs::decode(d))?;
+        let write = lock_kind(args.locktype)?;
         let (_, st) = cur_file(cx)?;
-        let range = lock_range(offset, length)?;
+        let range = lock_range(args.offset, args.length)?;
         let clientid = cx.clientid()?;
         match cx
             .srv
             .state
-            .test_lock(clientid, owner, file_key(&st), range, write)?
+            .test_lock(clientid, &args.owner.owner, file_key(&st), range, write)?
         {
             None => Ok(()),
             Some(dn) => {
@@ -605,7 +606,7 @@ pub(super) fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         }
     });
     if let Some(dn) = denied {
-        put_denied(e, &dn);
+        denied4(dn).encode(e);
     }
     st
 }
@@ -613,15 +614,13 @@ pub(super) fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 /// LOCKU.
 pub(super) fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        lock_kind(x(d.u32())?)?;
-        let _seqid = x(d.u32())?;
-        let sid = cx.stateid(stateid(d)?)?;
-        let offset = x(d.u64())?;
-        let length = x(d.u64())?;
+        let args = x(LockuArgs::decode(d))?;
+        lock_kind(args.locktype)?;
+        let sid = cx.stateid(args.lock_stateid)?;
         let (_, st) = cur_file(cx)?;
-        let range = lock_range(offset, length)?;
+        let range = lock_range(args.offset, args.length)?;
         let sid = cx.srv.state.unlock(&sid, file_key(&st), range)?;
-        put_stateid(e, &sid);
+        sid.encode(e);
         cx.cur_sid = Some(sid);
         Ok(())
     })
@@ -630,16 +629,11 @@ pub(super) fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 /// TEST_STATEID.
 pub(super) fn test_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let n = x(d.count(1024, 16))?;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            let sid = stateid(d)?;
-            out.push(cx.srv.state.test(&sid));
+        let args = x(TestStateidArgs::decode(d))?;
+        TestStateidResOk {
+            codes: args.stateids.iter().map(|s| cx.srv.state.test(s)).collect(),
         }
-        e.u32(out.len() as u32);
-        for s in out {
-            e.status(s);
-        }
+        .encode(e);
         Ok(())
     })
 }

@@ -7,8 +7,11 @@ use super::context::{Ctx, Fh, OpStatus, Outcome, Stop};
 use super::exports::Loc;
 use super::state::Stateid;
 use crate::engine::fs::{self, SetTime, Stat};
-use crate::nfs4::consts::{access, attr, ftype, status, FHSIZE};
-use crate::nfs4::msg::Xdr;
+use crate::nfs4::consts::{access, attr, ftype, status};
+use crate::nfs4::msg::{
+    AccessResOk, Bitmap4, ChangeInfo4, Component4, CreateArgs, CreateResOk, Createtype4, Fattr4,
+    NfsFh4, ReaddirArgs, RenameArgs, RenameResOk, SetattrArgs, Xdr,
+};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use std::ffi::CString;
@@ -55,7 +58,13 @@ pub(super) fn put_stateid(e: &mut Encoder, s: &Stateid) {
 
 /// Reads and checks a component name.
 pub(super) fn component(d: &mut Decoder<'_>) -> Result<CString, Nfsstat4> {
-    let name = x(d.opaque(4096))?;
+    component_of(&x(Component4::decode(d))?)
+}
+
+/// Checks a component name: NFS4ERR_INVAL when empty, NAMETOOLONG past
+/// 255 bytes, BADNAME for "." and ".." and names with '/' or NUL.
+pub(super) fn component_of(c: &Component4) -> Result<CString, Nfsstat4> {
+    let name = &c.0[..];
     if name.is_empty() {
         return Err(status::INVAL);
     }
@@ -94,11 +103,13 @@ pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     }
 }
 
-/// Writes a change_info4 from directory states before and after.
-pub(super) fn cinfo(e: &mut Encoder, before: &Stat, after: &Stat) {
-    e.bool(false);
-    e.u64(before.change());
-    e.u64(after.change());
+/// The change_info4 from directory states before and after an op.
+pub(super) fn cinfo(before: &Stat, after: &Stat) -> ChangeInfo4 {
+    ChangeInfo4 {
+        atomic: false,
+        before: before.change(),
+        after: after.change(),
+    }
 }
 
 /// Encodes the attributes `req` of an object with status `st`, in the
@@ -153,8 +164,8 @@ pub(super) fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
 /// PUTFH.
 pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
-        let wire = x(d.opaque(FHSIZE))?;
-        cx.cur = Some(cx.resolve(wire)?);
+        let fh = x(NfsFh4::decode(d))?;
+        cx.cur = Some(cx.resolve(&fh.0)?);
         Ok(())
     })
 }
@@ -236,7 +247,7 @@ pub(super) fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) 
 /// GETATTR.
 pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let req = x(d.bitmap(8))?;
+        let Bitmap4(req) = x(Bitmap4::decode(d))?;
         let fh = cx.cur()?;
         let st = stat_any(cx, fh)?;
         put_fattr(cx, e, Some(&fh.wire), &st, &req, fh);
@@ -287,8 +298,11 @@ pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(),
 pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     let mut set = [0u32; 3];
     let st = run(|| {
-        let sid = stateid(d)?;
-        let a = attrs::decode_settable(d)?;
+        let SetattrArgs {
+            stateid: sid,
+            attrs,
+        } = x(SetattrArgs::decode(d))?;
+        let a = attrs::settable(&attrs)?;
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
         if a.size.is_some() && st.is_file() {
@@ -311,7 +325,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         set = a.mask;
         Ok(())
     });
-    attrs::encode_bitmap(e, &set);
+    Bitmap4::trimmed(&set).encode(e);
     st
 }
 
@@ -334,7 +348,7 @@ fn may(st: &Stat, cx: &Ctx<'_>, bit: u32) -> bool {
 /// ACCESS: what the caller may do, from the mode bits.
 pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let want = x(d.u32())?;
+        let want = x(u32::decode(d))?;
         let fh = cx.cur()?;
         let st = stat_any(cx, fh)?;
         let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
@@ -356,8 +370,11 @@ pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         } else if xx {
             granted |= access::EXECUTE;
         }
-        e.u32(supported);
-        e.u32(granted & supported);
+        AccessResOk {
+            supported,
+            access: granted & supported,
+        }
+        .encode(e);
         Ok(())
     })
 }
@@ -378,11 +395,9 @@ pub(super) struct Listing {
 impl Listing {
     /// Reads READDIR4args; cookies 1 and 2 are reserved.
     pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, Nfsstat4> {
-        let cookie = x(d.u64())?;
-        let _verf: [u8; 8] = x(d.array())?;
-        let dircount = x(d.u32())? as usize;
-        let maxcount = x(d.u32())? as usize;
-        let req = x(d.bitmap(8))?;
+        let args = x(ReaddirArgs::decode(d))?;
+        let (cookie, req) = (args.cookie, args.attr_request.0);
+        let (dircount, maxcount) = (args.dircount as usize, args.maxcount as usize);
         if cookie == 1 || cookie == 2 {
             return Err(status::BAD_COOKIE);
         }
@@ -498,22 +513,19 @@ pub(super) fn readlink(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, e: &mut Encoder) 
 /// CREATE: directories, symlinks, device nodes, sockets and FIFOs.
 pub(super) fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let kind = x(d.u32())?;
-        let mut link_target = None;
-        let mut rdev = 0u64;
-        match kind {
-            ftype::LNK => link_target = Some(x(d.opaque(4096))?.to_vec()),
-            ftype::BLK | ftype::CHR => {
-                let ma = x(d.u32())?;
-                let mi = x(d.u32())?;
-                rdev = libc::makedev(ma, mi);
-            }
-            ftype::SOCK | ftype::FIFO | ftype::DIR => {}
-            ftype::REG => return Err(status::BADTYPE),
-            _ => return Err(status::BADTYPE),
-        }
-        let name = component(d)?;
-        let a = attrs::decode_settable(d)?;
+        let args = x(CreateArgs::decode(d))?;
+        let (kind, rdev) = match &args.objtype {
+            Createtype4::Link(_) => (ftype::LNK, 0),
+            Createtype4::Block(s) => (ftype::BLK, libc::makedev(s.major, s.minor)),
+            Createtype4::Char(s) => (ftype::CHR, libc::makedev(s.major, s.minor)),
+            Createtype4::Socket => (ftype::SOCK, 0),
+            Createtype4::Fifo => (ftype::FIFO, 0),
+            Createtype4::Dir => (ftype::DIR, 0),
+            // Regular files are made by OPEN.
+            Createtype4::Other(_) => return Err(status::BADTYPE),
+        };
+        let name = component_of(&args.objname)?;
+        let a = attrs::settable(&args.attrs)?;
         let (dir, before) = cur_dir(cx)?;
         let dfd = dir.fd.as_fd();
         let mode = a
@@ -522,7 +534,10 @@ pub(super) fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         match kind {
             ftype::DIR => io(fs::mkdir_at(dfd, &name, mode))?,
             ftype::LNK => {
-                let t = CString::new(link_target.unwrap_or_default()).map_err(|_| status::INVAL)?;
+                let Createtype4::Link(t) = args.objtype else {
+                    unreachable!("kind follows objtype")
+                };
+                let t = CString::new(t).map_err(|_| status::INVAL)?;
                 io(fs::symlink_at(dfd, &name, &t))?
             }
             ftype::BLK => io(fs::mknod_at(dfd, &name, libc::S_IFBLK | mode, rdev))?,
@@ -538,10 +553,13 @@ pub(super) fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         };
         apply_attrs(&fh, &st, &rest)?;
         let after = stat_of(&dir)?;
-        cinfo(e, &before, &after);
         let mut set = a.mask;
         set[0] &= !(1 << attr::SIZE);
-        attrs::encode_bitmap(e, &set);
+        CreateResOk {
+            cinfo: cinfo(&before, &after),
+            attrset: Bitmap4::trimmed(&set),
+        }
+        .encode(e);
         cx.cur = Some(fh);
         Ok(())
     })
@@ -565,7 +583,7 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
             }
         }
         let after = stat_of(&dir)?;
-        cinfo(e, &before, &after);
+        cinfo(&before, &after).encode(e);
         Ok(())
     })
 }
@@ -573,8 +591,9 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
 /// RENAME: from the saved directory to the current one.
 pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let from = component(d)?;
-        let to = component(d)?;
+        let args = x(RenameArgs::decode(d))?;
+        let from = component_of(&args.oldname)?;
+        let to = component_of(&args.newname)?;
         let (tdir, tbefore) = cur_dir(cx)?;
         cx.srv.state.check_not_in_grace()?;
         let sdir = cx.saved()?.clone();
@@ -591,8 +610,11 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         }
         let safter = stat_of(&sdir)?;
         let tafter = stat_of(&tdir)?;
-        cinfo(e, &sbefore, &safter);
-        cinfo(e, &tbefore, &tafter);
+        RenameResOk {
+            source_cinfo: cinfo(&sbefore, &safter),
+            target_cinfo: cinfo(&tbefore, &tafter),
+        }
+        .encode(e);
         Ok(())
     })
 }
@@ -609,7 +631,7 @@ pub(super) fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         }
         io(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &name))?;
         let after = stat_of(&dir)?;
-        cinfo(e, &before, &after);
+        cinfo(&before, &after).encode(e);
         Ok(())
     })
 }
@@ -671,7 +693,10 @@ pub(super) fn nverify(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 
 fn compare(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: bool) -> OpStatus {
     run(|| {
-        let (bm, vals) = attrs::decode_raw_fattr(d)?;
+        let Fattr4 {
+            mask: Bitmap4(bm),
+            vals,
+        } = x(Fattr4::decode(d))?;
         let sup = attrs::supported();
         for n in 0..(bm.len() as u32 * 32) {
             if attrs::has(&bm, n) {

@@ -4,10 +4,10 @@
 use super::attrs::MAX_IO;
 use super::context::{Ctx, OpStatus};
 use super::state::{ChannelAttrs, ExchangeFlags, Principal};
-use crate::nfs4::consts::{status, SESSIONID_SIZE};
+use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
-    CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs, ExchangeIdResOk, ImplId,
-    StateProtectArgs, Xdr,
+    cdfc, BindConnToSessionArgs, BindConnToSessionResOk, CreateSessionArgs, CreateSessionResOk,
+    ExchangeIdArgs, ExchangeIdResOk, ImplId, SessionId, StateProtectArgs, Xdr,
 };
 use crate::xdr::{Decoder, Encoder};
 
@@ -141,7 +141,7 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
 
 /// DESTROY_SESSION.
 pub(super) fn destroy_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
-    let sid: [u8; SESSIONID_SIZE] = xdr!(d.array());
+    let sid = xdr!(SessionId::decode(d));
     match cx.srv.state.destroy_session(&sid) {
         Ok(()) => status::OK,
         Err(st) => st,
@@ -155,21 +155,22 @@ pub(super) fn bind_conn_to_session(
     d: &mut Decoder<'_>,
     e: &mut Encoder,
 ) -> OpStatus {
-    let sid: [u8; SESSIONID_SIZE] = xdr!(d.array());
-    let dir = xdr!(d.u32());
-    let _rdma = xdr!(d.bool());
-    if let Err(st) = cx.srv.state.session(&sid) {
+    let args = xdr!(BindConnToSessionArgs::decode(d));
+    if let Err(st) = cx.srv.state.session(&args.sessionid) {
         return st;
     }
-    let out = match dir {
-        1 => 1,     // CDFC4_FORE -> CDFS4_FORE
-        2 => 2,     // CDFC4_BACK -> CDFS4_BACK
-        3 | 7 => 3, // FORE_OR_BOTH, BACK_OR_BOTH -> BOTH
+    let dir = match args.dir {
+        cdfc::FORE => cdfc::FORE,
+        cdfc::BACK => cdfc::BACK,
+        cdfc::FORE_OR_BOTH | cdfc::BACK_OR_BOTH => cdfc::FORE_OR_BOTH,
         _ => return status::INVAL,
     };
-    e.opaque_fixed(&sid);
-    e.u32(out);
-    e.bool(false);
+    BindConnToSessionResOk {
+        sessionid: args.sessionid,
+        dir,
+        use_conn_in_rdma_mode: false,
+    }
+    .encode(e);
     status::OK
 }
 
@@ -179,7 +180,7 @@ pub(super) fn destroy_clientid(
     d: &mut Decoder<'_>,
     _e: &mut Encoder,
 ) -> OpStatus {
-    let clientid = xdr!(d.u64());
+    let clientid = xdr!(u64::decode(d));
     match cx.srv.state.destroy_client(clientid) {
         Ok(()) => status::OK,
         Err(st) => st,
@@ -192,7 +193,7 @@ pub(super) fn reclaim_complete(
     d: &mut Decoder<'_>,
     _e: &mut Encoder,
 ) -> OpStatus {
-    let one_fs = xdr!(d.bool());
+    let one_fs = xdr!(bool::decode(d));
     let clientid = match cx.clientid() {
         Ok(c) => c,
         Err(st) => return st,

@@ -3,10 +3,11 @@
 
 use super::context::{must_not_wait, Ctx, OpStatus, Outcome, Stop};
 use super::ops_file::{cur_file, file_key, io_fd, read_data, read_lock};
-use super::ops_fs::{io, run, run_or_block, stateid, x};
+use super::ops_fs::{io, run, run_or_block, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
+use crate::nfs4::msg::{AllocateArgs, ReadArgs, SeekArgs, SeekResOk, Xdr};
 use crate::xdr::{Decoder, Encoder};
 use bytes::Bytes;
 use std::io as stdio;
@@ -33,9 +34,12 @@ const HOLE_SIZE: usize = 4 + 8 + 8;
 pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
     let started = Instant::now();
     let status = run_or_block(|| {
-        let sid = stateid(d)?;
-        let offset = x(d.u64())?;
-        let count = x(d.u32())?.min(cx.cur_ex().rules.max_read) as u64;
+        let ReadArgs {
+            stateid: sid,
+            offset,
+            count,
+        } = x(ReadArgs::decode(d))?;
+        let count = count.min(cx.cur_ex().rules.max_read) as u64;
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, false)?;
         let key = file_key(&st);
@@ -131,9 +135,11 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
 /// SEEK: the next data or hole at or after an offset.
 pub(super) fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
-        let sid = stateid(d)?;
-        let offset = x(d.u64())?;
-        let what = x(d.u32())?;
+        let SeekArgs {
+            stateid: sid,
+            offset,
+            what,
+        } = x(SeekArgs::decode(d))?;
         if what > CONTENT_HOLE {
             return Err(status::UNION_NOTSUPP);
         }
@@ -148,8 +154,11 @@ pub(super) fn seek(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         let Some(pos) = found else {
             return Err(status::NXIO);
         };
-        e.bool(pos >= st.size);
-        e.u64(pos);
+        SeekResOk {
+            eof: pos >= st.size,
+            offset: pos,
+        }
+        .encode(e);
         Ok(())
     })
 }
@@ -166,9 +175,11 @@ pub(super) fn deallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder)
 
 fn fallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: bool) -> OpStatus {
     run(|| {
-        let sid = stateid(d)?;
-        let offset = x(d.u64())?;
-        let length = x(d.u64())?;
+        let AllocateArgs {
+            stateid: sid,
+            offset,
+            length,
+        } = x(AllocateArgs::decode(d))?;
         if length == 0 {
             return Err(status::INVAL);
         }
