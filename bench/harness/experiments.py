@@ -246,6 +246,19 @@ def _headline(r: dict) -> str:
     return ", ".join(parts)
 
 
+def rotated(variants: list[Variant], run: int) -> list[Variant]:
+    """The variants in the order run `run` measures them: local figures
+    first, then the servers' rotated by one place each run. A server
+    measured right after another can find the machine warmer or cooler
+    than the first did (page cache, CPU frequency, memory layout), so
+    every server takes every place in turn and no server gains from
+    always coming first."""
+    local = [v for v in variants if v.server == "local"]
+    served = [v for v in variants if v.server != "local"]
+    k = (run - 1) % len(served) if served else 0
+    return local + served[k:] + served[:k]
+
+
 def _rounds(
     experiment: str, cfg: Config, cases: dict[str, list[Variant]], caches: list[str], file_bytes: int
 ) -> list[Round]:
@@ -330,4 +343,6 @@ PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix}
 def plan(experiment: str, cfg: Config, servers: list[str]) -> list[Round]:
     """The rounds of `experiment`, with the variants of `servers` only."""
     rounds = [rnd.only(servers) for rnd in PLANS[experiment](cfg)]
+    for rnd in rounds:
+        rnd.variants = rotated(rnd.variants, rnd.run)
     return [rnd for rnd in rounds if rnd.variants]

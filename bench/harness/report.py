@@ -550,7 +550,10 @@ Cache states: **cold** = `sync; echo 3 > /proc/sys/vm/drop_caches` and
 sluice's read cache (the data it read with O_DIRECT) emptied with SIGUSR1;
 **warm** = one untimed identical pass first. Servers keep running between
 measurements, so their metadata caches (sluice's extent maps, ganesha's
-metadata cache) stay warm in both states. The experiments come from the design
+metadata cache) stay warm in both states. Within a run the servers are
+measured one after the other, in an order rotated by one place each run, so
+that every server takes every place and none gains from going first (with
+two servers, an even `--runs` puts each first equally often). The experiments come from the design
 brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
 (001), mixed random reads and writes on one file (002).
 
