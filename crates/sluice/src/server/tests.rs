@@ -5,8 +5,9 @@ use crate::engine::export::Export;
 use crate::engine::handle::HandleKey;
 use crate::nfs4::consts::{attr, op, status};
 use crate::nfs4::msg::{
-    CallbackSec, ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs,
-    ExchangeIdResOk, SequenceArgs, Xdr,
+    Bitmap4, CallbackSec, ChannelAttrs4, Component4, CompoundHeader, CompoundResHeader, CreateArgs,
+    CreateSessionArgs, CreateSessionResOk, Createtype4, ExchangeIdArgs, ExchangeIdResOk, Fattr4,
+    NfsFh4, ReadArgs, ReaddirArgs, RenameArgs, SequenceArgs, SequenceResOk, Stateid4, Xdr,
 };
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
@@ -41,11 +42,21 @@ fn root() -> Cred {
     }
 }
 
+/// Encodes the arguments of an op.
+fn args(a: &impl Xdr) -> Vec<u8> {
+    let mut e = Encoder::new();
+    a.encode(&mut e);
+    e.into_inner()
+}
+
 fn compound(minor: u32, ops: &[(u32, Vec<u8>)]) -> Vec<u8> {
     let mut e = Encoder::new();
-    e.opaque(b"t");
-    e.u32(minor);
-    e.u32(ops.len() as u32);
+    CompoundHeader {
+        tag: b"t".to_vec(),
+        minorversion: minor,
+        numops: ops.len() as u32,
+    }
+    .encode(&mut e);
     for (n, a) in ops {
         e.u32(*n);
         e.raw(a);
@@ -59,19 +70,32 @@ struct Reply {
     body: Vec<u8>,
 }
 
+/// Reads the op number and status that start a result.
+fn next_result(d: &mut Decoder<'_>) -> (u32, Nfsstat4) {
+    (u32::decode(d).unwrap(), Nfsstat4::decode(d).unwrap())
+}
+
+/// Skips the op numbers and statuses of `n` results that have no body.
+fn skip_results(d: &mut Decoder<'_>, n: usize) {
+    for _ in 0..n {
+        next_result(d);
+    }
+}
+
+/// Decodes a COMPOUND4res header and, if there is a result, the op
+/// number and status of the first one, leaving `d` at that result's body.
+fn reply_start(d: &mut Decoder<'_>) -> (CompoundResHeader, Option<(u32, Nfsstat4)>) {
+    let h = CompoundResHeader::decode(d).unwrap();
+    let first = (h.numres > 0).then(|| next_result(d));
+    (h, first)
+}
+
 /// Parses status and the (op, status) of the first result, keeping the body.
 fn parse(body: Vec<u8>) -> Reply {
-    let mut d = Decoder::new(&body);
-    let status = Nfsstat4(d.u32().unwrap());
-    d.opaque(1024).unwrap();
-    let n = d.u32().unwrap();
-    let mut results = Vec::new();
-    if n > 0 {
-        results.push((d.u32().unwrap(), Nfsstat4(d.u32().unwrap())));
-    }
+    let (h, first) = reply_start(&mut Decoder::new(&body));
     Reply {
-        status,
-        results,
+        status: h.status,
+        results: first.into_iter().collect(),
         body,
     }
 }
@@ -82,20 +106,14 @@ fn session(srv: &Server) -> [u8; 16] {
 
 /// A session whose replies may be cached up to `cached` bytes.
 fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
-    let mut a = Encoder::new();
-    ExchangeIdArgs {
+    let a = args(&ExchangeIdArgs {
         verifier: [1; 8],
         ownerid: b"test-client".to_vec(),
         ..Default::default()
-    }
-    .encode(&mut a);
-    let r = process_compound_ok(srv, &compound(1, &[(op::EXCHANGE_ID, a.into_inner())]));
+    });
+    let r = process_compound_ok(srv, &compound(1, &[(op::EXCHANGE_ID, a)]));
     let mut d = Decoder::new(&r.body);
-    d.u32().unwrap();
-    d.opaque(10).unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
+    reply_start(&mut d);
     let x = ExchangeIdResOk::decode(&mut d).unwrap();
     let channel = ChannelAttrs4 {
         header_pad: 0,
@@ -106,8 +124,7 @@ fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
         max_requests: 8,
         rdma_ird: None,
     };
-    let mut a = Encoder::new();
-    CreateSessionArgs {
+    let a = args(&CreateSessionArgs {
         clientid: x.clientid,
         sequence: x.sequenceid,
         flags: 0,
@@ -115,15 +132,10 @@ fn session_caching(srv: &Server, cached: u32) -> [u8; 16] {
         back: channel,
         cb_program: 0x4000_0000,
         cb_sec: vec![CallbackSec::None],
-    }
-    .encode(&mut a);
-    let r = process_compound_ok(srv, &compound(1, &[(op::CREATE_SESSION, a.into_inner())]));
+    });
+    let r = process_compound_ok(srv, &compound(1, &[(op::CREATE_SESSION, a)]));
     let mut d = Decoder::new(&r.body);
-    d.u32().unwrap();
-    d.opaque(10).unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
+    reply_start(&mut d);
     CreateSessionResOk::decode(&mut d).unwrap().sessionid
 }
 
@@ -139,28 +151,26 @@ fn process_compound_ok(srv: &Server, args: &[u8]) -> Reply {
 }
 
 fn sequence(sid: &[u8; 16], seq: u32, slot: u32, cache: bool) -> (u32, Vec<u8>) {
-    let mut a = Encoder::new();
-    SequenceArgs {
+    let a = args(&SequenceArgs {
         sessionid: *sid,
         sequenceid: seq,
         slotid: slot,
         highest_slotid: slot,
         cachethis: cache,
-    }
-    .encode(&mut a);
-    (op::SEQUENCE, a.into_inner())
+    });
+    (op::SEQUENCE, a)
 }
 
 #[test]
 fn an_op_that_changes_things_is_not_run_when_its_result_might_not_fit() {
     let (srv, dir) = server("repbound");
     let sid = session_caching(&srv, 128);
-    let mut create = Encoder::new();
-    create.u32(2); // NF4DIR
-    create.string("made");
-    create.u32(0); // no attributes
-    create.u32(0);
-    let create = (op::CREATE, create.into_inner());
+    let create = args(&CreateArgs {
+        objtype: Createtype4::Dir,
+        objname: Component4::new("made"),
+        attrs: Fattr4::default(), // no attributes
+    });
+    let create = (op::CREATE, create);
     // Cached replies of up to 128 bytes: CREATE's result could make the
     // reply larger, so it is refused before it runs (RFC 8881 section
     // 18.46.3) and nothing is created.
@@ -189,12 +199,11 @@ fn an_op_that_changes_things_is_not_run_when_its_result_might_not_fit() {
 fn session_ops_and_replay_cache() {
     let (srv, _dir) = server("session");
     let sid = session(&srv);
-    let mut getattr = Encoder::new();
-    getattr.bitmap(&[(1 << attr::TYPE) | (1 << attr::SIZE)]);
+    let getattr = args(&Bitmap4::of(&[attr::TYPE, attr::SIZE]));
     let ops = [
         sequence(&sid, 1, 0, true),
         (op::PUTROOTFH, vec![]),
-        (op::GETATTR, getattr.into_inner()),
+        (op::GETATTR, getattr),
     ];
     let first = process_compound_ok(&srv, &compound(1, &ops));
     let again = process_compound_ok(&srv, &compound(1, &ops));
@@ -267,8 +276,7 @@ fn sessionless_and_unknown_ops() {
 fn lookup_refuses_dot_dot_and_stops_at_root() {
     let (srv, _dir) = server("escape");
     let sid = session(&srv);
-    let mut name = Encoder::new();
-    name.opaque(b"..");
+    let name = args(&Component4::new(".."));
     let r = parse(
         pc(
             &srv,
@@ -278,7 +286,7 @@ fn lookup_refuses_dot_dot_and_stops_at_root() {
                 &[
                     sequence(&sid, 1, 0, false),
                     (op::PUTROOTFH, vec![]),
-                    (op::LOOKUP, name.into_inner()),
+                    (op::LOOKUP, name),
                 ],
             ),
         )
@@ -335,9 +343,7 @@ fn two_exports(tag: &str) -> (Server, PathBuf, PathBuf) {
 }
 
 fn lookup_op(name: &str) -> (u32, Vec<u8>) {
-    let mut e = Encoder::new();
-    e.opaque(name.as_bytes());
-    (op::LOOKUP, e.into_inner())
+    (op::LOOKUP, args(&Component4::new(name)))
 }
 
 /// Runs SEQUENCE + `ops` from `peer` and returns the decoder positioned
@@ -354,16 +360,16 @@ fn run_from(
     let body = super::process_compound(srv, &root(), peer, &compound(1, &all), 0)
         .unwrap()
         .into_inner();
-    let st = Nfsstat4(u32::from_be_bytes(body[0..4].try_into().unwrap()));
-    // status, tag "t" (4 + 4), count, SEQUENCE op + status + 36 bytes.
-    (st, body[4 + 8 + 4 + 8 + 36..].to_vec())
+    let mut d = Decoder::new(&body);
+    let (h, _) = reply_start(&mut d);
+    SequenceResOk::decode(&mut d).unwrap();
+    (h.status, d.rest().to_vec())
 }
 
 /// The names in a READDIR result that asked for no attributes; `d` is
 /// positioned at the READDIR op number.
 fn readdir_names(d: &mut Decoder<'_>) -> Vec<String> {
-    assert_eq!(d.u32().unwrap(), op::READDIR);
-    assert_eq!(Nfsstat4(d.u32().unwrap()), status::OK);
+    assert_eq!(next_result(d), (op::READDIR, status::OK));
     d.array::<8>().unwrap();
     let mut names = Vec::new();
     while d.bool().unwrap() {
@@ -376,13 +382,14 @@ fn readdir_names(d: &mut Decoder<'_>) -> Vec<String> {
 }
 
 fn readdir_op() -> (u32, Vec<u8>) {
-    let mut e = Encoder::new();
-    e.u64(0);
-    e.opaque_fixed(&[0; 8]);
-    e.u32(4096);
-    e.u32(65536);
-    e.bitmap(&[]);
-    (op::READDIR, e.into_inner())
+    let a = args(&ReaddirArgs {
+        cookie: 0,
+        verifier: [0; 8],
+        dircount: 4096,
+        maxcount: 65536,
+        attr_request: Bitmap4::default(),
+    });
+    (op::READDIR, a)
 }
 
 #[test]
@@ -396,12 +403,14 @@ fn pseudo_file_system_joins_exports() {
     // The root lists both top-level names to an admitted client.
     let (st, rest) = run_from(&srv, &sid, 1, inside, &[put_root.clone(), readdir_op()]);
     assert_eq!(st, status::OK);
-    let mut d = Decoder::new(&rest[8..]);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTROOTFH
     assert_eq!(readdir_names(&mut d), vec!["data", "home"]);
     // Another client sees only the export open to everyone.
     let (st, rest) = run_from(&srv, &sid, 2, outside, &[put_root.clone(), readdir_op()]);
     assert_eq!(st, status::OK);
-    let mut d = Decoder::new(&rest[8..]);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTROOTFH
     assert_eq!(readdir_names(&mut d), vec!["home"]);
     let (st, _) = run_from(
         &srv,
@@ -431,37 +440,27 @@ fn pseudo_file_system_joins_exports() {
         ],
     );
     assert_eq!(st, status::NOENT, "no parent above the pseudo root");
-    let mut d = Decoder::new(&rest[8 + 8 + 8..]);
-    assert_eq!(
-        (d.u32().unwrap(), Nfsstat4(d.u32().unwrap())),
-        (op::GETFH, status::OK)
-    );
-    let archive_fh = d.opaque(128).unwrap().to_vec();
-    assert_eq!(archive_fh, srv.exports.list()[1].fs.root_fh());
-    d.u32().unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
-    d.u32().unwrap();
-    assert_eq!(
-        (d.u32().unwrap(), Nfsstat4(d.u32().unwrap())),
-        (op::GETFH, status::OK)
-    );
-    assert_eq!(d.opaque(128).unwrap(), srv.exports.root().0.as_slice());
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 3); // PUTROOTFH, LOOKUP, LOOKUP
+    assert_eq!(next_result(&mut d), (op::GETFH, status::OK));
+    let archive_fh = NfsFh4::decode(&mut d).unwrap();
+    assert_eq!(archive_fh.0, srv.exports.list()[1].fs.root_fh());
+    skip_results(&mut d, 2); // LOOKUPP, LOOKUPP
+    assert_eq!(next_result(&mut d), (op::GETFH, status::OK));
+    assert_eq!(NfsFh4::decode(&mut d).unwrap().0, srv.exports.root().0);
 
     // The export's handle is refused to a client outside its range.
-    let mut put = Encoder::new();
-    put.opaque(&archive_fh);
-    let putfh = (op::PUTFH, put.into_inner());
+    let putfh = (op::PUTFH, args(&archive_fh));
     let (st, _) = run_from(&srv, &sid, 5, outside, &[putfh.clone(), getfh.clone()]);
     assert_eq!(st, status::ACCESS);
 
     // Pseudo directories and the read-only export refuse changes.
-    let mut mkdir = Encoder::new();
-    mkdir.u32(crate::nfs4::consts::ftype::DIR);
-    mkdir.opaque(b"new");
-    mkdir.bitmap(&[]);
-    mkdir.opaque(&[]);
-    let mkdir = (op::CREATE, mkdir.into_inner());
+    let mkdir = args(&CreateArgs {
+        objtype: Createtype4::Dir,
+        objname: Component4::new("new"),
+        attrs: Fattr4::default(),
+    });
+    let mkdir = (op::CREATE, mkdir);
     let (st, _) = run_from(&srv, &sid, 6, inside, &[put_root.clone(), mkdir.clone()]);
     assert_eq!(st, status::ROFS);
     let (st, _) = run_from(&srv, &sid, 7, inside, &[putfh.clone(), mkdir.clone()]);
@@ -479,9 +478,10 @@ fn pseudo_file_system_joins_exports() {
     );
     assert_eq!(st, status::OK);
     assert!(a.join("new").is_dir());
-    let mut names = Encoder::new();
-    names.opaque(b"f");
-    names.opaque(b"g");
+    let names = args(&RenameArgs {
+        oldname: Component4::new("f"),
+        newname: Component4::new("g"),
+    });
     let (st, _) = run_from(
         &srv,
         &sid,
@@ -492,24 +492,18 @@ fn pseudo_file_system_joins_exports() {
             lookup_op("home"),
             (op::SAVEFH, vec![]),
             putfh.clone(),
-            (op::RENAME, names.into_inner()),
+            (op::RENAME, names),
         ],
     );
     assert_eq!(st, status::XDEV);
     assert!(a.join("f").exists());
 
     // Pseudo directory handles survive a round trip through PUTFH.
-    let mut put = Encoder::new();
-    put.opaque(&srv.exports.root().0);
-    let (st, rest) = run_from(
-        &srv,
-        &sid,
-        11,
-        outside,
-        &[(op::PUTFH, put.into_inner()), readdir_op()],
-    );
+    let put = args(&NfsFh4(srv.exports.root().0));
+    let (st, rest) = run_from(&srv, &sid, 11, outside, &[(op::PUTFH, put), readdir_op()]);
     assert_eq!(st, status::OK);
-    let mut d = Decoder::new(&rest[8..]);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTFH
     assert_eq!(readdir_names(&mut d), vec!["home"]);
 }
 
@@ -524,9 +518,8 @@ proptest! {
     #[test]
     fn truncated_compounds_get_errors_not_panics(cut in 0usize..200) {
         let (srv, _dir) = SHARED.with(|s| (s.0.clone(), ()));
-        let mut name = Encoder::new();
-        name.opaque(b"nothing-here");
-        let args = compound(1, &[(op::PUTROOTFH, vec![]), (op::LOOKUP, name.into_inner()), (op::GETFH, vec![])]);
+        let name = args(&Component4::new("nothing-here"));
+        let args = compound(1, &[(op::PUTROOTFH, vec![]), (op::LOOKUP, name), (op::GETFH, vec![])]);
         let cut = cut.min(args.len());
         let _ = pc(&srv, &root(), &args[..cut]);
     }
@@ -562,21 +555,19 @@ type Results = (
 /// like.
 fn split_results(body: &[u8]) -> Results {
     let mut d = Decoder::new(body);
-    let st = Nfsstat4(d.u32().unwrap());
-    d.opaque(1024).unwrap();
-    let n = d.u32().unwrap();
+    let h = CompoundResHeader::decode(&mut d).unwrap();
     let (mut results, mut data, mut fh) = (Vec::new(), None, None);
-    for _ in 0..n {
-        let (o, s) = (d.u32().unwrap(), Nfsstat4(d.u32().unwrap()));
+    for _ in 0..h.numres {
+        let (o, s) = next_result(&mut d);
         results.push((o, s));
         if s != status::OK {
             break;
         }
         match o {
             op::SEQUENCE => {
-                d.array::<36>().unwrap();
+                SequenceResOk::decode(&mut d).unwrap();
             }
-            op::GETFH => fh = Some(d.opaque(128).unwrap().to_vec()),
+            op::GETFH => fh = Some(NfsFh4::decode(&mut d).unwrap().0),
             op::READ => {
                 d.bool().unwrap();
                 data = Some(d.opaque(1 << 20).unwrap().to_vec());
@@ -584,16 +575,16 @@ fn split_results(body: &[u8]) -> Results {
             _ => {}
         }
     }
-    (st, results, data, fh)
+    (h.status, results, data, fh)
 }
 
 fn read_op(offset: u64, count: u32) -> (u32, Vec<u8>) {
-    let mut e = Encoder::new();
-    e.u32(0);
-    e.opaque_fixed(&[0; 12]);
-    e.u64(offset);
-    e.u32(count);
-    (op::READ, e.into_inner())
+    let a = args(&ReadArgs {
+        stateid: Stateid4::ANONYMOUS,
+        offset,
+        count,
+    });
+    (op::READ, a)
 }
 
 /// The connection task answers what needs no waiting and hands the rest
@@ -652,9 +643,7 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
     );
     assert!(again == body, "the retransmission got another reply");
 
-    let mut putfh = Encoder::new();
-    putfh.opaque(&fh);
-    let putfh = (op::PUTFH, putfh.into_inner());
+    let putfh = (op::PUTFH, args(&NfsFh4(fh)));
     // Cached data: answered without stopping.
     let (body, stopped) = run_split(&srv, ops(2, &[putfh.clone(), read_op(150_000, 100_000)]));
     assert!(!stopped);
