@@ -3,10 +3,13 @@
 //! many requests in flight over the session's slots.
 
 use bytes::{Bytes, BytesMut};
-use sluice_proto::nfs4::consts::{op, status};
+use sluice_proto::nfs4::consts::{attr, op, status};
 use sluice_proto::nfs4::msg::{
-    CallbackSec, ChannelAttrs4, CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs,
-    ExchangeIdResOk, ReadArgs, SequenceArgs, SequenceResOk, Stateid4, WriteArgs, WriteResOk, Xdr,
+    Bitmap4, CallbackSec, ChannelAttrs4, Component4, CompoundHeader, CompoundResHeader,
+    CreateSessionArgs, CreateSessionResOk, Createhow4, ExchangeIdArgs, ExchangeIdResOk, Fattr4,
+    NfsFh4, OpenArgs, OpenClaim4, OpenDelegation4, OpenResOk, Openflag4, ReadArgs, SequenceArgs,
+    SequenceResOk, SessionId, StateOwner4, Stateid4, WriteArgs, WriteResOk, Xdr, SHARE_ACCESS_BOTH,
+    SHARE_ACCESS_READ,
 };
 use sluice_proto::nfs4::Nfsstat4;
 use sluice_proto::rpc;
@@ -36,6 +39,9 @@ pub enum ClientError {
         /// The nfsstat4.
         status: Nfsstat4,
     },
+    /// A COMPOUND stopped at an op that failed with this NFS status.
+    #[error("COMPOUND failed with NFS status {0}")]
+    Compound(Nfsstat4),
     /// The reply could not be parsed.
     #[error("malformed reply")]
     Malformed,
@@ -160,6 +166,31 @@ impl Conn {
     }
 }
 
+/// Writes the COMPOUND header (empty tag, `minor`, `numops`) that the ops
+/// follow.
+fn compound_header(e: &mut Encoder, minor: u32, numops: u32) {
+    CompoundHeader {
+        tag: Vec::new(),
+        minorversion: minor,
+        numops,
+    }
+    .encode(e);
+}
+
+/// Reads the op number and status before an op's result; an error if the
+/// op failed.
+fn op_ok(d: &mut Decoder<'_>) -> Result<u32> {
+    let opnum = d.u32().map_err(bad)?;
+    let st = Nfsstat4::decode(d).map_err(bad)?;
+    if st != status::OK {
+        return Err(ClientError::Status {
+            op: opnum,
+            status: st,
+        });
+    }
+    Ok(opnum)
+}
+
 /// Results of a COMPOUND: a decoder positioned after the per-op header of
 /// each successful op is handed to the caller's parser.
 pub struct Reply {
@@ -168,17 +199,32 @@ pub struct Reply {
     at: usize,
     /// How many op results follow.
     ops: u32,
+    /// The COMPOUND's status: that of its last op.
+    status: Nfsstat4,
 }
 
 impl Reply {
     /// A COMPOUND reply body: status, tag and the count of op results.
     fn parse(body: Bytes) -> Result<Reply> {
         let mut d = Decoder::new(&body);
-        d.u32().map_err(bad)?;
-        d.opaque(1024).map_err(bad)?;
-        let ops = d.u32().map_err(bad)?;
+        let h = CompoundResHeader::decode(&mut d).map_err(bad)?;
         let at = d.position();
-        Ok(Reply { body, at, ops })
+        Ok(Reply {
+            body,
+            at,
+            ops: h.numres,
+            status: h.status,
+        })
+    }
+
+    /// Ok when every op succeeded; else the COMPOUND's status (that of
+    /// the op that failed).
+    pub fn check(&self) -> Result<()> {
+        if self.status == status::OK {
+            Ok(())
+        } else {
+            Err(ClientError::Compound(self.status))
+        }
     }
 
     /// Walks the results: calls `f(opnum, decoder)` for each op in order.
@@ -186,14 +232,7 @@ impl Reply {
     pub fn walk(&self, mut f: impl FnMut(u32, &mut Decoder<'_>) -> Result<()>) -> Result<()> {
         let mut d = Decoder::new(&self.body[self.at..]);
         for _ in 0..self.ops {
-            let opnum = d.u32().map_err(bad)?;
-            let st = Nfsstat4(d.u32().map_err(bad)?);
-            if st != status::OK {
-                return Err(ClientError::Status {
-                    op: opnum,
-                    status: st,
-                });
-            }
+            let opnum = op_ok(&mut d)?;
             f(opnum, &mut d)?;
         }
         Ok(())
@@ -208,7 +247,7 @@ struct Slots {
 /// An NFSv4.1 session over one connection.
 pub struct Client {
     conn: Arc<Conn>,
-    session: [u8; 16],
+    session: SessionId,
     slots: Slots,
     minor: u32,
     /// Client id from EXCHANGE_ID.
@@ -222,7 +261,7 @@ pub type Sid = Stateid4;
 #[derive(Debug, Clone)]
 pub struct OpenFile {
     /// Its handle.
-    pub fh: Vec<u8>,
+    pub fh: NfsFh4,
     /// Open stateid.
     pub sid: Sid,
     /// Size when opened.
@@ -250,9 +289,7 @@ impl Client {
         let mut owner = [0u8; 16];
         getrandom::getrandom(&mut owner).map_err(bad)?;
         let mut a = Encoder::new();
-        a.opaque(b"");
-        a.u32(minor);
-        a.u32(1);
+        compound_header(&mut a, minor, 1);
         a.u32(op::EXCHANGE_ID);
         ExchangeIdArgs {
             verifier: owner[..8].try_into().map_err(bad)?,
@@ -268,9 +305,7 @@ impl Client {
             Ok(())
         })?;
         let mut a = Encoder::new();
-        a.opaque(b"");
-        a.u32(minor);
-        a.u32(1);
+        compound_header(&mut a, minor, 1);
         a.u32(op::CREATE_SESSION);
         CreateSessionArgs {
             clientid,
@@ -283,7 +318,7 @@ impl Client {
         }
         .encode(&mut a);
         let r = Reply::parse(conn.call(a.as_slice()).await?)?;
-        let mut session = [0u8; 16];
+        let mut session = SessionId::default();
         let mut granted = slots;
         r.walk(|_, d| {
             let x = CreateSessionResOk::decode(d).map_err(bad)?;
@@ -302,10 +337,11 @@ impl Client {
             minor,
             clientid,
         };
-        // RECLAIM_COMPLETE so that opens are allowed.
+        // RECLAIM_COMPLETE so that opens are allowed. Its only argument
+        // is rca_one_fs (false: for every file system).
         c.compound(1, |e| {
             e.u32(op::RECLAIM_COMPLETE);
-            e.bool(false);
+            false.encode(e);
         })
         .await?;
         Ok(c)
@@ -315,11 +351,9 @@ impl Client {
     /// out and someone conflicts with them).
     pub async fn destroy_session(&self) -> Result<()> {
         let mut a = Encoder::new();
-        a.opaque(b"");
-        a.u32(self.minor);
-        a.u32(1);
+        compound_header(&mut a, self.minor, 1);
         a.u32(op::DESTROY_SESSION);
-        a.opaque_fixed(&self.session);
+        self.session.encode(&mut a);
         Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(()))
     }
 
@@ -338,9 +372,7 @@ impl Client {
             (i as u32, s[i].1)
         };
         let mut e = Encoder::with_capacity(256);
-        e.opaque(b"");
-        e.u32(self.minor);
-        e.u32(nops + 1);
+        compound_header(&mut e, self.minor, nops + 1);
         e.u32(op::SEQUENCE);
         SequenceArgs {
             sessionid: self.session,
@@ -355,27 +387,22 @@ impl Client {
         if let Ok(mut s) = self.slots.seq.lock() {
             s[slot as usize].0 = false;
         }
-        let body = r?;
+        let mut reply = Reply::parse(r?)?;
         // Strip the SEQUENCE result so callers see only their ops.
-        let mut d = Decoder::new(&body);
-        d.u32().map_err(bad)?;
-        d.opaque(1024).map_err(bad)?;
-        let n = d.u32().map_err(bad)?;
-        let sop = d.u32().map_err(bad)?;
-        let sst = Nfsstat4(d.u32().map_err(bad)?);
-        if sst != status::OK {
-            return Err(ClientError::Status {
-                op: sop,
-                status: sst,
-            });
-        }
+        let mut d = Decoder::new(&reply.body[reply.at..]);
+        op_ok(&mut d)?;
         SequenceResOk::decode(&mut d).map_err(bad)?;
-        let at = d.position();
-        Ok(Reply {
-            body,
-            at,
-            ops: n.saturating_sub(1),
-        })
+        reply.at += d.position();
+        reply.ops = reply.ops.saturating_sub(1);
+        Ok(reply)
+    }
+
+    /// The state owner `owner` of this client (an open or lock owner).
+    pub fn state_owner(&self, owner: &[u8]) -> StateOwner4 {
+        StateOwner4 {
+            clientid: self.clientid,
+            owner: owner.to_vec(),
+        }
     }
 
     /// Opens `path` (slash-separated from the root), creating it if asked.
@@ -388,52 +415,55 @@ impl Client {
                 e.u32(op::PUTROOTFH);
                 for d in dirs {
                     e.u32(op::LOOKUP);
-                    e.string(d);
+                    Component4::new(d).encode(e);
                 }
                 e.u32(op::OPEN);
-                e.u32(0);
-                e.u32(if write { 3 } else { 1 });
-                e.u32(0);
-                e.u64(self.clientid);
-                e.opaque(b"sluice-load");
-                if create {
-                    e.u32(1);
-                    e.u32(0); // UNCHECKED
-                    e.bitmap(&[]);
-                    e.opaque(&[]);
-                } else {
-                    e.u32(0);
+                OpenArgs {
+                    seqid: 0,
+                    share_access: if write {
+                        SHARE_ACCESS_BOTH
+                    } else {
+                        SHARE_ACCESS_READ
+                    },
+                    share_deny: 0, // OPEN4_SHARE_DENY_NONE
+                    owner: self.state_owner(b"sluice-load"),
+                    openhow: if create {
+                        Openflag4::Create(Createhow4::Unchecked(Fattr4::default()))
+                    } else {
+                        Openflag4::NoCreate
+                    },
+                    claim: OpenClaim4::Null(Component4::new(name)),
                 }
-                e.u32(0); // CLAIM_NULL
-                e.string(name);
+                .encode(e);
                 e.u32(op::GETFH);
                 e.u32(op::GETATTR);
-                e.bitmap(&[1 << sluice_proto::nfs4::consts::attr::SIZE]);
+                Bitmap4::of(&[attr::SIZE]).encode(e);
             })
             .await?;
         let mut f = OpenFile {
-            fh: Vec::new(),
+            fh: NfsFh4::default(),
             sid: Stateid4::default(),
             size: 0,
         };
         r.walk(|opnum, d| {
             match opnum {
                 op::OPEN => {
-                    f.sid = Stateid4::decode(d).map_err(bad)?;
-                    d.bool().map_err(bad)?;
-                    d.u64().map_err(bad)?;
-                    d.u64().map_err(bad)?;
-                    d.u32().map_err(bad)?;
-                    d.bitmap(8).map_err(bad)?;
-                    if d.u32().map_err(bad)? != 0 {
+                    let res = OpenResOk::decode(d).map_err(bad)?;
+                    // This client cannot take delegations back when the
+                    // server recalls them, and asks for none.
+                    if !matches!(
+                        res.delegation,
+                        OpenDelegation4::None | OpenDelegation4::NoneExt(_)
+                    ) {
                         return Err(ClientError::Malformed);
                     }
+                    f.sid = res.stateid;
                 }
-                op::GETFH => f.fh = d.opaque(128).map_err(bad)?.to_vec(),
+                op::GETFH => f.fh = NfsFh4::decode(d).map_err(bad)?,
                 op::GETATTR => {
-                    d.bitmap(8).map_err(bad)?;
-                    let v = d.opaque(64).map_err(bad)?;
-                    f.size = Decoder::new(v).u64().map_err(bad)?;
+                    // Only the size was asked for: it is all the values.
+                    let attrs = Fattr4::decode(d).map_err(bad)?;
+                    f.size = u64::decode(&mut Decoder::new(&attrs.vals)).map_err(bad)?;
                 }
                 _ => {}
             }
@@ -445,7 +475,7 @@ impl Client {
     async fn read_call(&self, f: &OpenFile, offset: u64, count: u32, opnum: u32) -> Result<Reply> {
         self.compound(2, |e| {
             e.u32(op::PUTFH);
-            e.opaque(&f.fh);
+            f.fh.encode(e);
             e.u32(opnum);
             ReadArgs {
                 stateid: f.sid,
@@ -469,6 +499,8 @@ impl Client {
         let opnum = if plus { op::READ_PLUS } else { op::READ };
         let r = self.read_call(f, offset, count, opnum).await?;
         let mut out = (0, 0, false);
+        // READ4resok and READ_PLUS4resok have no typed messages in
+        // sluice_proto yet: they are read field by field.
         r.walk(|opnum, d| {
             if opnum == op::READ {
                 out.2 = d.bool().map_err(bad)?;
@@ -532,7 +564,7 @@ impl Client {
         let r = self
             .compound(2, |e| {
                 e.u32(op::PUTFH);
-                e.opaque(&f.fh);
+                f.fh.encode(e);
                 e.u32(op::WRITE);
                 WriteArgs {
                     stateid: f.sid,

@@ -10,7 +10,10 @@
 use clap::Parser;
 use sluice_load::client::{Client, ClientError};
 use sluice_proto::nfs4::consts::op;
-use sluice_proto::nfs4::msg::{Stateid4, Xdr};
+use sluice_proto::nfs4::msg::{
+    lock_type, CloseArgs, Component4, LockArgs, Locker4, LockuArgs, NfsFh4, OpenArgs, OpenClaim4,
+    OpenToLockOwner4, Openflag4, Stateid4, Xdr, SHARE_ACCESS_BOTH,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,54 +49,64 @@ async fn open_close(c: &Client, owner: &[u8], name: &str) -> Result<(), ClientEr
     c.compound(3, |e| {
         e.u32(op::PUTROOTFH);
         e.u32(op::OPEN);
-        e.u32(0);
-        e.u32(3); // read and write
-        e.u32(0);
-        e.u64(c.clientid);
-        e.opaque(owner);
-        e.u32(0); // no create
-        e.u32(0); // CLAIM_NULL
-        e.string(name);
+        OpenArgs {
+            seqid: 0,
+            share_access: SHARE_ACCESS_BOTH,
+            share_deny: 0, // OPEN4_SHARE_DENY_NONE
+            owner: c.state_owner(owner),
+            openhow: Openflag4::NoCreate,
+            claim: OpenClaim4::Null(Component4::new(name)),
+        }
+        .encode(e);
         e.u32(op::CLOSE);
-        e.u32(0);
-        Stateid4::CURRENT.encode(e);
+        CloseArgs {
+            seqid: 0,
+            stateid: Stateid4::CURRENT,
+        }
+        .encode(e);
     })
     .await
-    .map(drop)
+    .and_then(|r| r.check())
 }
 
 /// LOCK (write, by `owner`, of a range of its own) under `open`, then
 /// LOCKU of the current stateid.
 async fn lock_unlock(
     c: &Client,
-    fh: &[u8],
+    fh: &NfsFh4,
     open: &Stateid4,
     owner: &[u8],
     at: u64,
 ) -> Result<(), ClientError> {
     c.compound(3, |e| {
         e.u32(op::PUTFH);
-        e.opaque(fh);
+        fh.encode(e);
         e.u32(op::LOCK);
-        e.u32(2); // WRITE_LT
-        e.bool(false);
-        e.u64(at);
-        e.u64(1);
-        e.bool(true); // open_to_lock_owner4
-        e.u32(0);
-        open.encode(e);
-        e.u32(0);
-        e.u64(c.clientid);
-        e.opaque(owner);
+        LockArgs {
+            locktype: lock_type::WRITE,
+            reclaim: false,
+            offset: at,
+            length: 1,
+            locker: Locker4::New(OpenToLockOwner4 {
+                open_seqid: 0,
+                open_stateid: *open,
+                lock_seqid: 0,
+                lock_owner: c.state_owner(owner),
+            }),
+        }
+        .encode(e);
         e.u32(op::LOCKU);
-        e.u32(2);
-        e.u32(0);
-        Stateid4::CURRENT.encode(e);
-        e.u64(at);
-        e.u64(1);
+        LockuArgs {
+            locktype: lock_type::WRITE,
+            seqid: 0,
+            lock_stateid: Stateid4::CURRENT,
+            offset: at,
+            length: 1,
+        }
+        .encode(e);
     })
     .await
-    .map(drop)
+    .and_then(|r| r.check())
 }
 
 /// Pairs per second of `pair`, run by `inflight` tasks for `secs`.
