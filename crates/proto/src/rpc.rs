@@ -202,6 +202,112 @@ pub fn error_reply(err: &CallError) -> Option<Vec<u8>> {
     Some(e.into_inner())
 }
 
+/// The credential of a call this side makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallCred {
+    /// AUTH_NONE.
+    None,
+    /// AUTH_SYS: stamp, machine name, uid, gid, supplementary groups.
+    Sys {
+        /// Arbitrary id of the credential.
+        stamp: u32,
+        /// The caller's machine name.
+        machine: Vec<u8>,
+        /// User id.
+        uid: u32,
+        /// Group id.
+        gid: u32,
+        /// Supplementary groups (at most 16).
+        gids: Vec<u32>,
+    },
+}
+
+/// Writes the header of a call (RFC 5531 section 9) with `cred` and an
+/// empty verifier; the arguments follow.
+pub fn call_header(e: &mut Encoder, xid: u32, prog: u32, vers: u32, proc_: u32, cred: &CallCred) {
+    e.u32(xid);
+    e.u32(MSG_CALL);
+    e.u32(2);
+    e.u32(prog);
+    e.u32(vers);
+    e.u32(proc_);
+    match cred {
+        CallCred::None => {
+            e.u32(AUTH_NONE);
+            e.u32(0);
+        }
+        CallCred::Sys {
+            stamp,
+            machine,
+            uid,
+            gid,
+            gids,
+        } => {
+            let mut body = Encoder::new();
+            body.u32(*stamp);
+            body.opaque(machine);
+            body.u32(*uid);
+            body.u32(*gid);
+            body.u32(gids.len().min(16) as u32);
+            for g in gids.iter().take(16) {
+                body.u32(*g);
+            }
+            e.u32(AUTH_SYS);
+            e.opaque(body.as_slice());
+        }
+    }
+    e.u32(AUTH_NONE);
+    e.u32(0);
+}
+
+/// Why a reply to one of this side's calls carries no results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    /// The record is not a well-formed reply.
+    #[error("malformed RPC reply")]
+    Malformed,
+    /// MSG_DENIED: RPC version mismatch (0) or an authentication error
+    /// (1) with its auth_stat.
+    #[error("call denied (reject_stat {0}, auth_stat {1})")]
+    Denied(u32, u32),
+    /// MSG_ACCEPTED with a status other than SUCCESS.
+    #[error("call not accepted: accept_stat {0}")]
+    NotAccepted(u32),
+}
+
+/// Whether a record is a reply (rather than a call): a connection that
+/// carries calls both ways gets both.
+pub fn is_reply(record: &[u8]) -> bool {
+    record.get(4..8) == Some(&MSG_REPLY.to_be_bytes()[..])
+}
+
+/// The xid of a reply and where its results start in `record`.
+pub fn parse_reply(record: &[u8]) -> Result<(u32, Result<usize, ReplyError>), ReplyError> {
+    let mut d = Decoder::new(record);
+    let m = |_| ReplyError::Malformed;
+    let xid = d.u32().map_err(m)?;
+    if d.u32().map_err(m)? != MSG_REPLY {
+        return Err(ReplyError::Malformed);
+    }
+    let r = match d.u32().map_err(m)? {
+        0 => {
+            let _flavor = d.u32().map_err(m)?;
+            let _verf = d.opaque(MAX_AUTH_BYTES).map_err(m)?;
+            match d.u32().map_err(m)? {
+                0 => Ok(d.position()),
+                stat => Err(ReplyError::NotAccepted(stat)),
+            }
+        }
+        1 => {
+            let why = d.u32().map_err(m)?;
+            let detail = d.u32().map_err(m)?;
+            Err(ReplyError::Denied(why, detail))
+        }
+        _ => return Err(ReplyError::Malformed),
+    };
+    Ok((xid, r))
+}
+
 /// Reassembles records from record-marked fragments (RFC 5531 section 11).
 ///
 /// Feed it the fragment headers and bodies as they arrive; it enforces a
@@ -278,6 +384,42 @@ pub fn record_mark(len: usize) -> [u8; 4] {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn calls_made_here_parse_as_calls_and_replies_as_replies() {
+        let cred = CallCred::Sys {
+            stamp: 7,
+            machine: b"server".to_vec(),
+            uid: 0,
+            gid: 0,
+            gids: vec![1, 2],
+        };
+        let mut e = Encoder::new();
+        call_header(&mut e, 42, 0x4000_0000, 1, 1, &cred);
+        e.u32(99);
+        let call = e.into_inner();
+        assert!(!is_reply(&call));
+        let h = parse_call(&call).expect("a call");
+        assert_eq!((h.xid, h.prog, h.vers, h.proc_), (42, 0x4000_0000, 1, 1));
+        assert_eq!((h.cred.uid, h.cred.gids.clone()), (0, vec![1, 2]));
+        assert_eq!(&call[h.args_at..], &99u32.to_be_bytes());
+
+        let mut ok = accepted_reply(42, AcceptStat::Success);
+        ok.u32(5);
+        let ok = ok.into_inner();
+        assert!(is_reply(&ok));
+        let (xid, at) = parse_reply(&ok).unwrap();
+        assert_eq!((xid, &ok[at.unwrap()..]), (42, &5u32.to_be_bytes()[..]));
+        let unavail = accepted_reply(43, AcceptStat::ProgUnavail).into_inner();
+        assert_eq!(parse_reply(&unavail), Ok((43, Err(ReplyError::NotAccepted(1)))));
+        let denied = error_reply(&CallError::Auth(44, AuthStat::TooWeak)).unwrap();
+        assert_eq!(parse_reply(&denied), Ok((44, Err(ReplyError::Denied(1, 5)))));
+        // Cut anywhere in its header, a reply is malformed.
+        for cut in 0..24 {
+            assert_eq!(parse_reply(&ok[..cut]), Err(ReplyError::Malformed));
+        }
+        assert_eq!(parse_reply(&call), Err(ReplyError::Malformed));
+    }
 
     fn call(flavor: u32, cred: &[u8], rpcvers: u32) -> Vec<u8> {
         let mut e = Encoder::new();

@@ -10,6 +10,7 @@
 use super::consts::{OPAQUE_LIMIT, SESSIONID_SIZE};
 use crate::xdr::{Decoder, Encoder, XdrError, XdrResult};
 
+mod cb;
 mod common;
 mod file;
 mod ns;
@@ -18,6 +19,7 @@ pub use common::{
     Bitmap4, ChangeInfo4, Component4, Fattr4, Nfsace4, StateOwner4, MAX_ATTR_VALS,
     MAX_BITMAP_WORDS, MAX_COMPONENT,
 };
+pub use cb::*;
 pub use file::*;
 pub use ns::*;
 
