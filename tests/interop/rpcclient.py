@@ -145,6 +145,7 @@ class St:
     RETRY_UNCACHED_REP = 10068
     TOO_MANY_OPS = 10070
     OP_NOT_IN_SESSION = 10071
+    ENCR_ALG_UNSUPP = 10079
     NOT_ONLY_OP = 10081
 
 
@@ -367,6 +368,23 @@ class RpcReply:
         )
 
 
+class RpcCall:
+    """A call from the server (over the back channel): xid, prog, vers,
+    proc, the credential's flavor and body, and the arguments."""
+
+    def __init__(self, record: bytes):
+        u = Unpacker(record)
+        self.xid = u.u32()
+        assert u.u32() == MSG_CALL
+        self.rpcvers, self.prog, self.vers, self.proc = u.u32(), u.u32(), u.u32(), u.u32()
+        self.cred_flavor, self.cred_body = u.u32(), u.opaque()
+        self.verf = (u.u32(), u.opaque())
+        self.args = u.rest()
+
+    def __repr__(self):
+        return f"RpcCall(xid={self.xid:#x}, prog={self.prog:#x}, vers={self.vers}, proc={self.proc}, cred={self.cred_flavor}, args={len(self.args)}B)"
+
+
 _xids = itertools.count((os.getpid() << 12) & 0x7FFFFFFF)
 
 
@@ -386,6 +404,9 @@ class Conn:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(timeout)
         self._stash: dict[int, RpcReply] = {}
+        # Calls the server made on this connection (its back channel),
+        # not yet taken with next_call().
+        self.calls: list[RpcCall] = []
 
     def close(self):
         self.sock.close()
@@ -421,7 +442,38 @@ class Conn:
                 return bytes(out)
 
     def recv_reply(self) -> RpcReply:
-        return RpcReply(self.recv_record())
+        """The next reply; calls from the server that come first are kept
+        in `calls`."""
+        while True:
+            rec = self.recv_record()
+            if struct.unpack(">I", rec[4:8])[0] == MSG_CALL:
+                self.calls.append(RpcCall(rec))
+                continue
+            return RpcReply(rec)
+
+    def next_call(self, timeout: float | None = None) -> "RpcCall":
+        """The next call from the server (a callback), keeping replies that
+        come first for wait_for(). Raises socket.timeout after `timeout`."""
+        old = self.sock.gettimeout()
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        try:
+            while not self.calls:
+                rec = self.recv_record()
+                if struct.unpack(">I", rec[4:8])[0] == MSG_CALL:
+                    self.calls.append(RpcCall(rec))
+                else:
+                    r = RpcReply(rec)
+                    self._stash[r.xid] = r
+            return self.calls.pop(0)
+        finally:
+            self.sock.settimeout(old)
+
+    def answer(self, call: "RpcCall", body: bytes = b"", accept_stat: int = SUCCESS):
+        """Replies to a call from the server: accepted, with `accept_stat`
+        and the results `body`."""
+        p = Packer().u32(call.xid).u32(MSG_REPLY).u32(MSG_ACCEPTED).u32(AUTH_NONE).opaque(b"").u32(accept_stat)
+        self.send_record(p.bytes() + body)
 
     def wait_for(self, xid: int) -> RpcReply:
         """The reply to `xid`, keeping replies to other xids for later."""
@@ -550,13 +602,42 @@ def _channel_attrs(p: Packer, headerpad, maxreq, maxresp, maxcached, maxops, max
     p.u32(0)  # ca_rdma_ird<1>: none
 
 
-def op_create_session(clientid: int, seq: int, flags: int = 0, fore=(0, 1 << 20, 1 << 20, 64 << 10, 16, 8), back=(0, 4096, 4096, 0, 2, 1)):
+CB_PROGRAM = 0x40000000
+
+
+def cb_sec_none() -> bytes:
+    """callback_sec_parms4 for AUTH_NONE."""
+    return Packer().u32(AUTH_NONE).bytes()
+
+
+def cb_sec_sys(uid: int = 0, gid: int = 0, machine: str = "cbclient") -> bytes:
+    """callback_sec_parms4 for AUTH_SYS."""
+    return Packer().u32(AUTH_SYS).raw(auth_sys(uid=uid, gid=gid, machine=machine)).bytes()
+
+
+def cb_sec_gss() -> bytes:
+    """callback_sec_parms4 for RPCSEC_GSS (service none, empty handles)."""
+    return Packer().u32(6).u32(1).opaque(b"").opaque(b"").bytes()
+
+
+def op_create_session(clientid: int, seq: int, flags: int = 0, fore=(0, 1 << 20, 1 << 20, 64 << 10, 16, 8), back=(0, 4096, 4096, 0, 2, 1), cb_program: int = CB_PROGRAM, sec=None):
     p = Packer().u64(clientid).u32(seq).u32(flags)
     _channel_attrs(p, *fore)
     _channel_attrs(p, *back)
-    p.u32(0x40000000)  # cb_program
-    p.u32(1).u32(AUTH_NONE)  # csa_sec_parms: one entry, AUTH_NONE
+    p.u32(cb_program)
+    sec = [cb_sec_none()] if sec is None else sec
+    p.u32(len(sec))
+    for s in sec:
+        p.raw(s)
     return (Op.CREATE_SESSION, p.bytes())
+
+
+def op_backchannel_ctl(cb_program: int, sec) -> tuple[int, bytes]:
+    p = Packer().u32(cb_program).u32(len(sec))
+    for s in sec:
+        p.raw(s)
+    return (40, p.bytes())  # BACKCHANNEL_CTL
+
 
 
 def op_destroy_session(sessionid: bytes):
@@ -1120,7 +1201,7 @@ class Client:
             self.exchange_flags = r[0].flags
         return r
 
-    def create_session(self, seq: int | None = None, clientid: int | None = None, flags: int = 0, fore=None, back=(0, 4096, 4096, 0, 2, 1), cred: bytes | None = None) -> StateReply:
+    def create_session(self, seq: int | None = None, clientid: int | None = None, flags: int = 0, fore=None, back=(0, 4096, 4096, 0, 2, 1), cred: bytes | None = None, cb_program: int = CB_PROGRAM, sec=None) -> StateReply:
         """CREATE_SESSION for this client's id with the next sequence id
         (both overridable); on success the session becomes this client's
         and the next sequence id moves on."""
@@ -1128,7 +1209,7 @@ class Client:
             fore = (0, 1 << 20, 1 << 20, 16 << 10, 16, 8)
         seq = self.cs_seq if seq is None else seq
         cid = self.clientid if clientid is None else clientid
-        r = self.call([op_create_session(cid, seq, flags, fore, back)], cred)
+        r = self.call([op_create_session(cid, seq, flags, fore, back, cb_program, sec)], cred)
         if r.status == St.OK and clientid is None:
             self.sessionid = r[0].sessionid
             self.fore = r[0].fore

@@ -411,9 +411,15 @@ mod tests {
         let (xid, at) = parse_reply(&ok).unwrap();
         assert_eq!((xid, &ok[at.unwrap()..]), (42, &5u32.to_be_bytes()[..]));
         let unavail = accepted_reply(43, AcceptStat::ProgUnavail).into_inner();
-        assert_eq!(parse_reply(&unavail), Ok((43, Err(ReplyError::NotAccepted(1)))));
+        assert_eq!(
+            parse_reply(&unavail),
+            Ok((43, Err(ReplyError::NotAccepted(1))))
+        );
         let denied = error_reply(&CallError::Auth(44, AuthStat::TooWeak)).unwrap();
-        assert_eq!(parse_reply(&denied), Ok((44, Err(ReplyError::Denied(1, 5)))));
+        assert_eq!(
+            parse_reply(&denied),
+            Ok((44, Err(ReplyError::Denied(1, 5))))
+        );
         // Cut anywhere in its header, a reply is malformed.
         for cut in 0..24 {
             assert_eq!(parse_reply(&ok[..cut]), Err(ReplyError::Malformed));

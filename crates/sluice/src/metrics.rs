@@ -53,8 +53,18 @@ impl Collector for Collect {
         let m = &srv.metrics;
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counters: [(&str, &str, u64); 12] = [
+        let counters: [(&str, &str, u64); 14] = [
             ("sluice_reads", "READ and READ_PLUS operations served.", load(&m.reads)),
+            (
+                "sluice_callbacks",
+                "Calls to clients over their back channels that were answered.",
+                load(&m.callbacks),
+            ),
+            (
+                "sluice_callback_failures",
+                "Calls to clients over their back channels that got no answer (timeout, refusal, connection gone).",
+                load(&m.callback_failures),
+            ),
             (
                 "sluice_read_bytes_sent",
                 "File data bytes sent in READ and READ_PLUS replies.",
@@ -159,6 +169,13 @@ impl Collector for Collect {
         h.encode(e.encode_descriptor(
             "sluice_read_duration_seconds",
             "Time to serve one READ or READ_PLUS operation.",
+            None,
+            h.metric_type(),
+        )?)?;
+        let h = &m.callback_latency.0;
+        h.encode(e.encode_descriptor(
+            "sluice_callback_duration_seconds",
+            "Time from sending a call to a client to its answer or failure.",
             None,
             h.metric_type(),
         )?)

@@ -7,6 +7,7 @@
 
 use crate::rpc::{self, FragmentHeader, RecordAssembler};
 use crate::rules::IpRange;
+use crate::server::callback::CbConn;
 use crate::server::{Call, Server};
 use crate::xdr::Encoder;
 use bytes::Bytes;
@@ -252,6 +253,12 @@ async fn connection(
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
     let outbox = Arc::new(Outbox::new(wr));
     let writer = tokio::spawn(outbox.clone().run());
+    // Calls to the client over this connection (the back channel of the
+    // sessions it is bound to); their replies come in with the calls.
+    let cb = {
+        let outbox = Arc::downgrade(&outbox);
+        CbConn::new(move |call| outbox.upgrade().is_some_and(|o| o.send_call(call)))
+    };
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
     let mut asm = RecordAssembler::new(MAX_RECORD);
@@ -296,6 +303,11 @@ async fn connection(
             // Replies can no longer be sent; stop taking requests.
             break Ok(());
         }
+        if rpc::is_reply(&record) {
+            // The answer to a callback.
+            cb.reply(record);
+            continue;
+        }
         // While the connection's budget is spent, no more requests are read.
         let Some(mem) = reserve(&memory, CONN_MEMORY, record.len()).await else {
             break Ok(());
@@ -307,12 +319,14 @@ async fn connection(
         // First here, as far as it goes without waiting: requests for
         // cached data and in-memory state are answered without leaving
         // this thread.
-        let first =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| srv.try_call(record, ip)));
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            srv.try_call_on(record, ip, Some(&cb))
+        }));
         let paused = match first {
             Ok(Call::Paused(p)) => p,
             Ok(Call::Done(reply)) => {
                 outbox.deliver(Ok(reply), mem, permit);
+                start_callbacks(&cb);
                 continue;
             }
             Err(e) => {
@@ -322,21 +336,32 @@ async fn connection(
         };
         let srv = srv.clone();
         let outbox = outbox.clone();
+        let cb = cb.clone();
         // The rest on a worker that may wait. Detached: the worker hands
         // its reply to the outbox itself.
         drop(tokio::task::spawn_blocking(move || {
             let reply =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
             outbox.deliver(reply, mem, permit);
+            start_callbacks(&cb);
             drop(busy);
         }));
     };
     // Requests still being processed send their replies before the
     // connection closes: wait until every slot is back.
     let _ = slots.acquire_many(MAX_IN_FLIGHT as u32).await;
+    cb.close();
     outbox.close();
     let _ = writer.await;
     result
+}
+
+/// Starts the callbacks a request queued to follow its reply (a CB_NULL
+/// probe after CREATE_SESSION), each on a thread that may wait.
+fn start_callbacks(cb: &CbConn) {
+    for call in cb.take_after_reply() {
+        drop(tokio::task::spawn_blocking(call));
+    }
 }
 
 /// Bytes read from a connection at a time when records are small.
@@ -353,7 +378,8 @@ struct Held(
 /// possibly partly written, and what it holds.
 struct Queued {
     parts: std::collections::VecDeque<Bytes>,
-    _held: Held,
+    /// None for calls the server makes (callbacks).
+    _held: Option<Held>,
 }
 
 #[derive(Default)]
@@ -410,16 +436,23 @@ impl Outbox {
             Ok(Some(r)) => {
                 // The record is gone; keep what the reply takes.
                 shrink(&mut mem, r.len() + 4);
-                self.send(r, Held(mem, slot));
+                self.send(r, Some(Held(mem, slot)));
             }
             Ok(None) => {}
             Err(_) => tracing::error!("request handler panicked; no reply sent"),
         }
     }
 
+    /// Sends a call record of the server's (a callback); false when the
+    /// connection is broken.
+    fn send_call(&self, call: Encoder) -> bool {
+        self.send(call, None);
+        !self.failed()
+    }
+
     /// Sends one reply record: at once if the socket takes it, else
     /// after the replies queued before it.
-    fn send(&self, reply: Encoder, held: Held) {
+    fn send(&self, reply: Encoder, held: Option<Held>) {
         let mut parts = std::collections::VecDeque::with_capacity(4);
         parts.push_back(Bytes::copy_from_slice(&rpc::record_mark(reply.len())));
         parts.extend(reply.into_parts());
@@ -683,7 +716,7 @@ mod tests {
                         memory.clone().try_acquire_owned().unwrap(),
                         slots.clone().try_acquire_owned().unwrap(),
                     );
-                    outbox.send(e, held);
+                    outbox.send(e, Some(held));
                 }
             }));
         }
@@ -738,7 +771,7 @@ mod tests {
                 memory.clone().try_acquire_owned().unwrap(),
                 slots.clone().try_acquire_owned().unwrap(),
             );
-            outbox.send(e, held);
+            outbox.send(e, Some(held));
             tokio::task::yield_now().await;
         }
         outbox.close();

@@ -82,6 +82,7 @@ pub mod status {
     pub const SEQ_FALSE_RETRY: Nfsstat4 = Nfsstat4(10076);
     pub const BAD_HIGH_SLOT: Nfsstat4 = Nfsstat4(10077);
     pub const DEADSESSION: Nfsstat4 = Nfsstat4(10078);
+    pub const ENCR_ALG_UNSUPP: Nfsstat4 = Nfsstat4(10079);
     pub const NOT_ONLY_OP: Nfsstat4 = Nfsstat4(10081);
     pub const WRONG_CRED: Nfsstat4 = Nfsstat4(10082);
     pub const WRONG_TYPE: Nfsstat4 = Nfsstat4(10083);
@@ -166,6 +167,7 @@ pub mod status {
             SEQ_FALSE_RETRY => "NFS4ERR_SEQ_FALSE_RETRY",
             BAD_HIGH_SLOT => "NFS4ERR_BAD_HIGH_SLOT",
             DEADSESSION => "NFS4ERR_DEADSESSION",
+            ENCR_ALG_UNSUPP => "NFS4ERR_ENCR_ALG_UNSUPP",
             NOT_ONLY_OP => "NFS4ERR_NOT_ONLY_OP",
             WRONG_CRED => "NFS4ERR_WRONG_CRED",
             WRONG_TYPE => "NFS4ERR_WRONG_TYPE",

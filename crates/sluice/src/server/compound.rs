@@ -1,6 +1,7 @@
 //! COMPOUND processing (RFC 8881 sections 2.10.6 and 16.2): the op loop,
 //! SEQUENCE and the reply cache, and the per-request context.
 
+use super::callback::CbConn;
 use super::context::{Ctx, Fh};
 use super::context::{NoWaitGuard, Outcome};
 use super::exports::Loc;
@@ -116,6 +117,8 @@ struct Args {
     rpc_header: usize,
     cred: Cred,
     peer: Option<IpAddr>,
+    /// The connection the call came over, if it can carry callbacks.
+    conn: Option<Arc<CbConn>>,
 }
 
 impl Args {
@@ -177,6 +180,7 @@ pub fn process_compound(
         rpc_header,
         cred: rpc_cred.clone(),
         peer,
+        conn: None,
     };
     match start(srv, args, false) {
         Step::Done(body) => body,
@@ -192,9 +196,11 @@ pub(super) fn try_compound(
     at: usize,
     cred: Cred,
     peer: Option<IpAddr>,
+    conn: Option<Arc<CbConn>>,
 ) -> Step {
     let _nowait = NoWaitGuard::new();
     let args = Args {
+        conn,
         buf,
         at,
         rpc_header: at,
@@ -249,10 +255,12 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
                 srv,
                 cred: &args.cred,
                 peer: args.peer,
+                conn: args.conn.as_ref(),
                 id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
                 cur: None,
                 saved: None,
                 clientid: None,
+                session: None,
                 cur_sid: None,
                 saved_sid: None,
             };
@@ -312,7 +320,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         slotid: slot,
         highest_slotid: session.highest_slot(),
         target_highest_slotid: session.highest_slot(),
-        status_flags: 0,
+        status_flags: session.back_channel_flags(),
     }
     .encode(&mut res);
     if let Ok(SlotDecision::Uncached) = decision {
@@ -383,10 +391,12 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             srv,
             cred: &args.cred,
             peer: args.peer,
+            conn: args.conn.as_ref(),
             id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
             cur: cur.take(),
             saved: saved.take(),
             clientid: Some(*clientid),
+            session: Some(&session),
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
         };

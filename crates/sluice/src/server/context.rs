@@ -2,8 +2,9 @@
 //! caller, current and saved filehandles and stateids), its outcome type,
 //! and whether it may wait ([`must_not_wait`]).
 
+use super::callback::CbConn;
 use super::exports::{Exported, Loc};
-use super::state::Stateid;
+use super::state::{Session, Stateid};
 use super::Server;
 use crate::engine::cred::{self, Identity};
 use crate::engine::handle::HandleError;
@@ -34,6 +35,8 @@ pub(super) struct Ctx<'a> {
     pub cred: &'a Cred,
     /// The caller's address (None for in-process callers).
     pub peer: Option<IpAddr>,
+    /// The connection the call came over, when it can carry callbacks.
+    pub conn: Option<&'a Arc<CbConn>>,
     /// Caller identity on the file system, after the squashing of the
     /// current filehandle's export.
     pub id: Identity,
@@ -43,6 +46,8 @@ pub(super) struct Ctx<'a> {
     pub saved: Option<Fh>,
     /// Client id of the session, when the COMPOUND runs in one.
     pub clientid: Option<u64>,
+    /// The session the COMPOUND runs in.
+    pub session: Option<&'a Arc<Session>>,
     /// Stateid produced by the last op that made one.
     pub cur_sid: Option<Stateid>,
     /// The current stateid saved with the filehandle by SAVEFH.

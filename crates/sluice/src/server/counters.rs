@@ -1,7 +1,7 @@
 //! Counters the server updates as it works; `crate::metrics` exposes
 //! them for Prometheus.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the READ latency histogram buckets, in seconds.
@@ -39,4 +39,23 @@ pub struct Metrics {
     pub read_bytes_sent: AtomicU64,
     /// Time from decoding a READ or READ_PLUS to its encoded result.
     pub read_latency: Histogram,
+    /// Calls to clients over their back channels that got an answer.
+    pub callbacks: AtomicU64,
+    /// Calls to clients that got none (timeout, refused, no connection).
+    pub callback_failures: AtomicU64,
+    /// Time from sending a callback to its answer or failure.
+    pub callback_latency: Histogram,
+}
+
+impl Metrics {
+    /// Counts one callback and how long it took.
+    pub fn callback(&self, answered: bool, took: Duration) {
+        let n = if answered {
+            &self.callbacks
+        } else {
+            &self.callback_failures
+        };
+        n.fetch_add(1, Ordering::Relaxed);
+        self.callback_latency.observe(took);
+    }
 }

@@ -2,6 +2,7 @@
 //! operations, on top of the engine.
 
 pub mod attrs;
+pub mod callback;
 mod compound;
 mod context;
 pub mod counters;
@@ -83,7 +84,7 @@ pub struct Server {
     /// The read path: readahead, the read cache, reads that wait or not.
     pub read: crate::engine::read::ReadPath,
     /// Counters for the metrics endpoint.
-    pub metrics: counters::Metrics,
+    pub metrics: Arc<counters::Metrics>,
 }
 
 impl Server {
@@ -158,6 +159,18 @@ impl Server {
     /// [`Encoder::into_parts`]); the rest is handed back to be finished by
     /// [`Paused::resume`] on a thread that may wait.
     pub fn try_call(&self, record: Vec<u8>, peer: Option<IpAddr>) -> Call {
+        self.try_call_on(record, peer, None)
+    }
+
+    /// Like [`Server::try_call`] for a call that came over `conn`, which
+    /// CREATE_SESSION and BIND_CONN_TO_SESSION may make a session's back
+    /// channel.
+    pub fn try_call_on(
+        &self,
+        record: Vec<u8>,
+        peer: Option<IpAddr>,
+        conn: Option<&Arc<callback::CbConn>>,
+    ) -> Call {
         let call = match rpc::parse_call(&record) {
             Ok(c) => c,
             Err(e) => return Call::Done(rpc::error_reply(&e).map(Encoder::from)),
@@ -179,7 +192,14 @@ impl Server {
                 Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::Success)))
             }
             1 => {
-                let step = compound::try_compound(self, record, call.args_at, call.cred, peer);
+                let step = compound::try_compound(
+                    self,
+                    record,
+                    call.args_at,
+                    call.cred,
+                    peer,
+                    conn.cloned(),
+                );
                 match step {
                     compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
                     compound::Step::Paused(rest) => Call::Paused(Paused { xid, rest }),

@@ -2,14 +2,18 @@
 //! BIND_CONN_TO_SESSION, DESTROY_CLIENTID, RECLAIM_COMPLETE.
 
 use super::attrs::MAX_IO;
+use super::callback::{self, BackChannel, CbConn};
 use super::context::{Ctx, OpStatus};
+use super::state::Session;
 use super::state::{ChannelAttrs, ExchangeFlags, Principal};
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
-    cdfc, BindConnToSessionArgs, BindConnToSessionResOk, CreateSessionArgs, CreateSessionResOk,
-    ExchangeIdArgs, ExchangeIdResOk, ImplId, SessionId, StateProtectArgs, Xdr,
+    cdfc, BackchannelCtlArgs, BindConnToSessionArgs, BindConnToSessionResOk, CallbackSec,
+    CreateSessionArgs, CreateSessionResOk, ExchangeIdArgs, ExchangeIdResOk, ImplId, SessionId,
+    StateProtectArgs, Xdr,
 };
 use crate::xdr::{Decoder, Encoder};
+use std::sync::Arc;
 
 const CREATE_SESSION4_FLAG_PERSIST: u32 = 0x1;
 const CREATE_SESSION4_FLAG_CONN_BACK_CHAN: u32 = 0x2;
@@ -111,14 +115,26 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
         rdma_ird: None,
         ..back
     };
-    // The back channel is accepted but never used: no delegations or
-    // layouts are granted, so there is nothing to call back about.
-    let out_flags = flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN;
+    // As the Linux server: callbacks need a flavor the server can call
+    // with (AUTH_SYS or AUTH_NONE).
+    if !callback::usable_sec(&args.cb_sec) {
+        return status::ENCR_ALG_UNSUPP;
+    }
+    // The back channel goes over this connection when the client asks
+    // and the call came over one that can carry it.
+    let bind_back = flags & CREATE_SESSION4_FLAG_CONN_BACK_CHAN != 0 && cx.conn.is_some();
+    let out_flags = if bind_back {
+        CREATE_SESSION4_FLAG_CONN_BACK_CHAN
+    } else {
+        0
+    };
     let principal = Principal::of(cx.cred);
+    let mut made = None;
     let r = cx
         .srv
         .state
         .create_session(clientid, &principal, seq, fore, back, |s| {
+            made = Some(s.id);
             let mut r = Encoder::with_capacity(128);
             CreateSessionResOk {
                 sessionid: s.id,
@@ -132,11 +148,70 @@ pub(super) fn create_session(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
         });
     match r {
         Ok(body) => {
+            if let Some(session) = made.and_then(|id| cx.srv.state.session(&id).ok()) {
+                let conn = cx.conn.filter(|_| bind_back);
+                set_back_channel(cx, &session, conn, args.cb_program, &args.cb_sec, bind_back);
+            }
             e.raw(&body);
             status::OK
         }
         Err(st) => st,
     }
+}
+
+/// Gives `session` a back channel over `conn` (none: not bound yet) for
+/// the client's `program` and security `sec`; `wanted`: the client asked
+/// for one, so SEQUENCE reports when it does not work. A bound channel is
+/// probed with CB_NULL once the reply to this request is sent.
+fn set_back_channel(
+    cx: &Ctx<'_>,
+    session: &Arc<Session>,
+    conn: Option<&Arc<CbConn>>,
+    program: u32,
+    sec: &[CallbackSec],
+    wanted: bool,
+) {
+    let mut b = match conn {
+        Some(c) => BackChannel::new(c, program, sec),
+        None => BackChannel::unbound(program, sec),
+    };
+    b.wanted = wanted;
+    *session.back_channel() = Some(b);
+    if let Some(c) = conn {
+        probe_after_reply(cx, c, session);
+    }
+}
+
+/// Probes the session's back channel once this request's reply is out.
+fn probe_after_reply(cx: &Ctx<'_>, conn: &Arc<CbConn>, session: &Arc<Session>) {
+    let session = session.clone();
+    let metrics = cx.srv.metrics.clone();
+    conn.after_reply(move || {
+        let started = std::time::Instant::now();
+        let ok = callback::probe(&session).is_ok();
+        metrics.callback(ok, started.elapsed());
+    });
+}
+
+/// BACKCHANNEL_CTL (RFC 8881 section 18.33): a new callback program and
+/// security for the session's back channel.
+pub(super) fn backchannel_ctl(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
+    let args = xdr!(BackchannelCtlArgs::decode(d));
+    if !callback::usable_sec(&args.sec_parms) {
+        return status::ENCR_ALG_UNSUPP;
+    }
+    let Some(session) = cx.session else {
+        return status::OP_NOT_IN_SESSION;
+    };
+    let mut b = session.back_channel();
+    match b.as_mut() {
+        Some(b) => {
+            b.program = args.cb_program;
+            b.cred = callback::cred_of(&args.sec_parms);
+        }
+        None => *b = Some(BackChannel::unbound(args.cb_program, &args.sec_parms)),
+    }
+    status::OK
 }
 
 /// DESTROY_SESSION.
@@ -156,15 +231,28 @@ pub(super) fn bind_conn_to_session(
     e: &mut Encoder,
 ) -> OpStatus {
     let args = xdr!(BindConnToSessionArgs::decode(d));
-    if let Err(st) = cx.srv.state.session(&args.sessionid) {
-        return st;
-    }
+    let session = match cx.srv.state.session(&args.sessionid) {
+        Ok(s) => s,
+        Err(st) => return st,
+    };
     let dir = match args.dir {
         cdfc::FORE => cdfc::FORE,
         cdfc::BACK => cdfc::BACK,
         cdfc::FORE_OR_BOTH | cdfc::BACK_OR_BOTH => cdfc::FORE_OR_BOTH,
         _ => return status::INVAL,
     };
+    // A connection bound for callbacks becomes the session's back channel.
+    let conn = cx.conn.filter(|_| dir & cdfc::BACK != 0);
+    if let Some(c) = conn {
+        {
+            let mut b = session.back_channel();
+            match b.as_mut() {
+                Some(b) => b.bind(c),
+                None => *b = Some(BackChannel::new(c, 0, &[])),
+            }
+        }
+        probe_after_reply(cx, c, &session);
+    }
     BindConnToSessionResOk {
         sessionid: args.sessionid,
         dir,

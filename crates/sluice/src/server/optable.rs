@@ -295,7 +295,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         4 + 4 + 8,
     ),
     unsupported("RELEASE_LOCKOWNER", V40_ONLY),
-    unsupported("BACKCHANNEL_CTL", NO_OBJECT),
+    row(
+        "BACKCHANNEL_CTL",
+        ops_session::backchannel_ctl,
+        SAME,
+        NO_OBJECT | MODIFIES,
+        0,
+    ),
     row(
         "BIND_CONN_TO_SESSION",
         ops_session::bind_conn_to_session,

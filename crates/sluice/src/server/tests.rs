@@ -536,7 +536,7 @@ thread_local! {
 /// waiting, then (if it stopped) the rest as a worker does. Returns the
 /// body and whether it had to stop.
 fn run_split(srv: &Server, args: Vec<u8>) -> (Vec<u8>, bool) {
-    match super::compound::try_compound(srv, args, 0, root(), None) {
+    match super::compound::try_compound(srv, args, 0, root(), None, None) {
         super::compound::Step::Done(body) => (body.expect("framed").into_inner(), false),
         super::compound::Step::Paused(p) => (p.resume(srv).expect("framed").into_inner(), true),
     }
@@ -683,6 +683,7 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
         ops(5, &[putfh.clone(), read_op(0, 100)]),
         0,
         root(),
+        None,
         None,
     ) {
         super::compound::Step::Paused(p) => p,

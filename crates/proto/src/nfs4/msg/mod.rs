@@ -14,12 +14,12 @@ mod cb;
 mod common;
 mod file;
 mod ns;
+pub use cb::*;
 use common::{array, put_array};
 pub use common::{
     Bitmap4, ChangeInfo4, Component4, Fattr4, Nfsace4, StateOwner4, MAX_ATTR_VALS,
     MAX_BITMAP_WORDS, MAX_COMPONENT,
 };
-pub use cb::*;
 pub use file::*;
 pub use ns::*;
 

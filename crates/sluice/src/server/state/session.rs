@@ -4,7 +4,14 @@
 use super::ChannelAttrs;
 use crate::nfs4::consts::{status, SESSIONID_SIZE};
 use crate::nfs4::Nfsstat4;
-use std::sync::{Arc, Mutex};
+use crate::server::callback::BackChannel;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// SEQ4_STATUS_CB_PATH_DOWN: the client has no working back channel.
+pub const SEQ4_STATUS_CB_PATH_DOWN: u32 = 0x1;
+/// SEQ4_STATUS_CB_PATH_DOWN_SESSION: this session's back channel does not
+/// work.
+pub const SEQ4_STATUS_CB_PATH_DOWN_SESSION: u32 = 0x200;
 
 /// A slot of a session's table.
 #[derive(Debug, Default)]
@@ -78,6 +85,10 @@ pub struct Session {
     slots: Mutex<Vec<Slot>>,
     /// Largest reply one slot keeps: what the table reserved per slot.
     slot_bytes: usize,
+    /// The back channel, when the client gave one.
+    back_chan: Mutex<Option<BackChannel>>,
+    /// Held by the callback using the back channel's one slot.
+    cb_slot: Mutex<()>,
 }
 
 impl Session {
@@ -97,6 +108,30 @@ impl Session {
             back,
             slots: Mutex::new((0..fore.max_requests).map(|_| Slot::default()).collect()),
             slot_bytes,
+            back_chan: Mutex::new(None),
+            cb_slot: Mutex::new(()),
+        }
+    }
+
+    /// The session's back channel.
+    pub fn back_channel(&self) -> MutexGuard<'_, Option<BackChannel>> {
+        self.back_chan.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The back channel's slot, held while a callback uses it.
+    pub fn cb_slot(&self) -> MutexGuard<'_, ()> {
+        self.cb_slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// SEQ4_STATUS flags about the back channel: CB_PATH_DOWN and
+    /// CB_PATH_DOWN_SESSION when the client gave one and it does not work
+    /// (its connection is gone, or a call to it failed).
+    pub fn back_channel_flags(&self) -> u32 {
+        match self.back_channel().as_ref() {
+            Some(b) if b.wanted && !b.usable() => {
+                SEQ4_STATUS_CB_PATH_DOWN | SEQ4_STATUS_CB_PATH_DOWN_SESSION
+            }
+            _ => 0,
         }
     }
 
