@@ -444,6 +444,14 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     sent = [r.partition(" ")[0] for r in ctl.requests if r.partition(" ")[0] in RECLAIM_REQUESTS]
     assert sent == (RECLAIM_REQUESTS if reclaim else []), f"crash recovery requests: {ctl.requests}"
 
+    # The guest's back channel (on its own connection, bound by
+    # CREATE_SESSION) answered the server's CB_NULL probes since the last
+    # start, and no callback failed.
+    m = sluice_server.metrics()
+    answered, failed = m.get("sluice_callbacks_total", 0), m.get("sluice_callback_failures_total", 0)
+    assert answered >= 1 and failed == 0, (
+        f"back channel: {answered:g} callbacks answered, {failed:g} failed" + context())
+
     # --- what the guest wrote, as seen on the host ---
     manifest = re.findall(r"^MANIFEST (\S+) ([0-9a-f]{32}) (\d+)$", out, re.M)
     names = {m[0] for m in manifest}
