@@ -61,6 +61,7 @@ class Op:
     ACCESS = 3
     CLOSE = 4
     CREATE = 6
+    DELEGRETURN = 8
     GETATTR = 9
     GETFH = 10
     LOOKUP = 15
@@ -851,6 +852,7 @@ OPEN4_SHARE_DENY_BOTH = 3
 CLAIM_NULL = 0
 CLAIM_PREVIOUS = 1
 CLAIM_FH = 4
+CLAIM_DELEG_CUR_FH = 5
 OPEN_DELEGATE_NONE = 0
 UNCHECKED4 = 0
 GUARDED4 = 1
@@ -904,6 +906,7 @@ def op_open(
     claim: int | None = None,
     delegate_type: int = OPEN_DELEGATE_NONE,
     seqid: int = 0,
+    deleg_stateid: bytes | None = None,
 ):
     """OPEN. With `name` the claim is CLAIM_NULL (the name in the current
     directory); without, CLAIM_FH (the current filehandle) unless `claim`
@@ -923,6 +926,8 @@ def op_open(
         p.opaque(name.encode() if isinstance(name, str) else name)
     elif claim == CLAIM_PREVIOUS:
         p.u32(delegate_type)
+    elif claim == CLAIM_DELEG_CUR_FH:
+        p.fixed(deleg_stateid)
     elif claim != CLAIM_FH:
         raise ValueError(f"claim {claim} not built here")
     return (Op.OPEN, p.bytes())
@@ -982,6 +987,10 @@ def op_test_stateid(stateids):
     for s in stateids:
         p.fixed(s)
     return (Op.TEST_STATEID, p.bytes())
+
+
+def op_delegreturn(stateid: bytes):
+    return (Op.DELEGRETURN, Packer().fixed(stateid).bytes())
 
 
 def op_free_stateid(stateid: bytes):

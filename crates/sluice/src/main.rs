@@ -52,6 +52,11 @@ struct ServeCli {
     /// [default: one lease].
     #[arg(long)]
     grace_time: Option<u64>,
+    /// Which delegations OPEN grants: "none", or "read" (clients cache a
+    /// file they opened for reading until another client changes it; the
+    /// change waits until they gave it back) [default: read].
+    #[arg(long, value_name = "none|read")]
+    delegations: Option<String>,
     /// Let uid 0 on clients act as root on the export (by default root is
     /// squashed to the anonymous user, 65534). With --config, applies to
     /// every export whose squash is "root".
@@ -203,6 +208,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(secs) = cli.grace_time.or(srv.grace_time) {
         config.grace = Some(Duration::from_secs(secs));
+    }
+    if let Some(d) = cli.delegations.or(srv.delegations) {
+        config.delegations = d.parse()?;
     }
     if let Some(max) = cli.readahead_max.or(srv.readahead_max.map(|Size(n)| n)) {
         config.readahead.max = max;

@@ -53,7 +53,28 @@ impl Collector for Collect {
         let m = &srv.metrics;
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let counters: [(&str, &str, u64); 14] = [
+        let sc = &srv.state.counters;
+        let counters: [(&str, &str, u64); 18] = [
+            (
+                "sluice_delegations_granted",
+                "Delegations granted on OPEN.",
+                load(&sc.delegs_granted),
+            ),
+            (
+                "sluice_delegations_recalled",
+                "Delegations recalled because another client (or the server) was about to change the file.",
+                load(&sc.delegs_recalled),
+            ),
+            (
+                "sluice_delegations_returned",
+                "Delegations given back with DELEGRETURN.",
+                load(&sc.delegs_returned),
+            ),
+            (
+                "sluice_delegations_revoked",
+                "Delegations revoked: not returned within a lease of the recall, or their client's lease ran out.",
+                load(&sc.delegs_revoked),
+            ),
             ("sluice_reads", "READ and READ_PLUS operations served.", load(&m.reads)),
             (
                 "sluice_callbacks",
@@ -126,7 +147,12 @@ impl Collector for Collect {
         }
         let u = srv.state.usage();
         let g = srv.state.grace_status();
-        let gauges: [(&str, &str, u64); 10] = [
+        let gauges: [(&str, &str, u64); 11] = [
+            (
+                "sluice_delegations",
+                "Delegations held by clients now.",
+                srv.state.delegations() as u64,
+            ),
             (
                 "sluice_readahead_max_bytes",
                 "Largest readahead window of a stream.",

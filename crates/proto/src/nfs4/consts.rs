@@ -66,6 +66,7 @@ pub mod status {
     pub const OP_ILLEGAL: Nfsstat4 = Nfsstat4(10044);
     pub const DEADLOCK: Nfsstat4 = Nfsstat4(10045);
     pub const FILE_OPEN: Nfsstat4 = Nfsstat4(10046);
+    pub const DELEG_REVOKED: Nfsstat4 = Nfsstat4(10087);
     pub const BADSESSION: Nfsstat4 = Nfsstat4(10052);
     pub const BADSLOT: Nfsstat4 = Nfsstat4(10053);
     pub const COMPLETE_ALREADY: Nfsstat4 = Nfsstat4(10054);
@@ -167,6 +168,7 @@ pub mod status {
             SEQ_FALSE_RETRY => "NFS4ERR_SEQ_FALSE_RETRY",
             BAD_HIGH_SLOT => "NFS4ERR_BAD_HIGH_SLOT",
             DEADSESSION => "NFS4ERR_DEADSESSION",
+            DELEG_REVOKED => "NFS4ERR_DELEG_REVOKED",
             ENCR_ALG_UNSUPP => "NFS4ERR_ENCR_ALG_UNSUPP",
             NOT_ONLY_OP => "NFS4ERR_NOT_ONLY_OP",
             WRONG_CRED => "NFS4ERR_WRONG_CRED",

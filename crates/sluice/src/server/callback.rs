@@ -9,10 +9,11 @@
 //! credential, the slot's sequence id, and whether the path works. Calls
 //! go out on threads of their own, never on a request's thread.
 
-use super::state::Session;
+use super::counters::Metrics;
+use super::state::{Recall, Session};
 use crate::nfs4::msg::{
-    cb_op, cb_proc, CallbackSec, CbCompoundHeader, CbCompoundResHeader, CbSequenceArgs,
-    CbSequenceResOk, Xdr,
+    cb_op, cb_proc, CallbackSec, CbCompoundHeader, CbCompoundResHeader, CbRecallArgs,
+    CbSequenceArgs, CbSequenceResOk, NfsFh4, Xdr,
 };
 use crate::nfs4::Nfsstat4;
 use crate::rpc::{self, CallCred, ReplyError};
@@ -389,4 +390,54 @@ pub fn compound(
         set_state(session, &r);
     }
     r
+}
+
+/// Sends CB_RECALL for each of `recalls` over a working back channel of
+/// the holder (one of `sessions_of(holder)`), each on a thread of its own.
+/// A recall that cannot be sent or is refused is left to the lease: the
+/// delegation is revoked when it has not come back a lease after the
+/// recall.
+pub fn start_recalls(
+    recalls: Vec<Recall>,
+    sessions_of: impl Fn(u64) -> Vec<Arc<Session>>,
+    metrics: &Arc<Metrics>,
+) {
+    for r in recalls {
+        let sessions = sessions_of(r.clientid);
+        let metrics = metrics.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sluice-recall".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let session = sessions.iter().find(|s| {
+                    s.back_channel()
+                        .as_ref()
+                        .is_some_and(|b| b.wanted && b.usable())
+                });
+                let result = match session {
+                    Some(s) => compound(s, 1, 1, |e| {
+                        e.u32(cb_op::RECALL);
+                        CbRecallArgs {
+                            stateid: r.stateid,
+                            truncate: false,
+                            fh: NfsFh4(r.fh.clone()),
+                        }
+                        .encode(e);
+                    })
+                    .map(drop),
+                    None => Err(CbError::NoConnection),
+                };
+                metrics.callback(result.is_ok(), started.elapsed());
+                if let Err(e) = result {
+                    tracing::info!(
+                        clientid = format!("{:#x}", r.clientid),
+                        error = %e,
+                        "delegation recall not delivered; revoked a lease after the recall unless returned"
+                    );
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a recall thread");
+        }
+    }
 }

@@ -6,6 +6,7 @@ use super::context::{Ctx, Fh};
 use super::context::{NoWaitGuard, Outcome};
 use super::exports::Loc;
 use super::optable::{self, flags, Handler, OnPseudo, OpDesc};
+use super::state::session::SEQ4_STATUS_RECALLABLE_STATE_REVOKED;
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
@@ -320,7 +321,12 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         slotid: slot,
         highest_slotid: session.highest_slot(),
         target_highest_slotid: session.highest_slot(),
-        status_flags: session.back_channel_flags(),
+        status_flags: session.back_channel_flags()
+            | if srv.state.has_revoked_delegs(session.clientid) {
+                SEQ4_STATUS_RECALLABLE_STATE_REVOKED
+            } else {
+                0
+            },
     }
     .encode(&mut res);
     if let Ok(SlotDecision::Uncached) = decision {

@@ -48,6 +48,31 @@ pub struct Config {
     pub min_hole: u64,
     /// Bytes of data read past the page cache kept for the next reader.
     pub read_cache: u64,
+    /// Which delegations OPEN grants.
+    pub delegations: Delegations,
+}
+
+/// Which delegations the server grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delegations {
+    /// None: every OPEN answers OPEN_DELEGATE_NONE.
+    None,
+    /// Read delegations.
+    #[default]
+    Read,
+}
+
+impl std::str::FromStr for Delegations {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Delegations::None),
+            "read" => Ok(Delegations::Read),
+            _ => Err(format!(
+                "delegations: {s:?} is not one of \"none\", \"read\""
+            )),
+        }
+    }
 }
 
 impl Default for Config {
@@ -60,6 +85,7 @@ impl Default for Config {
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
             read_cache: crate::engine::bufcache::default_limit(),
+            delegations: Delegations::default(),
         }
     }
 }

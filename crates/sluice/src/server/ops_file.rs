@@ -2,22 +2,26 @@
 //! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
 
 use super::attrs::{self, MAX_IO};
+use super::callback::CbState;
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
-    apply_attrs, cinfo, component_of, cur_dir, io, put_stateid, run, run_or_block, stat_of,
-    stateid, x,
+    apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, io, put_stateid, run, run_or_block,
+    stat_of, stateid, x,
 };
 use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
+use super::Delegations;
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
 use crate::engine::read::{Mode, ReadAt, ReadError};
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
-    lock_type, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs, LockDenied4, Locker4,
-    LocktArgs, LockuArgs, OpenArgs, OpenClaim4, OpenDelegation4, OpenDowngradeArgs, OpenResOk,
-    Openflag4, ReadArgs, StateOwner4, TestStateidArgs, TestStateidResOk, WriteArgs, WriteResOk,
-    Xdr, OPEN_RESULT_LOCKTYPE_POSIX, SHARE_ACCESS_READ, SHARE_ACCESS_WRITE,
+    lock_type, why_no_deleg, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs, LockDenied4,
+    Locker4, LocktArgs, LockuArgs, Nfsace4, OpenArgs, OpenClaim4, OpenDelegation4,
+    OpenDowngradeArgs, OpenNoneDelegation4, OpenReadDelegation4, OpenResOk, Openflag4, ReadArgs,
+    StateOwner4, TestStateidArgs, TestStateidResOk, WriteArgs, WriteResOk, Xdr,
+    OPEN_RESULT_LOCKTYPE_POSIX, SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, SHARE_WANT_CANCEL,
+    SHARE_WANT_MASK, SHARE_WANT_NO_DELEG, SHARE_WANT_NO_PREFERENCE, SHARE_WANT_WRITE_DELEG,
 };
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
@@ -203,13 +207,20 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         };
         // CLAIM_PREVIOUS: an open held before the server restarted.
         let reclaim = matches!(args.claim, OpenClaim4::Previous(_));
+        // CLAIM_DELEG_CUR_FH and CLAIM_DELEGATE_CUR: an open the client
+        // made under its delegation, made real before it gives it back.
+        let under_deleg = match &args.claim {
+            OpenClaim4::DelegCurFh(sid) | OpenClaim4::DelegateCur { stateid: sid, .. } => {
+                Some(cx.stateid(*sid)?)
+            }
+            _ => None,
+        };
         let name = match &args.claim {
-            OpenClaim4::Null(file) => Some(component_of(file)?),
-            OpenClaim4::Previous(_) | OpenClaim4::Fh => None,
-            OpenClaim4::DelegateCur { .. }
-            | OpenClaim4::DelegatePrev(_)
-            | OpenClaim4::DelegCurFh(_)
-            | OpenClaim4::DelegPrevFh => return Err(status::NOTSUPP),
+            OpenClaim4::Null(file) | OpenClaim4::DelegateCur { file, .. } => {
+                Some(component_of(file)?)
+            }
+            OpenClaim4::Previous(_) | OpenClaim4::Fh | OpenClaim4::DelegCurFh(_) => None,
+            OpenClaim4::DelegatePrev(_) | OpenClaim4::DelegPrevFh => return Err(status::NOTSUPP),
         };
         if access == 0 {
             return Err(status::INVAL);
@@ -262,6 +273,17 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         if !st.is_file() {
             return Err(status::WRONG_TYPE);
         }
+        let file = file_key(&st);
+        match under_deleg {
+            Some(d) => cx.srv.state.check_deleg_claim(&d, clientid, file)?,
+            // Others' delegations give way to an open that may change the
+            // file or keeps them from reading it.
+            None => deleg_conflicts(
+                cx,
+                file,
+                access & SHARE_ACCESS_WRITE != 0 || deny & SHARE_ACCESS_READ != 0,
+            )?,
+        }
         let req = OpenRequest {
             clientid,
             owner: args.owner.owner,
@@ -274,18 +296,86 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             (Some(fd), w) if w == access => Ok(fd.clone()),
             _ => open_for(&fh, want),
         })?;
+        let may_delegate = matches!(args.claim, OpenClaim4::Null(_) | OpenClaim4::Fh);
+        let delegation = if may_delegate {
+            delegate(cx, args.share_access, access, clientid, &sid, &fh, file)
+        } else {
+            OpenDelegation4::None
+        };
         OpenResOk {
             stateid: sid,
             cinfo: cinfo(&before, &after_dir),
             rflags: OPEN_RESULT_LOCKTYPE_POSIX,
             attrset: Bitmap4::trimmed(&attrset),
-            delegation: OpenDelegation4::None,
+            delegation,
         }
         .encode(e);
         cx.cur = Some(fh);
         cx.cur_sid = Some(sid);
         Ok(())
     })
+}
+
+/// The delegation an OPEN of `file` for `access` gets (RFC 8881 section
+/// 10.4): a read delegation for a read-only open, when the server grants
+/// them, the client's back channel answered its probe, the client did not
+/// ask for none, and nobody else writes the file. With a WANT bit, the
+/// answer says why there is none.
+fn delegate(
+    cx: &Ctx<'_>,
+    share_access: u32,
+    access: u32,
+    clientid: u64,
+    open: &Stateid,
+    fh: &Fh,
+    file: FileKey,
+) -> OpenDelegation4 {
+    let want = share_access & SHARE_WANT_MASK;
+    let none = |why| OpenDelegation4::NoneExt(OpenNoneDelegation4 { why, later: false });
+    match want {
+        SHARE_WANT_NO_DELEG => return none(why_no_deleg::NOT_WANTED),
+        SHARE_WANT_CANCEL => return none(why_no_deleg::CANCELLED),
+        _ => {}
+    }
+    let asked = want != SHARE_WANT_NO_PREFERENCE;
+    let refused = |why| {
+        if asked {
+            none(why)
+        } else {
+            OpenDelegation4::None
+        }
+    };
+    if cx.srv.config.delegations == Delegations::None || want == SHARE_WANT_WRITE_DELEG {
+        return refused(why_no_deleg::RESOURCE);
+    }
+    if access != SHARE_ACCESS_READ {
+        // Write delegations are not granted.
+        return refused(why_no_deleg::RESOURCE);
+    }
+    let back_channel_up = cx.session.is_some_and(|s| {
+        s.back_channel()
+            .as_ref()
+            .is_some_and(|b| b.wanted && b.usable() && b.state == CbState::Up)
+    });
+    if !back_channel_up {
+        return refused(why_no_deleg::RESOURCE);
+    }
+    let Ok((fd, _)) = cx.srv.state.io_state(open, file) else {
+        return refused(why_no_deleg::RESOURCE);
+    };
+    match cx.srv.state.grant_read_deleg(clientid, file, &fh.wire, fd) {
+        Some(stateid) => OpenDelegation4::Read(OpenReadDelegation4 {
+            stateid,
+            recall: false,
+            permissions: Nfsace4 {
+                acetype: 0, // ACE4_ACCESS_ALLOWED_ACE_TYPE, nobody
+                flag: 0,
+                access_mask: 0,
+                who: Vec::new(),
+            },
+        }),
+        None => refused(why_no_deleg::CONTENTION),
+    }
 }
 
 /// OPEN_DOWNGRADE.
@@ -331,6 +421,7 @@ pub(super) fn io_fd(
     write: bool,
 ) -> Result<Arc<OwnedFd>, Nfsstat4> {
     let sid = cx.stateid(sid)?;
+    deleg_conflicts(cx, file_key(st), write)?;
     if sid.is_special_io() {
         // I/O without an open could conflict with what clients are about
         // to reclaim: during grace only READ with the bypass stateid goes
@@ -646,11 +737,12 @@ pub(super) fn free_stateid(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encod
     })
 }
 
-/// DELEGRETURN: no delegations are granted, so none can be returned.
+/// DELEGRETURN (RFC 8881 section 18.6).
 pub(super) fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
-        let _sid = stateid(d)?;
-        cx.cur()?;
-        Err(status::BAD_STATEID)
+        let sid = cx.stateid(stateid(d)?)?;
+        let fh = cx.cur()?.clone();
+        let st = stat_of(&fh)?;
+        cx.srv.state.delegreturn(&sid, file_key(&st))
     })
 }

@@ -3,9 +3,10 @@
 //! VERIFY/NVERIFY.
 
 use super::attrs::{self, AttrSource};
+use super::callback;
 use super::context::{Ctx, Fh, OpStatus, Outcome, Stop};
 use super::exports::Loc;
-use super::state::Stateid;
+use super::state::{FileKey, Stateid};
 use crate::engine::fs::{self, SetTime, Stat};
 use crate::nfs4::consts::{access, attr, ftype, status};
 use crate::nfs4::msg::{
@@ -75,6 +76,20 @@ pub(super) fn component_of(c: &Component4) -> Result<CString, Nfsstat4> {
         return Err(status::BADNAME);
     }
     CString::new(name).map_err(|_| status::BADNAME)
+}
+
+/// Recalls delegations of other clients on `file` that a change to it
+/// (`write`) conflicts with: NFS4ERR_DELAY until they are back or revoked.
+pub(super) fn deleg_conflicts(cx: &Ctx<'_>, file: FileKey, write: bool) -> Result<(), Nfsstat4> {
+    match cx.srv.state.deleg_conflicts(file, cx.clientid, write) {
+        Ok(()) => Ok(()),
+        Err((st, recalls)) => {
+            if !recalls.is_empty() {
+                callback::start_recalls(recalls, |c| cx.srv.state.sessions_of(c), &cx.srv.metrics);
+            }
+            Err(st)
+        }
+    }
 }
 
 /// Stats the object behind a filehandle of an export.
@@ -305,6 +320,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let a = attrs::settable(&attrs)?;
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
+        deleg_conflicts(cx, (st.dev, st.ino), a.size.is_some() || a.mode.is_some())?;
         if a.size.is_some() && st.is_file() {
             let sid = cx.stateid(sid)?;
             if !sid.is_special_io() {
@@ -574,6 +590,7 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         // reclaim an open of (as the Linux server, NFS4ERR_GRACE).
         cx.srv.state.check_not_in_grace()?;
         let st = io(fs::stat_at(dir.fd.as_fd(), &name))?;
+        deleg_conflicts(cx, (st.dev, st.ino), true)?;
         let ex = &cx.ex(&dir).fs;
         let wire = ex.handle_in(dir.fd.as_fd(), &name).ok();
         io(fs::unlink_at(dir.fd.as_fd(), &name, st.is_dir()))?;
@@ -600,6 +617,13 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         let sbefore = stat_of(&sdir)?;
         if !sbefore.is_dir() {
             return Err(status::NOTDIR);
+        }
+        // Delegations on the object renamed and on one it replaces.
+        if let Ok(moved) = fs::stat_at(sdir.fd.as_fd(), &from) {
+            deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
+        }
+        if let Ok(gone) = fs::stat_at(tdir.fd.as_fd(), &to) {
+            deleg_conflicts(cx, (gone.dev, gone.ino), true)?;
         }
         // A replaced target loses its name; forget its cached descriptor.
         let ex = &cx.ex(&tdir).fs;
@@ -629,6 +653,7 @@ pub(super) fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         if st.is_dir() {
             return Err(status::ISDIR);
         }
+        deleg_conflicts(cx, (st.dev, st.ino), true)?;
         io(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &name))?;
         let after = stat_of(&dir)?;
         cinfo(&before, &after).encode(e);

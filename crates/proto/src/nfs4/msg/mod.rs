@@ -185,8 +185,10 @@ pub struct StateProtectOps {
 
 impl Xdr for StateProtectOps {
     fn encode(&self, e: &mut Encoder) {
-        e.bitmap(&self.must_enforce);
-        e.bitmap(&self.must_allow);
+        // The words as they are (trailing zero words too), so that what
+        // was decoded encodes to the same bytes.
+        put_array(e, &self.must_enforce);
+        put_array(e, &self.must_allow);
     }
     fn decode(d: &mut Decoder<'_>) -> XdrResult<Self> {
         Ok(StateProtectOps {

@@ -381,6 +381,21 @@ impl StateTable {
         Ok(reply)
     }
 
+    /// The sessions of a client (for callbacks).
+    pub fn sessions_of(&self, clientid: u64) -> Vec<Arc<Session>> {
+        let inner = self.lock();
+        inner
+            .clients
+            .get(&clientid)
+            .map(|c| {
+                c.sessions
+                    .iter()
+                    .filter_map(|id| inner.sessions.get(id).cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Finds a session and renews its client's lease (SEQUENCE).
     pub fn session(&self, id: &SessionId) -> Result<Arc<Session>, Nfsstat4> {
         let mut inner = self.lock();

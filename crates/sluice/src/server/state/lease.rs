@@ -52,6 +52,7 @@ impl StateTable {
     pub fn expire_at(&self, now: Instant) -> usize {
         let mut inner = self.lock();
         self.grace_check_end(&mut inner, now);
+        self.revoke_unreturned(&mut inner, now);
         let lease = self.settings.lease;
         let confirmed_limit = lease + lease / 2;
         let courtesy_limit = self.settings.limits.courtesy;
@@ -69,7 +70,7 @@ impl StateTable {
                     dead.push((*id, "courtesy time ran out"));
                 }
             } else if silent > confirmed_limit {
-                if inner.ids.client_has_state(*id) {
+                if inner.ids.client_has_state(*id) || inner.delegs.client_has(*id) {
                     courteous.push(*id);
                 } else {
                     dead.push((*id, "lease ran out"));

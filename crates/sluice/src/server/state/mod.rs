@@ -18,6 +18,7 @@
 //! clients.
 
 mod clients;
+mod delegs;
 pub mod grace;
 mod lease;
 pub mod recovery;
@@ -25,6 +26,7 @@ pub mod session;
 mod stateids;
 
 pub use clients::{ExchangeFlags, ExchangeResult, Principal};
+pub use delegs::Recall;
 pub use grace::GraceStatus;
 pub use session::{request_fingerprint, Fingerprint, Session, SlotDecision, SlotGuard};
 pub use stateids::{lock_range, Denied, LockRange, OpenRequest};
@@ -145,6 +147,15 @@ pub struct Counters {
     /// Clients expired: their lease ran out and nothing kept them, or a
     /// conflict ended their courtesy.
     pub expired: std::sync::atomic::AtomicU64,
+    /// Delegations granted.
+    pub delegs_granted: std::sync::atomic::AtomicU64,
+    /// Delegations recalled.
+    pub delegs_recalled: std::sync::atomic::AtomicU64,
+    /// Delegations returned with DELEGRETURN.
+    pub delegs_returned: std::sync::atomic::AtomicU64,
+    /// Delegations revoked (not returned within a lease of their recall,
+    /// no way to recall them, or their client's lease ran out).
+    pub delegs_revoked: std::sync::atomic::AtomicU64,
 }
 
 /// All NFSv4 state of the server.
@@ -156,6 +167,11 @@ pub struct StateTable {
     recovery: Arc<dyn Recovery>,
     /// State events so far.
     pub counters: Counters,
+    /// Revoked delegations not yet freed (read without the lock by every
+    /// SEQUENCE).
+    revoked: std::sync::atomic::AtomicUsize,
+    /// Files with delegations (read without the lock by every change).
+    delegated_files: std::sync::atomic::AtomicUsize,
 }
 
 /// The tables, under [`StateTable`]'s mutex.
@@ -169,6 +185,7 @@ struct Inner {
     /// Sum of the sessions' [`Session::cache_bytes`].
     reply_cache: usize,
     ids: stateids::Stateids,
+    delegs: delegs::Delegs,
     grace: grace::Grace,
 }
 
@@ -215,6 +232,8 @@ impl StateTable {
             boot,
             recovery,
             counters: Counters::default(),
+            revoked: Default::default(),
+            delegated_files: Default::default(),
         };
         {
             let mut inner = t.lock();
@@ -293,6 +312,8 @@ impl StateTable {
             }
         }
         inner.ids.remove_client(id);
+        inner.delegs.remove_client(id);
+        self.delegs_removed(inner);
         if c.reclaimable {
             // Judged gone: grace need not wait for it.
             inner.grace.client_done(&c.owner);

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// SEQ4_STATUS_CB_PATH_DOWN: the client has no working back channel.
 pub const SEQ4_STATUS_CB_PATH_DOWN: u32 = 0x1;
+/// SEQ4_STATUS_RECALLABLE_STATE_REVOKED: a delegation of the client was
+/// revoked; it should free it (TEST_STATEID, FREE_STATEID).
+pub const SEQ4_STATUS_RECALLABLE_STATE_REVOKED: u32 = 0x40;
 /// SEQ4_STATUS_CB_PATH_DOWN_SESSION: this session's back channel does not
 /// work.
 pub const SEQ4_STATUS_CB_PATH_DOWN_SESSION: u32 = 0x200;

@@ -255,6 +255,18 @@ impl Stateids {
         out
     }
 
+    /// Whether a client other than `clientid` has `file` open for writing.
+    pub(super) fn file_has_writer_other_than(&self, file: FileKey, clientid: u64) -> bool {
+        self.opens_by_file
+            .get(&file)
+            .into_iter()
+            .flatten()
+            .any(|other| {
+                matches!(self.states.get(other),
+                    Some(StateEntry::Open(o)) if o.clientid != clientid && o.access & 2 != 0)
+            })
+    }
+
     /// Locks of other owners that conflict with [start, end).
     fn lock_conflicts<'a>(
         &'a self,
@@ -311,7 +323,7 @@ fn denied(r: &LockRange) -> Denied {
     }
 }
 
-fn check_seqid(held: u32, given: u32) -> Result<(), Nfsstat4> {
+pub(super) fn check_seqid(held: u32, given: u32) -> Result<(), Nfsstat4> {
     if given == 0 || given == held {
         Ok(())
     } else if given < held {
@@ -456,7 +468,7 @@ impl StateTable {
         }
     }
 
-    fn check_stale(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
+    pub(super) fn check_stale(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
         if sid.other[..4] != self.boot.to_be_bytes() {
             return Err(status::STALE_STATEID);
         }
@@ -477,6 +489,10 @@ impl StateTable {
                 l.open
             }
             None => {
+                if let Some(r) = Self::deleg_io(&inner, sid, file) {
+                    // A read delegation's stateid reads.
+                    return r.map(|fd| (fd, 1));
+                }
                 self.check_stale(sid)?;
                 return Err(status::BAD_STATEID);
             }
@@ -527,7 +543,7 @@ impl StateTable {
         let held = match inner.ids.states.get(&sid.other) {
             Some(StateEntry::Open(o)) => o.seqid,
             Some(StateEntry::Lock(l)) => l.seqid,
-            None => return status::BAD_STATEID,
+            None => return Self::deleg_test(&inner, sid).unwrap_or(status::BAD_STATEID),
         };
         check_seqid(held, sid.seqid).err().unwrap_or(status::OK)
     }
@@ -550,7 +566,11 @@ impl StateTable {
                 check_seqid(o.seqid, sid.seqid)?;
                 true
             }
-            None => return Err(status::BAD_STATEID),
+            None => {
+                return self
+                    .deleg_free(&mut inner, sid)
+                    .unwrap_or(Err(status::BAD_STATEID))
+            }
         };
         if held {
             return Err(status::LOCKS_HELD);

@@ -1,0 +1,380 @@
+//! Delegations (RFC 8881 section 10.2): read delegations granted on OPEN,
+//! recalled when another client (or the server for one) is about to change
+//! the file, returned with DELEGRETURN, revoked when not returned within a
+//! lease. A revoked delegation stays known (TEST_STATEID answers
+//! NFS4ERR_DELEG_REVOKED, SEQUENCE flags it) until the client frees it.
+//!
+//! Nothing here waits for a client: a conflict starts the recall and the
+//! request that ran into it gets NFS4ERR_DELAY, which clients retry.
+
+use super::{FileKey, Inner, Other, StateTable, Stateid};
+use crate::nfs4::consts::status;
+use crate::nfs4::Nfsstat4;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One delegation.
+#[derive(Debug)]
+pub(super) struct Deleg {
+    clientid: u64,
+    file: FileKey,
+    /// The file's wire handle, for CB_RECALL.
+    fh: Vec<u8>,
+    seqid: u32,
+    /// A read-only descriptor for I/O with the delegation stateid.
+    fd: Arc<OwnedFd>,
+    /// When the recall was sent.
+    recalled: Option<Instant>,
+    revoked: bool,
+}
+
+/// The delegations and their indexes.
+#[derive(Debug, Default)]
+pub(super) struct Delegs {
+    /// Revoked delegations not yet freed.
+    revoked: usize,
+    all: HashMap<Other, Deleg>,
+    by_file: HashMap<FileKey, Vec<Other>>,
+    by_client: HashMap<u64, Vec<Other>>,
+}
+
+impl Delegs {
+    /// Delegations held (not revoked).
+    pub(super) fn held(&self) -> usize {
+        self.all.values().filter(|d| !d.revoked).count()
+    }
+
+    fn insert(&mut self, other: Other, d: Deleg) {
+        self.by_file.entry(d.file).or_default().push(other);
+        self.by_client.entry(d.clientid).or_default().push(other);
+        self.all.insert(other, d);
+    }
+
+    fn remove(&mut self, other: &Other) -> Option<Deleg> {
+        let d = self.all.remove(other)?;
+        if d.revoked {
+            self.revoked -= 1;
+        }
+        if let Some(v) = self.by_file.get_mut(&d.file) {
+            v.retain(|o| o != other);
+            if v.is_empty() {
+                self.by_file.remove(&d.file);
+            }
+        }
+        if let Some(v) = self.by_client.get_mut(&d.clientid) {
+            v.retain(|o| o != other);
+            if v.is_empty() {
+                self.by_client.remove(&d.clientid);
+            }
+        }
+        Some(d)
+    }
+
+    /// Forgets every delegation of a client.
+    pub(super) fn remove_client(&mut self, id: u64) {
+        for o in self.by_client.get(&id).cloned().unwrap_or_default() {
+            self.remove(&o);
+        }
+    }
+
+    /// Whether the client holds a delegation that is not revoked.
+    pub(super) fn client_has(&self, id: u64) -> bool {
+        self.by_client.get(&id).is_some_and(|v| {
+            v.iter()
+                .any(|o| self.all.get(o).is_some_and(|d| !d.revoked))
+        })
+    }
+
+    /// Whether the client has revoked delegations it has not freed.
+    pub(super) fn client_has_revoked(&self, id: u64) -> bool {
+        self.by_client
+            .get(&id)
+            .is_some_and(|v| v.iter().any(|o| self.all.get(o).is_some_and(|d| d.revoked)))
+    }
+}
+
+/// A recall to send: the holder, its delegation and the file.
+#[derive(Debug, Clone)]
+pub struct Recall {
+    /// The client holding the delegation.
+    pub clientid: u64,
+    /// The delegation.
+    pub stateid: Stateid,
+    /// The file's handle.
+    pub fh: Vec<u8>,
+}
+
+impl StateTable {
+    /// Mirrors the counts every request reads without the lock.
+    fn publish(&self, inner: &Inner) {
+        self.revoked.store(inner.delegs.revoked, Ordering::Relaxed);
+        self.delegated_files
+            .store(inner.delegs.by_file.len(), Ordering::Relaxed);
+    }
+
+    /// A read delegation on `file` for `clientid`, when nobody else has it
+    /// open for writing, no delegation on it is being recalled, and the
+    /// client holds none on it yet. `fd` serves I/O with its stateid.
+    pub fn grant_read_deleg(
+        &self,
+        clientid: u64,
+        file: FileKey,
+        fh: &[u8],
+        fd: Arc<OwnedFd>,
+    ) -> Option<Stateid> {
+        let mut inner = self.lock();
+        if inner.grace.active_at(Instant::now()) {
+            // New delegations could conflict with what is being reclaimed.
+            return None;
+        }
+        if inner.ids.file_has_writer_other_than(file, clientid) {
+            return None;
+        }
+        let existing = inner.delegs.by_file.get(&file).cloned().unwrap_or_default();
+        for o in &existing {
+            let d = &inner.delegs.all[o];
+            if d.clientid == clientid || d.recalled.is_some() || d.revoked {
+                return None;
+            }
+        }
+        let other = self.new_other(&mut inner);
+        inner.delegs.insert(
+            other,
+            Deleg {
+                clientid,
+                file,
+                fh: fh.to_vec(),
+                seqid: 1,
+                fd,
+                recalled: None,
+                revoked: false,
+            },
+        );
+        self.publish(&inner);
+        self.counters.delegs_granted.fetch_add(1, Ordering::Relaxed);
+        Some(Stateid { seqid: 1, other })
+    }
+
+    /// Checks `file` for delegations of clients other than `requester`
+    /// that an access conflicts with: every delegation conflicts with a
+    /// change (`write`), none with a read. Conflicting delegations are
+    /// recalled (the recalls to send are returned) and the caller gets
+    /// NFS4ERR_DELAY until they are returned or revoked; those of
+    /// clients whose lease ran out are revoked at once.
+    pub fn deleg_conflicts(
+        &self,
+        file: FileKey,
+        requester: Option<u64>,
+        write: bool,
+    ) -> Result<(), (Nfsstat4, Vec<Recall>)> {
+        if !write || self.delegated_files.load(Ordering::Relaxed) == 0 {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        let Some(list) = inner.delegs.by_file.get(&file).cloned() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let mut recalls = Vec::new();
+        let mut waiting = false;
+        for o in list {
+            let (holder, recalled, revoked) = {
+                let d = &inner.delegs.all[&o];
+                (d.clientid, d.recalled, d.revoked)
+            };
+            if Some(holder) == requester || revoked {
+                continue;
+            }
+            if inner
+                .clients
+                .get(&holder)
+                .is_none_or(|c| c.courtesy.is_some())
+            {
+                // The holder's lease ran out: no need to ask.
+                self.revoke(&mut inner, &o);
+                continue;
+            }
+            waiting = true;
+            if recalled.is_none() {
+                let d = inner.delegs.all.get_mut(&o).expect("listed");
+                d.recalled = Some(now);
+                recalls.push(Recall {
+                    clientid: holder,
+                    stateid: Stateid {
+                        seqid: d.seqid,
+                        other: o,
+                    },
+                    fh: d.fh.clone(),
+                });
+            }
+        }
+        if waiting {
+            self.counters
+                .delegs_recalled
+                .fetch_add(recalls.len() as u64, Ordering::Relaxed);
+            Err((status::DELAY, recalls))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn revoke(&self, inner: &mut Inner, o: &Other) {
+        if let Some(d) = inner.delegs.all.get_mut(o).filter(|d| !d.revoked) {
+            d.revoked = true;
+            if let Some(v) = inner.delegs.by_file.get_mut(&d.file) {
+                // A revoked delegation no longer holds the file.
+                v.retain(|x| x != o);
+                if v.is_empty() {
+                    inner.delegs.by_file.remove(&d.file);
+                }
+            }
+            inner.delegs.revoked += 1;
+            self.publish(inner);
+            self.counters.delegs_revoked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A recall could not be sent (no working back channel): the
+    /// delegation is revoked now, so the conflict ends.
+    pub fn recall_failed(&self, sid: &Stateid) {
+        let mut inner = self.lock();
+        self.revoke(&mut inner, &sid.other);
+    }
+
+    /// Revokes delegations recalled more than a lease ago; how many.
+    pub(super) fn revoke_unreturned(&self, inner: &mut Inner, now: Instant) -> usize {
+        let lease = self.settings.lease;
+        let late: Vec<Other> = inner
+            .delegs
+            .all
+            .iter()
+            .filter(|(_, d)| !d.revoked && d.recalled.is_some_and(|t| now >= t + lease))
+            .map(|(o, _)| *o)
+            .collect();
+        for o in &late {
+            tracing::info!(
+                clientid = format!("{:#x}", inner.delegs.all[o].clientid),
+                "delegation not returned within a lease of its recall: revoked"
+            );
+            self.revoke(inner, o);
+        }
+        late.len()
+    }
+
+    /// DELEGRETURN.
+    pub fn delegreturn(&self, sid: &Stateid, file: FileKey) -> Result<(), Nfsstat4> {
+        let mut inner = self.lock();
+        let Some(d) = inner.delegs.all.get(&sid.other) else {
+            self.check_stale(sid)?;
+            return Err(status::BAD_STATEID);
+        };
+        if d.file != file {
+            return Err(status::BAD_STATEID);
+        }
+        super::stateids::check_seqid(d.seqid, sid.seqid)?;
+        if d.revoked {
+            return Err(status::DELEG_REVOKED);
+        }
+        inner.delegs.remove(&sid.other);
+        self.publish(&inner);
+        self.counters
+            .delegs_returned
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The delegation `sid` of `clientid` on `file`, for an OPEN that
+    /// claims it (CLAIM_DELEG_CUR_FH, CLAIM_DELEGATE_CUR).
+    pub fn check_deleg_claim(
+        &self,
+        sid: &Stateid,
+        clientid: u64,
+        file: FileKey,
+    ) -> Result<(), Nfsstat4> {
+        let inner = self.lock();
+        match inner.delegs.all.get(&sid.other) {
+            Some(d) if d.clientid == clientid && d.file == file => {
+                super::stateids::check_seqid(d.seqid, sid.seqid)?;
+                if d.revoked {
+                    Err(status::DELEG_REVOKED)
+                } else {
+                    Ok(())
+                }
+            }
+            Some(_) => Err(status::BAD_STATEID),
+            None => {
+                self.check_stale(sid)?;
+                Err(status::BAD_STATEID)
+            }
+        }
+    }
+
+    /// The descriptor for READ with delegation stateid `sid` on `file`.
+    pub(super) fn deleg_io(
+        inner: &Inner,
+        sid: &Stateid,
+        file: FileKey,
+    ) -> Option<Result<Arc<OwnedFd>, Nfsstat4>> {
+        let d = inner.delegs.all.get(&sid.other)?;
+        Some(if d.file != file {
+            Err(status::BAD_STATEID)
+        } else if d.revoked {
+            Err(status::DELEG_REVOKED)
+        } else {
+            super::stateids::check_seqid(d.seqid, sid.seqid).map(|()| d.fd.clone())
+        })
+    }
+
+    /// TEST_STATEID of a delegation stateid, if `sid` is one.
+    pub(super) fn deleg_test(inner: &Inner, sid: &Stateid) -> Option<Nfsstat4> {
+        let d = inner.delegs.all.get(&sid.other)?;
+        Some(if d.revoked {
+            status::DELEG_REVOKED
+        } else {
+            super::stateids::check_seqid(d.seqid, sid.seqid)
+                .err()
+                .unwrap_or(status::OK)
+        })
+    }
+
+    /// FREE_STATEID of a delegation stateid, if `sid` is one: a revoked
+    /// delegation is forgotten; one still held gets NFS4ERR_LOCKS_HELD.
+    pub(super) fn deleg_free(
+        &self,
+        inner: &mut Inner,
+        sid: &Stateid,
+    ) -> Option<Result<(), Nfsstat4>> {
+        let d = inner.delegs.all.get(&sid.other)?;
+        Some(
+            if let Err(e) = super::stateids::check_seqid(d.seqid, sid.seqid) {
+                Err(e)
+            } else if d.revoked {
+                inner.delegs.remove(&sid.other);
+                self.publish(inner);
+                Ok(())
+            } else {
+                Err(status::LOCKS_HELD)
+            },
+        )
+    }
+
+    /// Whether `clientid` has revoked delegations it has not freed (for
+    /// SEQ4_STATUS_RECALLABLE_STATE_REVOKED).
+    pub fn has_revoked_delegs(&self, clientid: u64) -> bool {
+        // Without a lock while no delegation is revoked (every SEQUENCE asks).
+        self.revoked.load(Ordering::Relaxed) > 0 && self.lock().delegs.client_has_revoked(clientid)
+    }
+
+    /// Delegations held now.
+    pub fn delegations(&self) -> usize {
+        self.lock().delegs.held()
+    }
+
+    /// After a client's delegations went with it.
+    pub(super) fn delegs_removed(&self, inner: &Inner) {
+        self.publish(inner);
+    }
+}
