@@ -11,69 +11,87 @@
 //! ```
 
 use sluice::nfs4::consts::{attr, ftype, op, status};
-use sluice::nfs4::msg::{AuthSysParms, CallbackSec, ChannelAttrs4, CreateSessionArgs, Xdr};
+use sluice::nfs4::msg::*;
 use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::Encoder;
 use sluice_fuzz::harness::{self, Harness, FILE_DATA, FILE_HOLE_END};
+use sluice_fuzz::msg;
 use sluice_fuzz::wire::{self, Auth, Compound};
 use std::path::{Path, PathBuf};
 
 const NO_SESSION: [u8; 16] = [0; 16];
 
 /// The "current stateid" of RFC 8881 section 16.2.3.1.2.
-const CURRENT: (u32, [u8; 12]) = (1, [0; 12]);
+const CURRENT: Stateid4 = Stateid4::CURRENT;
 /// The anonymous stateid.
-const ANONYMOUS: (u32, [u8; 12]) = (0, [0; 12]);
+const ANONYMOUS: Stateid4 = Stateid4::ANONYMOUS;
 /// The READ bypass stateid.
-const BYPASS: (u32, [u8; 12]) = (u32::MAX, [0xff; 12]);
+const BYPASS: Stateid4 = Stateid4::BYPASS;
 
-const SHARE_READ: u32 = 1;
-const SHARE_WRITE: u32 = 2;
-const SHARE_BOTH: u32 = 3;
+const SHARE_READ: u32 = SHARE_ACCESS_READ;
+const SHARE_WRITE: u32 = SHARE_ACCESS_WRITE;
+const SHARE_BOTH: u32 = SHARE_ACCESS_BOTH;
+/// stable_how4 FILE_SYNC4.
 const FILE_SYNC: u32 = 2;
+/// stable_how4 UNSTABLE4.
 const UNSTABLE: u32 = 0;
-const READ_LT: u32 = 1;
-const WRITE_LT: u32 = 2;
 
-fn stateid(e: &mut Encoder, sid: (u32, [u8; 12])) {
-    e.u32(sid.0);
-    e.opaque_fixed(&sid.1);
+fn bitmap(list: &[u32]) -> Bitmap4 {
+    Bitmap4::of(list)
 }
 
-fn bitmap(list: &[u32]) -> [u32; 3] {
-    let mut w = [0u32; 3];
-    for &b in list {
-        w[(b / 32) as usize] |= 1 << (b % 32);
+/// fattr4 with the attributes `list` and their values `vals` writes.
+fn fattr(list: &[u32], vals: impl FnOnce(&mut Encoder)) -> Fattr4 {
+    let mut v = Encoder::new();
+    vals(&mut v);
+    Fattr4 {
+        mask: bitmap(list),
+        vals: v.into_inner(),
     }
-    w
 }
 
 /// fattr4 with MODE only.
-fn fattr_mode(e: &mut Encoder, mode: u32) {
-    e.bitmap(&bitmap(&[attr::MODE]));
-    let mut v = Encoder::new();
-    v.u32(mode);
-    e.opaque(v.as_slice());
+fn fattr_mode(mode: u32) -> Fattr4 {
+    fattr(&[attr::MODE], |v| v.u32(mode))
 }
 
 /// fattr4 with nothing in it.
-fn fattr_empty(e: &mut Encoder) {
-    e.u32(0);
-    e.u32(0);
+fn fattr_empty() -> Fattr4 {
+    Fattr4::default()
 }
 
 /// Every attribute the server supports.
-fn all_attrs() -> [u32; 3] {
-    sluice::server::attrs::supported()
+fn all_attrs() -> Bitmap4 {
+    Bitmap4::trimmed(&sluice::server::attrs::supported())
 }
 
-fn getattr(c: Compound, attrs: &[u32; 3]) -> Compound {
-    c.op(op::GETATTR, |e| e.bitmap(attrs))
+fn getattr(c: Compound, attrs: &Bitmap4) -> Compound {
+    c.op_args(op::GETATTR, attrs)
 }
 
 fn lookup(c: Compound, name: &str) -> Compound {
-    c.op(op::LOOKUP, |e| e.string(name))
+    c.op_args(op::LOOKUP, &Component4::new(name))
+}
+
+/// The open or lock owner of the seeds.
+fn owner(name: &str) -> StateOwner4 {
+    StateOwner4 {
+        clientid: 0, // the session's client id is used
+        owner: name.as_bytes().to_vec(),
+    }
+}
+
+/// OPEN4args (seqid 0, deny none, owner "fuzz-owner").
+fn open_args(access: u32, openhow: Openflag4, claim: OpenClaim4) -> OpenArgs {
+    OpenArgs {
+        seqid: 0,
+        share_access: access,
+        share_deny: 0,
+        owner: owner("fuzz-owner"),
+        openhow,
+        claim,
+    }
 }
 
 /// SEQUENCE (patched by the harness) and PUTROOTFH.
@@ -86,62 +104,113 @@ fn in_session(minor: u32, tag: &str) -> Compound {
 /// OPEN of `name` in the current directory with CLAIM_NULL; creates it
 /// (UNCHECKED, mode 0644) when `create` is set.
 fn open(c: Compound, name: &str, access: u32, create: bool) -> Compound {
-    c.op(op::OPEN, |e| {
-        e.u32(0); // seqid
-        e.u32(access);
-        e.u32(0); // deny none
-        e.u64(0); // owner's client id (the session's is used)
-        e.opaque(b"fuzz-owner");
-        if create {
-            e.u32(1);
-            e.u32(0); // UNCHECKED4
-            fattr_mode(e, 0o644);
-        } else {
-            e.u32(0);
-        }
-        e.u32(0); // CLAIM_NULL
-        e.string(name);
-    })
+    let openhow = if create {
+        Openflag4::Create(Createhow4::Unchecked(fattr_mode(0o644)))
+    } else {
+        Openflag4::NoCreate
+    };
+    c.op_args(
+        op::OPEN,
+        &open_args(access, openhow, OpenClaim4::Null(Component4::new(name))),
+    )
 }
 
 fn close(c: Compound) -> Compound {
-    c.op(op::CLOSE, |e| {
-        e.u32(0);
-        stateid(e, CURRENT);
-    })
+    c.op_args(
+        op::CLOSE,
+        &CloseArgs {
+            seqid: 0,
+            stateid: CURRENT,
+        },
+    )
 }
 
-fn io_op(c: Compound, opnum: u32, sid: (u32, [u8; 12]), offset: u64, count: u32) -> Compound {
-    c.op(opnum, |e| {
-        stateid(e, sid);
-        e.u64(offset);
-        e.u32(count);
-    })
+/// READ or READ_PLUS (whose arguments are those of READ).
+fn io_op(c: Compound, opnum: u32, stateid: Stateid4, offset: u64, count: u32) -> Compound {
+    c.op_args(
+        opnum,
+        &ReadArgs {
+            stateid,
+            offset,
+            count,
+        },
+    )
 }
 
-fn write(c: Compound, sid: (u32, [u8; 12]), offset: u64, stable: u32, data: &[u8]) -> Compound {
+fn write(c: Compound, stateid: Stateid4, offset: u64, stable: u32, data: &[u8]) -> Compound {
     c.op(op::WRITE, |e| {
-        stateid(e, sid);
-        e.u64(offset);
-        e.u32(stable);
-        e.opaque(data);
+        WriteArgs {
+            stateid,
+            offset,
+            stable,
+            data,
+        }
+        .encode(e)
     })
 }
 
+/// ALLOCATE or DEALLOCATE of the current stateid.
 fn range_op(c: Compound, opnum: u32, offset: u64, length: u64) -> Compound {
-    c.op(opnum, |e| {
-        stateid(e, CURRENT);
-        e.u64(offset);
-        e.u64(length);
-    })
+    c.op_args(
+        opnum,
+        &AllocateArgs {
+            stateid: CURRENT,
+            offset,
+            length,
+        },
+    )
 }
 
 fn seek(c: Compound, offset: u64, hole: bool) -> Compound {
-    c.op(op::SEEK, |e| {
-        stateid(e, ANONYMOUS);
-        e.u64(offset);
-        e.u32(hole as u32);
-    })
+    c.op_args(
+        op::SEEK,
+        &SeekArgs {
+            stateid: ANONYMOUS,
+            offset,
+            what: hole as u32,
+        },
+    )
+}
+
+/// A stateid no client holds.
+const UNKNOWN_STATEID: Stateid4 = Stateid4 {
+    seqid: 1,
+    other: [7; 12],
+};
+
+/// EXCHANGE_ID4args of a new client: no flags, SP4_NONE, no
+/// implementation id.
+fn exchange_id(verifier: [u8; 8], owner: &str) -> ExchangeIdArgs {
+    ExchangeIdArgs {
+        verifier,
+        ownerid: owner.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// CREATE_SESSION4args of a client id the server never gave out.
+fn create_session() -> CreateSessionArgs {
+    let channel = |max: u32, cached: u32, ops: u32, reqs: u32| ChannelAttrs4 {
+        header_pad: 0,
+        max_request: max,
+        max_response: max,
+        max_response_cached: cached,
+        max_ops: ops,
+        max_requests: reqs,
+        rdma_ird: None,
+    };
+    CreateSessionArgs {
+        clientid: 0x1234,
+        sequence: 1,
+        flags: 0,
+        fore: channel(65536, 4096, 8, 4),
+        back: channel(4096, 0, 2, 1),
+        cb_program: 0x4000_0000,
+        cb_sec: vec![CallbackSec::Sys(AuthSysParms {
+            machine: b"cb".to_vec(),
+            ..Default::default()
+        })],
+    }
 }
 
 /// One `compound` seed: its name, input, and the COMPOUND status (or, for
@@ -208,13 +277,16 @@ fn compound_seeds() -> Vec<Seed> {
         session_seed(
             "seq-readdir",
             s,
-            in_session(1, "readdir").op(op::READDIR, |e| {
-                e.u64(0);
-                e.opaque_fixed(&[0; 8]);
-                e.u32(4096);
-                e.u32(8192);
-                e.bitmap(&bitmap(&[attr::TYPE, attr::FILEID, attr::MODE]));
-            }),
+            in_session(1, "readdir").op_args(
+                op::READDIR,
+                &ReaddirArgs {
+                    cookie: 0,
+                    verifier: [0; 8],
+                    dircount: 4096,
+                    maxcount: 8192,
+                    attr_request: bitmap(&[attr::TYPE, attr::FILEID, attr::MODE]),
+                },
+            ),
             status::OK,
         ),
         session_seed(
@@ -304,10 +376,13 @@ fn compound_seeds() -> Vec<Seed> {
                     UNSTABLE,
                     b"hello, sluice\n",
                 )
-                .op(op::COMMIT, |e| {
-                    e.u64(0);
-                    e.u32(0);
-                }),
+                .op_args(
+                    op::COMMIT,
+                    &CommitArgs {
+                        offset: 0,
+                        count: 0,
+                    },
+                ),
                 &bitmap(&[attr::SIZE, attr::CHANGE]),
             )),
             status::OK,
@@ -348,14 +423,16 @@ fn compound_seeds() -> Vec<Seed> {
             "seq-setattr-mode-size",
             s,
             getattr(
-                lookup(in_session(1, ""), "file").op(op::SETATTR, |e| {
-                    stateid(e, ANONYMOUS);
-                    e.bitmap(&bitmap(&[attr::SIZE, attr::MODE]));
-                    let mut v = Encoder::new();
-                    v.u64(10_000);
-                    v.u32(0o640);
-                    e.opaque(v.as_slice());
-                }),
+                lookup(in_session(1, ""), "file").op_args(
+                    op::SETATTR,
+                    &SetattrArgs {
+                        stateid: ANONYMOUS,
+                        attrs: fattr(&[attr::SIZE, attr::MODE], |v| {
+                            v.u64(10_000);
+                            v.u32(0o640);
+                        }),
+                    },
+                ),
                 &bitmap(&[attr::SIZE, attr::MODE]),
             ),
             status::OK,
@@ -363,34 +440,42 @@ fn compound_seeds() -> Vec<Seed> {
         session_seed(
             "seq-setattr-owner-times",
             s,
-            lookup(in_session(1, ""), "file").op(op::SETATTR, |e| {
-                stateid(e, ANONYMOUS);
-                e.bitmap(&bitmap(&[
-                    attr::OWNER,
-                    attr::OWNER_GROUP,
-                    attr::TIME_ACCESS_SET,
-                    attr::TIME_MODIFY_SET,
-                ]));
-                let mut v = Encoder::new();
-                v.string("1000");
-                v.string("100");
-                v.u32(0); // atime: server time
-                v.u32(1); // mtime: this time
-                v.i64(1_000_000);
-                v.u32(5);
-                e.opaque(v.as_slice());
-            }),
+            lookup(in_session(1, ""), "file").op_args(
+                op::SETATTR,
+                &SetattrArgs {
+                    stateid: ANONYMOUS,
+                    attrs: fattr(
+                        &[
+                            attr::OWNER,
+                            attr::OWNER_GROUP,
+                            attr::TIME_ACCESS_SET,
+                            attr::TIME_MODIFY_SET,
+                        ],
+                        |v| {
+                            v.string("1000");
+                            v.string("100");
+                            v.u32(0); // atime: server time
+                            v.u32(1); // mtime: this time
+                            v.i64(1_000_000);
+                            v.u32(5);
+                        },
+                    ),
+                },
+            ),
             status::OK,
         ),
         session_seed(
             "seq-create-dir-getfh",
             s,
             in_session(1, "mkdir")
-                .op(op::CREATE, |e| {
-                    e.u32(ftype::DIR);
-                    e.string("newdir");
-                    fattr_mode(e, 0o750);
-                })
+                .op_args(
+                    op::CREATE,
+                    &CreateArgs {
+                        objtype: Createtype4::Dir,
+                        objname: Component4::new("newdir"),
+                        attrs: fattr_mode(0o750),
+                    },
+                )
                 .bare(op::GETFH),
             status::OK,
         ),
@@ -398,45 +483,56 @@ fn compound_seeds() -> Vec<Seed> {
             "seq-create-symlink-readlink",
             s,
             in_session(1, "")
-                .op(op::CREATE, |e| {
-                    e.u32(ftype::LNK);
-                    e.opaque(b"dir/inner");
-                    e.string("sym");
-                    fattr_empty(e);
-                })
+                .op_args(
+                    op::CREATE,
+                    &CreateArgs {
+                        objtype: Createtype4::Link(b"dir/inner".to_vec()),
+                        objname: Component4::new("sym"),
+                        attrs: fattr_empty(),
+                    },
+                )
                 .bare(op::READLINK),
             status::OK,
         ),
         session_seed(
             "seq-create-fifo",
             s,
-            in_session(1, "").op(op::CREATE, |e| {
-                e.u32(ftype::FIFO);
-                e.string("pipe");
-                fattr_mode(e, 0o600);
-            }),
+            in_session(1, "").op_args(
+                op::CREATE,
+                &CreateArgs {
+                    objtype: Createtype4::Fifo,
+                    objname: Component4::new("pipe"),
+                    attrs: fattr_mode(0o600),
+                },
+            ),
             status::OK,
         ),
         session_seed(
             "seq-create-remove",
             s,
             in_session(1, "rm")
-                .op(op::CREATE, |e| {
-                    e.u32(ftype::DIR);
-                    e.string("gone");
-                    fattr_empty(e);
-                })
+                .op_args(
+                    op::CREATE,
+                    &CreateArgs {
+                        objtype: Createtype4::Dir,
+                        objname: Component4::new("gone"),
+                        attrs: fattr_empty(),
+                    },
+                )
                 .bare(op::PUTROOTFH)
-                .op(op::REMOVE, |e| e.string("gone")),
+                .op_args(op::REMOVE, &Component4::new("gone")),
             status::OK,
         ),
         session_seed(
             "seq-rename",
             s,
-            in_session(1, "mv").bare(op::SAVEFH).op(op::RENAME, |e| {
-                e.string("empty");
-                e.string("renamed");
-            }),
+            in_session(1, "mv").bare(op::SAVEFH).op_args(
+                op::RENAME,
+                &RenameArgs {
+                    oldname: Component4::new("empty"),
+                    newname: Component4::new("renamed"),
+                },
+            ),
             status::OK,
         ),
         session_seed(
@@ -445,84 +541,86 @@ fn compound_seeds() -> Vec<Seed> {
             lookup(in_session(1, "ln"), "file")
                 .bare(op::SAVEFH)
                 .bare(op::PUTROOTFH)
-                .op(op::LINK, |e| e.string("hardlink")),
+                .op_args(op::LINK, &Component4::new("hardlink")),
             status::OK,
         ),
         session_seed(
             "seq-lock-lockt-locku",
             s,
             open(in_session(1, "lock"), "file", SHARE_BOTH, false)
-                .op(op::LOCK, |e| {
-                    e.u32(WRITE_LT);
-                    e.bool(false);
-                    e.u64(0);
-                    e.u64(100);
-                    e.bool(true); // new lock owner
-                    e.u32(0);
-                    stateid(e, CURRENT);
-                    e.u32(0);
-                    e.u64(0);
-                    e.opaque(b"fuzz-lock-owner");
-                })
-                .op(op::LOCKT, |e| {
-                    e.u32(READ_LT);
-                    e.u64(200);
-                    e.u64(u64::MAX);
-                    e.u64(0);
-                    e.opaque(b"another-owner");
-                })
-                .op(op::LOCKU, |e| {
-                    e.u32(WRITE_LT);
-                    e.u32(0);
-                    stateid(e, CURRENT);
-                    e.u64(0);
-                    e.u64(100);
-                }),
+                .op_args(
+                    op::LOCK,
+                    &LockArgs {
+                        locktype: lock_type::WRITE,
+                        reclaim: false,
+                        offset: 0,
+                        length: 100,
+                        locker: Locker4::New(OpenToLockOwner4 {
+                            open_seqid: 0,
+                            open_stateid: CURRENT,
+                            lock_seqid: 0,
+                            lock_owner: owner("fuzz-lock-owner"),
+                        }),
+                    },
+                )
+                .op_args(
+                    op::LOCKT,
+                    &LocktArgs {
+                        locktype: lock_type::READ,
+                        offset: 200,
+                        length: u64::MAX,
+                        owner: owner("another-owner"),
+                    },
+                )
+                .op_args(
+                    op::LOCKU,
+                    &LockuArgs {
+                        locktype: lock_type::WRITE,
+                        seqid: 0,
+                        lock_stateid: CURRENT,
+                        offset: 0,
+                        length: 100,
+                    },
+                ),
             status::OK,
         ),
         session_seed(
             "seq-open-downgrade",
             s,
-            close(
-                open(in_session(1, ""), "file", SHARE_BOTH, false).op(op::OPEN_DOWNGRADE, |e| {
-                    stateid(e, CURRENT);
-                    e.u32(0);
-                    e.u32(SHARE_READ);
-                    e.u32(0);
-                }),
-            ),
+            close(open(in_session(1, ""), "file", SHARE_BOTH, false).op_args(
+                op::OPEN_DOWNGRADE,
+                &OpenDowngradeArgs {
+                    stateid: CURRENT,
+                    seqid: 0,
+                    share_access: SHARE_READ,
+                    share_deny: 0,
+                },
+            )),
             status::OK,
         ),
         session_seed(
             "seq-open-exclusive41",
             s,
-            in_session(1, "excl").op(op::OPEN, |e| {
-                e.u32(0);
-                e.u32(SHARE_WRITE);
-                e.u32(0);
-                e.u64(0);
-                e.opaque(b"fuzz-owner");
-                e.u32(1);
-                e.u32(3); // EXCLUSIVE4_1
-                e.opaque_fixed(&[1, 2, 3, 4, 5, 6, 7, 8]);
-                fattr_mode(e, 0o600);
-                e.u32(0);
-                e.string("exclusive");
-            }),
+            in_session(1, "excl").op_args(
+                op::OPEN,
+                &open_args(
+                    SHARE_WRITE,
+                    Openflag4::Create(Createhow4::Exclusive41 {
+                        verifier: [1, 2, 3, 4, 5, 6, 7, 8],
+                        attrs: fattr_mode(0o600),
+                    }),
+                    OpenClaim4::Null(Component4::new("exclusive")),
+                ),
+            ),
             status::OK,
         ),
         session_seed(
             "seq-open-claim-fh",
             s,
-            close(lookup(in_session(1, ""), "file").op(op::OPEN, |e| {
-                e.u32(0);
-                e.u32(SHARE_READ);
-                e.u32(0);
-                e.u64(0);
-                e.opaque(b"fuzz-owner");
-                e.u32(0);
-                e.u32(4); // CLAIM_FH
-            })),
+            close(lookup(in_session(1, ""), "file").op_args(
+                op::OPEN,
+                &open_args(SHARE_READ, Openflag4::NoCreate, OpenClaim4::Fh),
+            )),
             status::OK,
         ),
         session_seed(
@@ -530,19 +628,20 @@ fn compound_seeds() -> Vec<Seed> {
             s,
             Compound::new(1, "")
                 .sequence(&NO_SESSION, 1, 0, false)
-                .op(op::TEST_STATEID, |e| {
-                    e.u32(2);
-                    stateid(e, ANONYMOUS);
-                    stateid(e, (1, [7; 12]));
-                })
-                .op(op::FREE_STATEID, |e| stateid(e, (1, [7; 12]))),
+                .op_args(
+                    op::TEST_STATEID,
+                    &TestStateidArgs {
+                        stateids: vec![ANONYMOUS, UNKNOWN_STATEID],
+                    },
+                )
+                .op_args(op::FREE_STATEID, &UNKNOWN_STATEID),
             status::BAD_STATEID,
         ),
         session_seed(
             "seq-secinfo",
             s,
             in_session(1, "")
-                .op(op::SECINFO, |e| e.string("file"))
+                .op_args(op::SECINFO, &Component4::new("file"))
                 .bare(op::PUTROOTFH)
                 .op(op::SECINFO_NO_NAME, |e| e.u32(0)),
             status::OK,
@@ -551,18 +650,8 @@ fn compound_seeds() -> Vec<Seed> {
             "seq-verify-nverify",
             s,
             in_session(1, "")
-                .op(op::VERIFY, |e| {
-                    e.bitmap(&bitmap(&[attr::TYPE]));
-                    let mut v = Encoder::new();
-                    v.u32(ftype::DIR);
-                    e.opaque(v.as_slice());
-                })
-                .op(op::NVERIFY, |e| {
-                    e.bitmap(&bitmap(&[attr::TYPE]));
-                    let mut v = Encoder::new();
-                    v.u32(ftype::REG);
-                    e.opaque(v.as_slice());
-                }),
+                .op_args(op::VERIFY, &fattr(&[attr::TYPE], |v| v.u32(ftype::DIR)))
+                .op_args(op::NVERIFY, &fattr(&[attr::TYPE], |v| v.u32(ftype::REG))),
             status::OK,
         ),
         session_seed(
@@ -641,58 +730,32 @@ fn compound_seeds() -> Vec<Seed> {
         session_seed(
             "wrapped-exchange-id",
             w,
-            Compound::new(1, "xid").op(op::EXCHANGE_ID, |e| {
-                e.opaque_fixed(&[9; 8]);
-                e.string("fuzz-client");
-                e.u32(0);
-                e.u32(0);
-                e.u32(0);
-            }),
+            Compound::new(1, "xid").op_args(op::EXCHANGE_ID, &exchange_id([9; 8], "fuzz-client")),
             status::OK,
         ),
         session_seed(
             "wrapped-create-session-stale",
             w,
-            Compound::new(1, "").op(op::CREATE_SESSION, |e| {
-                let channel = |max: u32, cached: u32, ops: u32, reqs: u32| ChannelAttrs4 {
-                    header_pad: 0,
-                    max_request: max,
-                    max_response: max,
-                    max_response_cached: cached,
-                    max_ops: ops,
-                    max_requests: reqs,
-                    rdma_ird: None,
-                };
-                CreateSessionArgs {
-                    clientid: 0x1234,
-                    sequence: 1,
-                    flags: 0,
-                    fore: channel(65536, 4096, 8, 4),
-                    back: channel(4096, 0, 2, 1),
-                    cb_program: 0x4000_0000,
-                    cb_sec: vec![CallbackSec::Sys(AuthSysParms {
-                        machine: b"cb".to_vec(),
-                        ..Default::default()
-                    })],
-                }
-                .encode(e)
-            }),
+            Compound::new(1, "").op_args(op::CREATE_SESSION, &create_session()),
             status::STALE_CLIENTID,
         ),
         session_seed(
             "wrapped-destroy-session",
             w,
-            Compound::new(1, "").op(op::DESTROY_SESSION, |e| e.opaque_fixed(&[3; 16])),
+            Compound::new(1, "").op_args(op::DESTROY_SESSION, &[3u8; 16]),
             status::BADSESSION,
         ),
         session_seed(
             "wrapped-bind-conn",
             w,
-            Compound::new(1, "").op(op::BIND_CONN_TO_SESSION, |e| {
-                e.opaque_fixed(&[3; 16]);
-                e.u32(3);
-                e.bool(false);
-            }),
+            Compound::new(1, "").op_args(
+                op::BIND_CONN_TO_SESSION,
+                &BindConnToSessionArgs {
+                    sessionid: [3; 16],
+                    dir: cdfc::FORE_OR_BOTH,
+                    use_conn_in_rdma_mode: false,
+                },
+            ),
             status::BADSESSION,
         ),
         session_seed(
@@ -746,13 +809,7 @@ fn compound_seeds() -> Vec<Seed> {
                     4,
                     Auth::Sys { uid: 7, gid: 7 },
                     &Compound::new(1, "raw")
-                        .op(op::EXCHANGE_ID, |e| {
-                            e.opaque_fixed(&[4; 8]);
-                            e.string("raw-client");
-                            e.u32(0);
-                            e.u32(0);
-                            e.u32(0);
-                        })
+                        .op_args(op::EXCHANGE_ID, &exchange_id([4; 8], "raw-client"))
                         .encode(),
                 ),
             ),
@@ -780,7 +837,7 @@ fn rpc_record_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let getattr = Compound::new(1, "t")
         .sequence(&[1; 16], 1, 0, false)
         .bare(op::PUTROOTFH)
-        .op(op::GETATTR, |e| e.bitmap(&[1 << attr::TYPE]));
+        .op_args(op::GETATTR, &bitmap(&[attr::TYPE]));
     let call = wire::compound_call(0x22, Auth::ROOT, &getattr.encode());
     let mut split = vec![40];
     for (i, part) in call.chunks(24).enumerate() {
@@ -790,25 +847,20 @@ fn rpc_record_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut two = one(200, &null);
     two.extend_from_slice(&one(0, &call)[1..]);
     let mut groups = Encoder::new();
-    groups.u32(0x33);
-    groups.u32(rpc::MSG_CALL);
-    groups.u32(2);
-    groups.u32(rpc::NFS_PROGRAM);
-    groups.u32(4);
-    groups.u32(0);
-    let mut cred = Encoder::new();
-    cred.u32(7);
-    cred.string("host.example");
-    cred.u32(1000);
-    cred.u32(100);
-    cred.u32(3);
-    for g in [4, 24, 27] {
-        cred.u32(g);
-    }
-    groups.u32(rpc::AUTH_SYS);
-    groups.opaque(cred.as_slice());
-    groups.u32(rpc::AUTH_NONE);
-    groups.u32(0);
+    rpc::call_header(
+        &mut groups,
+        0x33,
+        rpc::NFS_PROGRAM,
+        4,
+        0,
+        &rpc::CallCred::Sys {
+            stamp: 7,
+            machine: b"host.example".to_vec(),
+            uid: 1000,
+            gid: 100,
+            gids: vec![4, 24, 27],
+        },
+    );
     let mut rpcv3 = null.clone();
     rpcv3[8..12].copy_from_slice(&3u32.to_be_bytes());
     let mut reply = null.clone();
@@ -875,6 +927,610 @@ fn xdr_seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// `msg` seeds: one or more values of every message type (each variant
+/// of the unions at least once), encoded after their type's byte.
+fn msg_seeds() -> Vec<(String, Vec<u8>)> {
+    let mut seeds = Seeds::default();
+    let sid = Stateid4 {
+        seqid: 3,
+        other: *b"stateid-0123",
+    };
+    let session = *b"session-id-01234";
+    let attrs = fattr(&[attr::SIZE, attr::MODE], |v| {
+        v.u64(4096);
+        v.u32(0o644);
+    });
+    let cinfo = ChangeInfo4 {
+        atomic: true,
+        before: 10,
+        after: 11,
+    };
+    let ace = Nfsace4 {
+        acetype: 0,
+        flag: 0,
+        access_mask: 0x1f,
+        who: b"EVERYONE@".to_vec(),
+    };
+    let impl_id = ImplId {
+        domain: b"example.org".to_vec(),
+        name: b"fuzz 1.0".to_vec(),
+        date: Nfstime4 {
+            seconds: 1_700_000_000,
+            nseconds: 5,
+        },
+    };
+    let ops = StateProtectOps {
+        must_enforce: bitmap(&[op::PUTFH, op::EXCHANGE_ID, op::SEQUENCE]).0,
+        must_allow: bitmap(&[op::BIND_CONN_TO_SESSION]).0,
+    };
+    let channel = ChannelAttrs4 {
+        header_pad: 0,
+        max_request: 1 << 20,
+        max_response: 1 << 20,
+        max_response_cached: 4096,
+        max_ops: 16,
+        max_requests: 8,
+        rdma_ird: None,
+    };
+    let sys = CallbackSec::Sys(AuthSysParms {
+        stamp: 1,
+        machine: b"client".to_vec(),
+        uid: 1000,
+        gid: 100,
+        gids: vec![4, 24],
+    });
+    let gss = CallbackSec::Gss(1, b"server-handle".to_vec(), b"client-handle".to_vec());
+    let lock_owner = OpenToLockOwner4 {
+        open_seqid: 0,
+        open_stateid: sid,
+        lock_seqid: 0,
+        lock_owner: owner("lock-owner"),
+    };
+    let exist = ExistLockOwner4 {
+        lock_stateid: sid,
+        lock_seqid: 0,
+    };
+    let read_deleg = OpenReadDelegation4 {
+        stateid: sid,
+        recall: false,
+        permissions: ace.clone(),
+    };
+    let write_deleg = OpenWriteDelegation4 {
+        stateid: sid,
+        recall: true,
+        space_limit: SpaceLimit4::Size(1 << 30),
+        permissions: ace.clone(),
+    };
+    let contention = OpenNoneDelegation4 {
+        why: why_no_deleg::CONTENTION,
+        later: true,
+    };
+    let calls = ReferringCallList4 {
+        sessionid: session,
+        calls: vec![ReferringCall4 {
+            sequenceid: 4,
+            slotid: 0,
+        }],
+    };
+    let name = Component4::new("name");
+
+    seeds.add(
+        "compound-header",
+        &CompoundHeader {
+            tag: b"tag".to_vec(),
+            minorversion: 1,
+            numops: 3,
+        },
+    );
+    seeds.add(
+        "compound-res-header",
+        &CompoundResHeader {
+            status: status::NOENT,
+            tag: b"tag".to_vec(),
+            numres: 2,
+        },
+    );
+    seeds.add(
+        "sequence-args",
+        &SequenceArgs {
+            sessionid: session,
+            sequenceid: 7,
+            slotid: 1,
+            highest_slotid: 3,
+            cachethis: true,
+        },
+    );
+    seeds.add(
+        "sequence-res",
+        &SequenceResOk {
+            sessionid: session,
+            sequenceid: 7,
+            slotid: 1,
+            highest_slotid: 3,
+            target_highest_slotid: 3,
+            status_flags: 0,
+        },
+    );
+    seeds.add("exchange-id-args", &exchange_id([9; 8], "fuzz-client"));
+    seeds.add(
+        "exchange-id-args-mach-cred",
+        &ExchangeIdArgs {
+            flags: 0x1_0000,
+            state_protect: StateProtectArgs::MachCred(ops.clone()),
+            impl_id: vec![impl_id.clone()],
+            ..exchange_id([1; 8], "mach-cred")
+        },
+    );
+    seeds.add(
+        "exchange-id-args-ssv",
+        &ExchangeIdArgs {
+            state_protect: StateProtectArgs::Ssv(ops.clone()),
+            ..exchange_id([2; 8], "ssv")
+        },
+    );
+    seeds.add(
+        "exchange-id-res",
+        &ExchangeIdResOk {
+            clientid: 0x1234_5678_9abc,
+            sequenceid: 1,
+            flags: 0x0002_0000,
+            state_protect: 0,
+            owner_minor: 0,
+            owner_major: b"sluice".to_vec(),
+            scope: b"scope".to_vec(),
+            impl_id: vec![impl_id.clone()],
+        },
+    );
+    seeds.add("create-session-args", &create_session());
+    seeds.add(
+        "create-session-args-rdma-gss",
+        &CreateSessionArgs {
+            fore: ChannelAttrs4 {
+                rdma_ird: Some(4),
+                ..channel
+            },
+            cb_sec: vec![CallbackSec::None, gss.clone(), sys.clone()],
+            ..create_session()
+        },
+    );
+    seeds.add(
+        "create-session-res",
+        &CreateSessionResOk {
+            sessionid: session,
+            sequence: 1,
+            flags: 0,
+            fore: channel,
+            back: channel,
+        },
+    );
+    let bind = BindConnToSessionArgs {
+        sessionid: session,
+        dir: cdfc::FORE_OR_BOTH,
+        use_conn_in_rdma_mode: false,
+    };
+    seeds.add("bind-conn-args", &bind);
+    seeds.add(
+        "bind-conn-res",
+        &BindConnToSessionResOk {
+            sessionid: bind.sessionid,
+            dir: cdfc::FORE,
+            use_conn_in_rdma_mode: true,
+        },
+    );
+    let opens = [
+        (
+            "nocreate-null",
+            Openflag4::NoCreate,
+            OpenClaim4::Null(name.clone()),
+        ),
+        (
+            "unchecked",
+            Openflag4::Create(Createhow4::Unchecked(attrs.clone())),
+            OpenClaim4::Null(name.clone()),
+        ),
+        (
+            "guarded",
+            Openflag4::Create(Createhow4::Guarded(fattr_empty())),
+            OpenClaim4::Null(name.clone()),
+        ),
+        (
+            "exclusive",
+            Openflag4::Create(Createhow4::Exclusive([5; 8])),
+            OpenClaim4::Null(name.clone()),
+        ),
+        (
+            "exclusive41",
+            Openflag4::Create(Createhow4::Exclusive41 {
+                verifier: [6; 8],
+                attrs: attrs.clone(),
+            }),
+            OpenClaim4::Null(name.clone()),
+        ),
+        (
+            "previous",
+            Openflag4::NoCreate,
+            OpenClaim4::Previous(deleg::READ),
+        ),
+        (
+            "delegate-cur",
+            Openflag4::NoCreate,
+            OpenClaim4::DelegateCur {
+                stateid: sid,
+                file: name.clone(),
+            },
+        ),
+        (
+            "delegate-prev",
+            Openflag4::NoCreate,
+            OpenClaim4::DelegatePrev(name.clone()),
+        ),
+        ("fh", Openflag4::NoCreate, OpenClaim4::Fh),
+        (
+            "deleg-cur-fh",
+            Openflag4::NoCreate,
+            OpenClaim4::DelegCurFh(sid),
+        ),
+        (
+            "deleg-prev-fh",
+            Openflag4::NoCreate,
+            OpenClaim4::DelegPrevFh,
+        ),
+    ];
+    for (variant, openhow, claim) in opens {
+        seeds.add(
+            &format!("open-args-{variant}"),
+            &open_args(SHARE_BOTH, openhow, claim),
+        );
+    }
+    let delegations = [
+        ("none", OpenDelegation4::None),
+        ("read", OpenDelegation4::Read(read_deleg.clone())),
+        ("write", OpenDelegation4::Write(write_deleg.clone())),
+        (
+            "write-blocks",
+            OpenDelegation4::Write(OpenWriteDelegation4 {
+                space_limit: SpaceLimit4::Blocks {
+                    num_blocks: 16,
+                    bytes_per_block: 4096,
+                },
+                ..write_deleg.clone()
+            }),
+        ),
+        ("none-ext-contention", OpenDelegation4::NoneExt(contention)),
+        (
+            "none-ext-not-wanted",
+            OpenDelegation4::NoneExt(OpenNoneDelegation4 {
+                why: why_no_deleg::NOT_WANTED,
+                later: false,
+            }),
+        ),
+    ];
+    for (variant, delegation) in delegations {
+        seeds.add(
+            &format!("open-res-{variant}"),
+            &OpenResOk {
+                stateid: sid,
+                cinfo: cinfo.clone(),
+                rflags: OPEN_RESULT_LOCKTYPE_POSIX,
+                attrset: bitmap(&[attr::MODE]),
+                delegation,
+            },
+        );
+    }
+    seeds.add(
+        "open-downgrade-args",
+        &OpenDowngradeArgs {
+            stateid: sid,
+            seqid: 0,
+            share_access: SHARE_READ,
+            share_deny: 0,
+        },
+    );
+    seeds.add(
+        "close-args",
+        &CloseArgs {
+            seqid: 0,
+            stateid: sid,
+        },
+    );
+    seeds.add(
+        "lock-args-new",
+        &LockArgs {
+            locktype: lock_type::WRITE,
+            reclaim: false,
+            offset: 0,
+            length: u64::MAX,
+            locker: Locker4::New(lock_owner.clone()),
+        },
+    );
+    seeds.add(
+        "lock-args-existing",
+        &LockArgs {
+            locktype: lock_type::READW,
+            reclaim: true,
+            offset: 100,
+            length: 10,
+            locker: Locker4::Existing(exist.clone()),
+        },
+    );
+    seeds.add(
+        "lock-denied",
+        &LockDenied4 {
+            offset: 0,
+            length: 100,
+            locktype: lock_type::WRITE,
+            owner: owner("holder"),
+        },
+    );
+    seeds.add(
+        "lockt-args",
+        &LocktArgs {
+            locktype: lock_type::READ,
+            offset: 0,
+            length: 1,
+            owner: owner("tester"),
+        },
+    );
+    seeds.add(
+        "locku-args",
+        &LockuArgs {
+            locktype: lock_type::WRITE,
+            seqid: 0,
+            lock_stateid: sid,
+            offset: 0,
+            length: u64::MAX,
+        },
+    );
+    seeds.add(
+        "read-args",
+        &ReadArgs {
+            stateid: BYPASS,
+            offset: 4096,
+            count: 65536,
+        },
+    );
+    seeds.0.push((
+        "seed-write-args".to_string(),
+        msg::write_input(&WriteArgs {
+            stateid: sid,
+            offset: 10,
+            stable: FILE_SYNC,
+            data: b"some data",
+        }),
+    ));
+    seeds.add(
+        "write-res",
+        &WriteResOk {
+            count: 9,
+            committed: FILE_SYNC,
+            verifier: [8; 8],
+        },
+    );
+    seeds.add(
+        "commit-args",
+        &CommitArgs {
+            offset: 0,
+            count: 0,
+        },
+    );
+    seeds.add(
+        "test-stateid-args",
+        &TestStateidArgs {
+            stateids: vec![sid, ANONYMOUS, UNKNOWN_STATEID],
+        },
+    );
+    seeds.add(
+        "test-stateid-res",
+        &TestStateidResOk {
+            codes: vec![status::OK, status::BAD_STATEID],
+        },
+    );
+    seeds.add(
+        "seek-args",
+        &SeekArgs {
+            stateid: sid,
+            offset: 0,
+            what: 1,
+        },
+    );
+    seeds.add(
+        "seek-res",
+        &SeekResOk {
+            eof: false,
+            offset: FILE_HOLE_END,
+        },
+    );
+    seeds.add(
+        "allocate-args",
+        &AllocateArgs {
+            stateid: sid,
+            offset: 0,
+            length: 1 << 20,
+        },
+    );
+    seeds.add(
+        "setattr-args",
+        &SetattrArgs {
+            stateid: ANONYMOUS,
+            attrs: attrs.clone(),
+        },
+    );
+    seeds.add(
+        "access-res",
+        &AccessResOk {
+            supported: 0x3f,
+            access: 0x03,
+        },
+    );
+    seeds.add(
+        "readdir-args",
+        &ReaddirArgs {
+            cookie: 3,
+            verifier: [1; 8],
+            dircount: 4096,
+            maxcount: 8192,
+            attr_request: bitmap(&[attr::TYPE, attr::FILEID, attr::MODE]),
+        },
+    );
+    let types = [
+        ("link", Createtype4::Link(b"target".to_vec())),
+        (
+            "block",
+            Createtype4::Block(Specdata4 { major: 8, minor: 0 }),
+        ),
+        ("char", Createtype4::Char(Specdata4 { major: 1, minor: 3 })),
+        ("socket", Createtype4::Socket),
+        ("fifo", Createtype4::Fifo),
+        ("dir", Createtype4::Dir),
+        ("regular", Createtype4::Other(ftype::REG)),
+    ];
+    for (variant, objtype) in types {
+        seeds.add(
+            &format!("create-args-{variant}"),
+            &CreateArgs {
+                objtype,
+                objname: name.clone(),
+                attrs: fattr_mode(0o755),
+            },
+        );
+    }
+    seeds.add(
+        "create-res",
+        &CreateResOk {
+            cinfo: cinfo.clone(),
+            attrset: bitmap(&[attr::MODE]),
+        },
+    );
+    seeds.add(
+        "rename-args",
+        &RenameArgs {
+            oldname: Component4::new("old"),
+            newname: Component4::new("new"),
+        },
+    );
+    seeds.add(
+        "rename-res",
+        &RenameResOk {
+            source_cinfo: cinfo.clone(),
+            target_cinfo: cinfo.clone(),
+        },
+    );
+    seeds.add("nfs-fh4", &NfsFh4(vec![0xab; 28]));
+    seeds.add("component4", &name);
+    seeds.add("bitmap4", &bitmap(&[attr::TYPE, attr::OWNER]));
+    seeds.add("fattr4", &attrs);
+    seeds.add("state-owner4", &owner("owner"));
+    seeds.add("change-info4", &cinfo);
+    seeds.add("nfsace4", &ace);
+    seeds.add("stateid4", &sid);
+    seeds.add("nfstime4", &impl_id.date);
+    seeds.add("impl-id", &impl_id);
+    seeds.add("state-protect-ops", &ops);
+    seeds.add("state-protect-none", &StateProtectArgs::None);
+    seeds.add(
+        "state-protect-mach-cred",
+        &StateProtectArgs::MachCred(ops.clone()),
+    );
+    seeds.add("state-protect-ssv", &StateProtectArgs::Ssv(ops.clone()));
+    seeds.add("channel-attrs4", &channel);
+    seeds.add("callback-sec-none", &CallbackSec::None);
+    seeds.add("callback-sec-sys", &sys);
+    seeds.add("callback-sec-gss", &gss);
+    seeds.add("specdata4", &Specdata4 { major: 1, minor: 3 });
+    seeds.add("createtype4", &Createtype4::Link(b"target".to_vec()));
+    seeds.add("createhow4", &Createhow4::Guarded(attrs.clone()));
+    seeds.add(
+        "openflag4",
+        &Openflag4::Create(Createhow4::Exclusive([7; 8])),
+    );
+    seeds.add("open-claim4", &OpenClaim4::Null(name.clone()));
+    seeds.add("space-limit4", &SpaceLimit4::Size(1 << 20));
+    seeds.add("open-read-delegation4", &read_deleg);
+    seeds.add("open-write-delegation4", &write_deleg);
+    seeds.add("open-none-delegation4", &contention);
+    seeds.add(
+        "open-delegation4",
+        &OpenDelegation4::Read(read_deleg.clone()),
+    );
+    seeds.add("open-to-lock-owner4", &lock_owner);
+    seeds.add("exist-lock-owner4", &exist);
+    seeds.add("locker4", &Locker4::Existing(exist.clone()));
+    seeds.add(
+        "backchannel-ctl-args",
+        &BackchannelCtlArgs {
+            cb_program: 0x4000_0000,
+            sec_parms: vec![CallbackSec::None, sys.clone()],
+        },
+    );
+    seeds.add(
+        "cb-compound-header",
+        &CbCompoundHeader {
+            tag: b"cb".to_vec(),
+            minorversion: 1,
+            callback_ident: 0,
+            numops: 2,
+        },
+    );
+    seeds.add(
+        "cb-compound-res-header",
+        &CbCompoundResHeader {
+            status: status::OK,
+            tag: b"cb".to_vec(),
+            numres: 2,
+        },
+    );
+    seeds.add("referring-call4", &calls.calls[0]);
+    seeds.add("referring-call-list4", &calls);
+    seeds.add(
+        "cb-sequence-args",
+        &CbSequenceArgs {
+            sessionid: session,
+            sequenceid: 1,
+            slotid: 0,
+            highest_slotid: 0,
+            cachethis: false,
+            referring_call_lists: vec![calls.clone()],
+        },
+    );
+    seeds.add(
+        "cb-sequence-res",
+        &CbSequenceResOk {
+            sessionid: session,
+            sequenceid: 1,
+            slotid: 0,
+            highest_slotid: 0,
+            target_highest_slotid: 0,
+        },
+    );
+    seeds.add(
+        "cb-recall-args",
+        &CbRecallArgs {
+            stateid: sid,
+            truncate: false,
+            fh: NfsFh4(vec![0xcd; 32]),
+        },
+    );
+    seeds.add(
+        "cb-recall-any-args",
+        &CbRecallAnyArgs {
+            objects_to_keep: 0,
+            type_mask: Bitmap4(vec![0b11]),
+        },
+    );
+    seeds.0
+}
+
+/// Named `msg` seeds.
+#[derive(Default)]
+struct Seeds(Vec<(String, Vec<u8>)>);
+
+impl Seeds {
+    /// Adds the seed `seed-NAME` that decodes `v`.
+    fn add<T: Xdr>(&mut self, name: &str, v: &T) {
+        self.0.push((format!("seed-{name}"), msg::input(v)));
+    }
+}
+
 fn named(seeds: Vec<(&str, Vec<u8>)>) -> Vec<(String, Vec<u8>)> {
     seeds
         .into_iter()
@@ -934,5 +1590,6 @@ fn main() -> std::io::Result<()> {
     write_dir(&out.join("compound"), &compound)?;
     write_dir(&out.join("rpc_record"), &named(rpc_record_seeds()))?;
     write_dir(&out.join("xdr"), &named(xdr_seeds()))?;
+    write_dir(&out.join("msg"), &msg_seeds())?;
     Ok(())
 }

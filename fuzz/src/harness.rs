@@ -387,20 +387,22 @@ impl Harness {
     /// own client.
     fn new_session(&mut self) -> Session {
         let generation = self.resets;
-        let xchg = Compound::new(1, "harness").op(op::EXCHANGE_ID, |e| {
-            ExchangeIdArgs {
+        let xchg = Compound::new(1, "harness").op_args(
+            op::EXCHANGE_ID,
+            &ExchangeIdArgs {
                 verifier: generation.to_be_bytes(),
                 ownerid: b"sluice-fuzz-harness".to_vec(),
                 ..Default::default()
-            }
-            .encode(e)
-        });
+            },
+        );
         let reply = self.must("EXCHANGE_ID", &xchg);
         let (_, mut d) = wire::reply_results(&reply).expect("EXCHANGE_ID reply");
+        // The result's op number and status (OK, checked by `must`).
         d.u32().and(d.u32()).expect("EXCHANGE_ID result header");
         let x = ExchangeIdResOk::decode(&mut d).expect("EXCHANGE_ID result");
-        let create = Compound::new(1, "harness").op(op::CREATE_SESSION, |e| {
-            CreateSessionArgs {
+        let create = Compound::new(1, "harness").op_args(
+            op::CREATE_SESSION,
+            &CreateSessionArgs {
                 clientid: x.clientid,
                 sequence: x.sequenceid,
                 flags: 0,
@@ -408,9 +410,8 @@ impl Harness {
                 back: BACK_CHANNEL,
                 cb_program: 0x4000_0000,
                 cb_sec: vec![CallbackSec::None],
-            }
-            .encode(e)
-        });
+            },
+        );
         let reply = self.must("CREATE_SESSION", &create);
         let (_, mut d) = wire::reply_results(&reply).expect("CREATE_SESSION reply");
         d.u32().and(d.u32()).expect("CREATE_SESSION result header");

@@ -5,8 +5,11 @@
 //!   leading SEQUENCE op.
 //! - [`harness`]: a server over a scratch export with a live session, and
 //!   the layout of `compound` inputs (first byte: mode and flags).
+//! - [`msg`]: the checks of the `msg` target on the typed NFSv4 messages,
+//!   and the layout of its inputs (first byte: the message type).
 
 #![warn(missing_docs)]
 
 pub mod harness;
+pub mod msg;
 pub mod wire;

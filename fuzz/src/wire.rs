@@ -3,7 +3,7 @@
 //! generator.
 
 use sluice::nfs4::consts::{op, SESSIONID_SIZE};
-use sluice::nfs4::msg::{SequenceArgs, Xdr};
+use sluice::nfs4::msg::{CompoundHeader, CompoundResHeader, SequenceArgs, Xdr};
 use sluice::nfs4::Nfsstat4;
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
@@ -12,8 +12,6 @@ use sluice::xdr::{Decoder, Encoder};
 pub const NFS_V4: u32 = 4;
 /// The COMPOUND procedure.
 pub const PROC_COMPOUND: u32 = 1;
-/// Longest COMPOUND tag the server accepts.
-pub const MAX_TAG: usize = 1024;
 
 /// The credential put in a call header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,34 +30,27 @@ pub enum Auth {
 impl Auth {
     /// AUTH_SYS as root.
     pub const ROOT: Auth = Auth::Sys { uid: 0, gid: 0 };
-}
 
-/// Writes an RPC call header (RFC 5531) for `prog`/`vers`/`proc_`.
-pub fn call_header(e: &mut Encoder, xid: u32, prog: u32, vers: u32, proc_: u32, auth: Auth) {
-    e.u32(xid);
-    e.u32(rpc::MSG_CALL);
-    e.u32(2);
-    e.u32(prog);
-    e.u32(vers);
-    e.u32(proc_);
-    match auth {
-        Auth::None => {
-            e.u32(rpc::AUTH_NONE);
-            e.u32(0);
-        }
-        Auth::Sys { uid, gid } => {
-            let mut cred = Encoder::new();
-            cred.u32(0); // stamp
-            cred.string("fuzz");
-            cred.u32(uid);
-            cred.u32(gid);
-            cred.u32(0); // no supplementary groups
-            e.u32(rpc::AUTH_SYS);
-            e.opaque(cred.as_slice());
+    /// The credential as written in a call: AUTH_SYS from machine `fuzz`
+    /// with stamp 0.
+    pub fn cred(self) -> rpc::CallCred {
+        match self {
+            Auth::None => rpc::CallCred::None,
+            Auth::Sys { uid, gid } => rpc::CallCred::Sys {
+                stamp: 0,
+                machine: b"fuzz".to_vec(),
+                uid,
+                gid,
+                gids: Vec::new(),
+            },
         }
     }
-    e.u32(rpc::AUTH_NONE); // verifier
-    e.u32(0);
+}
+
+/// Writes an RPC call header (RFC 5531) for `prog`/`vers`/`proc_`, with
+/// an AUTH_NONE verifier.
+pub fn call_header(e: &mut Encoder, xid: u32, prog: u32, vers: u32, proc_: u32, auth: Auth) {
+    rpc::call_header(e, xid, prog, vers, proc_, &auth.cred());
 }
 
 /// A whole NFSv4 COMPOUND call record with `args` as its arguments.
@@ -73,9 +64,7 @@ pub fn compound_call(xid: u32, auth: Auth, args: &[u8]) -> Vec<u8> {
 /// COMPOUND4args under construction.
 #[derive(Debug, Clone)]
 pub struct Compound {
-    tag: Vec<u8>,
-    minor: u32,
-    count: u32,
+    header: CompoundHeader,
     ops: Encoder,
 }
 
@@ -83,9 +72,11 @@ impl Compound {
     /// An empty COMPOUND of `minor` version with `tag`.
     pub fn new(minor: u32, tag: &str) -> Self {
         Compound {
-            tag: tag.as_bytes().to_vec(),
-            minor,
-            count: 0,
+            header: CompoundHeader {
+                tag: tag.as_bytes().to_vec(),
+                minorversion: minor,
+                numops: 0,
+            },
             ops: Encoder::new(),
         }
     }
@@ -94,8 +85,13 @@ impl Compound {
     pub fn op(mut self, opnum: u32, args: impl FnOnce(&mut Encoder)) -> Self {
         self.ops.u32(opnum);
         args(&mut self.ops);
-        self.count += 1;
+        self.header.numops += 1;
         self
+    }
+
+    /// Appends op `opnum` with the typed arguments `args`.
+    pub fn op_args(self, opnum: u32, args: &impl Xdr) -> Self {
+        self.op(opnum, |e| args.encode(e))
     }
 
     /// Appends an op without arguments.
@@ -105,24 +101,22 @@ impl Compound {
 
     /// Appends a SEQUENCE op (slot `slot`, highest slot `slot`).
     pub fn sequence(self, sid: &[u8; SESSIONID_SIZE], seqid: u32, slot: u32, cache: bool) -> Self {
-        self.op(op::SEQUENCE, |e| {
-            SequenceArgs {
+        self.op_args(
+            op::SEQUENCE,
+            &SequenceArgs {
                 sessionid: *sid,
                 sequenceid: seqid,
                 slotid: slot,
                 highest_slotid: slot,
                 cachethis: cache,
-            }
-            .encode(e)
-        })
+            },
+        )
     }
 
     /// The encoded COMPOUND4args.
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Encoder::with_capacity(self.ops.len() + self.tag.len() + 16);
-        e.opaque(&self.tag);
-        e.u32(self.minor);
-        e.u32(self.count);
+        let mut e = Encoder::with_capacity(self.ops.len() + self.header.tag.len() + 16);
+        self.header.encode(&mut e);
         e.raw(self.ops.as_slice());
         e.into_inner()
     }
@@ -140,25 +134,22 @@ pub struct SequenceAt {
 }
 
 /// Finds the SEQUENCE op at the start of `args`, if the arguments begin
-/// with a well-formed tag, minor version, op count and a SEQUENCE whose
-/// session id, sequence id and slot id are all present.
+/// with a well-formed COMPOUND header and a SEQUENCE whose arguments
+/// decode. (A SEQUENCE whose arguments do not decode is left alone: the
+/// server answers BADXDR before it looks at the session.)
 pub fn find_sequence(args: &[u8]) -> Option<SequenceAt> {
     let mut d = Decoder::new(args);
-    d.opaque(MAX_TAG).ok()?;
-    let _minor = d.u32().ok()?;
-    let _nops = d.u32().ok()?;
+    CompoundHeader::decode(&mut d).ok()?;
     if d.u32().ok()? != op::SEQUENCE {
         return None;
     }
     let sessionid = d.position();
-    d.opaque_fixed(SESSIONID_SIZE).ok()?;
-    let seqid = d.position();
-    let _ = d.u32().ok()?;
-    let slot = d.u32().ok()?;
+    let seq = SequenceArgs::decode(&mut d).ok()?;
     Some(SequenceAt {
         sessionid,
-        seqid,
-        slot,
+        // SEQUENCE4args: the session id, then the sequence id.
+        seqid: sessionid + SESSIONID_SIZE,
+        slot: seq.slotid,
     })
 }
 
@@ -176,43 +167,33 @@ pub fn patch_sequence(
     args[at.seqid + 4..at.seqid + 8].copy_from_slice(&slot.to_be_bytes());
 }
 
+/// The COMPOUND4res header of a reply record and a decoder at its first
+/// result, if the record is an accepted, successful RPC reply.
+pub fn reply_header(reply: &[u8]) -> Option<(CompoundResHeader, Decoder<'_>)> {
+    let (_xid, results) = rpc::parse_reply(reply).ok()?;
+    let mut d = Decoder::new(reply);
+    d.skip(results.ok()?).ok()?;
+    let header = CompoundResHeader::decode(&mut d).ok()?;
+    Some((header, d))
+}
+
 /// The overall status and the first op's number and status of a COMPOUND
 /// reply record, if the record is an accepted, successful RPC reply.
 pub fn reply_first_op(reply: &[u8]) -> Option<(Nfsstat4, Option<(u32, Nfsstat4)>)> {
-    let mut d = Decoder::new(reply);
-    let _xid = d.u32().ok()?;
-    if d.u32().ok()? != rpc::MSG_REPLY || d.u32().ok()? != 0 {
-        return None;
+    let (header, mut d) = reply_header(reply)?;
+    if header.numres == 0 {
+        return Some((header.status, None));
     }
-    let _verf_flavor = d.u32().ok()?;
-    d.opaque(rpc::MAX_AUTH_BYTES).ok()?;
-    if d.u32().ok()? != 0 {
-        return None;
-    }
-    let status = Nfsstat4(d.u32().ok()?);
-    d.opaque(MAX_TAG).ok()?;
-    let n = d.u32().ok()?;
-    if n == 0 {
-        return Some((status, None));
-    }
+    // Each result: the op number and its status, then the result.
     let opnum = d.u32().ok()?;
-    let op_status = Nfsstat4(d.u32().ok()?);
-    Some((status, Some((opnum, op_status))))
+    let op_status = Nfsstat4::decode(&mut d).ok()?;
+    Some((header.status, Some((opnum, op_status))))
 }
 
 /// The results of a COMPOUND reply record after its RPC header, status,
-/// tag and result count, with the count: for pulling values (client id,
-/// session id) out of the results of a known request.
+/// tag and result count, with the count, if the record is an accepted,
+/// successful RPC reply: for pulling values (client id, session id) out of
+/// the results of a known request.
 pub fn reply_results(reply: &[u8]) -> Option<(u32, Decoder<'_>)> {
-    let mut d = Decoder::new(reply);
-    for _ in 0..3 {
-        d.u32().ok()?;
-    }
-    d.u32().ok()?;
-    d.opaque(rpc::MAX_AUTH_BYTES).ok()?;
-    d.u32().ok()?;
-    d.u32().ok()?; // status
-    d.opaque(MAX_TAG).ok()?;
-    let n = d.u32().ok()?;
-    Some((n, d))
+    reply_header(reply).map(|(header, d)| (header.numres, d))
 }
