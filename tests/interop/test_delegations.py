@@ -285,3 +285,19 @@ def test_reads_by_others_do_not_recall(srv):
     with pytest.raises(socket.timeout):
         h.conn.next_call(timeout=1)
     assert counter(srv, "sluice_delegations_recalled") == 0
+
+
+def test_no_new_delegation_on_a_file_just_recalled(srv):
+    """A holder that took a delegation back at once could keep a writer
+    waiting for ever; for a lease after a recall the file gets none."""
+    make_file(srv, "f")
+    h = holder(srv)
+    _, deleg, fh = read_delegation(h, "f")
+    w = other(srv)
+    expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
+    call = h.conn.next_call(timeout=10)
+    h.conn.answer(call, cb_reply(call))
+    expect_ok(h.compound([rc.op_putfh(fh), rc.op_delegreturn(deleg)]), "DELEGRETURN")
+    o, _ = open_read(h, "f")
+    assert o.deleg_type == OPEN_DELEGATE_NONE, "a delegation again right after its recall"
+    expect_ok(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), "WRITE after DELEGRETURN")

@@ -36,6 +36,10 @@ pub(super) struct Deleg {
 pub(super) struct Delegs {
     /// Revoked delegations not yet freed.
     revoked: usize,
+    /// When each file's delegations were last recalled: none is granted
+    /// on it again for a lease, so a client that takes one back at once
+    /// cannot keep a writer waiting for ever.
+    recalled: HashMap<FileKey, Instant>,
     all: HashMap<Other, Deleg>,
     by_file: HashMap<FileKey, Vec<Other>>,
     by_client: HashMap<u64, Vec<Other>>,
@@ -133,6 +137,13 @@ impl StateTable {
         if inner.ids.file_has_writer_other_than(file, clientid) {
             return None;
         }
+        let lease = self.settings.lease;
+        if let Some(at) = inner.delegs.recalled.get(&file) {
+            if at.elapsed() < lease {
+                return None;
+            }
+            inner.delegs.recalled.remove(&file);
+        }
         let existing = inner.delegs.by_file.get(&file).cloned().unwrap_or_default();
         for o in &existing {
             let d = &inner.delegs.all[o];
@@ -211,6 +222,9 @@ impl StateTable {
                 });
             }
         }
+        if !recalls.is_empty() {
+            inner.delegs.recalled.insert(file, now);
+        }
         if waiting {
             self.counters
                 .delegs_recalled
@@ -247,6 +261,10 @@ impl StateTable {
     /// Revokes delegations recalled more than a lease ago; how many.
     pub(super) fn revoke_unreturned(&self, inner: &mut Inner, now: Instant) -> usize {
         let lease = self.settings.lease;
+        inner
+            .delegs
+            .recalled
+            .retain(|_, at| now.saturating_duration_since(*at) < lease);
         let late: Vec<Other> = inner
             .delegs
             .all
