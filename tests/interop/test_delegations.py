@@ -301,3 +301,44 @@ def test_no_new_delegation_on_a_file_just_recalled(srv):
     o, _ = open_read(h, "f")
     assert o.deleg_type == OPEN_DELEGATE_NONE, "a delegation again right after its recall"
     expect_ok(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), "WRITE after DELEGRETURN")
+
+
+def test_local_writer_waits_for_the_recall(srv):
+    """A process on the server machine that opens a delegated file for
+    writing is held back by the kernel lease until the holder returns the
+    delegation; the holder gets CB_RECALL."""
+    import threading
+
+    path = make_file(srv, "f")
+    h = holder(srv)
+    _, deleg, fh = read_delegation(h, "f")
+    opened = threading.Event()
+    at: dict[str, float] = {}
+
+    def local_writer():
+        with open(path, "r+b") as f:
+            at["opened"] = time.monotonic()
+            opened.set()
+            f.write(b"LOCAL")
+
+    t = threading.Thread(target=local_writer, daemon=True)
+    t.start()
+    call = h.conn.next_call(timeout=10)
+    sid, rfh = recall_of(call)
+    assert (sid, rfh) == (deleg, fh)
+    h.conn.answer(call, cb_reply(call))
+    assert not opened.is_set(), "the local open went ahead while the delegation was out"
+    at["returned"] = time.monotonic()
+    expect_ok(h.compound([rc.op_putfh(fh), rc.op_delegreturn(deleg)]), "DELEGRETURN")
+    assert opened.wait(10), "the local open still waits after DELEGRETURN"
+    t.join(10)
+    assert at["opened"] >= at["returned"]
+    assert path.read_bytes().startswith(b"LOCAL")
+    assert counter(srv, "sluice_delegations_recalled") == 1
+
+
+def test_no_delegation_while_a_local_process_writes(srv):
+    path = make_file(srv, "f")
+    with open(path, "r+b"):
+        o, _ = open_read(holder(srv), "f")
+        assert o.deleg_type == OPEN_DELEGATE_NONE, "a delegation while a local process has the file open for writing"

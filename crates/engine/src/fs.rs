@@ -781,6 +781,103 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
     .map(drop)
 }
 
+/// The signal the kernel sends when a process wants a file this process
+/// holds a lease on (see [`take_read_lease`]): SIGRTMIN + 2, so that it
+/// carries the descriptor (`si_fd`).
+pub fn lease_signal() -> libc::c_int {
+    libc::SIGRTMIN() + 2
+}
+
+/// fcntl F_SETSIG (Linux): the signal sent for a descriptor's events.
+const F_SETSIG: libc::c_int = 10;
+
+/// Takes a read lease (fcntl F_SETLEASE, F_RDLCK) on a descriptor opened
+/// read-only: when another process opens the file for writing or
+/// truncates it, the kernel sends [`lease_signal`] with the descriptor and
+/// holds that open back until the lease is released with
+/// [`release_lease`] (or `/proc/sys/fs/lease-break-time` passes). Fails
+/// with EAGAIN while the file is open for writing anywhere.
+pub fn take_read_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid descriptor; these fcntl commands take integers.
+    unsafe {
+        if libc::fcntl(fd.as_raw_fd(), F_SETSIG, lease_signal()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Releases a lease taken with [`take_read_lease`].
+pub fn release_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid descriptor; F_SETLEASE takes an integer.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Blocks [`lease_signal`] in the calling thread and the threads it
+/// starts afterwards, so that [`wait_lease_break`] can take it. Call it
+/// before any other thread starts.
+pub fn block_lease_signal() -> io::Result<()> {
+    // SAFETY: a zeroed sigset_t is filled by sigemptyset before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, lease_signal());
+        let r = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the next [`lease_signal`] (blocked with
+/// [`block_lease_signal`]); the descriptor whose lease another process
+/// wants broken.
+pub fn wait_lease_break() -> io::Result<i32> {
+    // SAFETY: zeroed sigset_t and siginfo_t are filled by the calls.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, lease_signal());
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        loop {
+            let r = libc::sigwaitinfo(&set, &mut info);
+            if r >= 0 {
+                return Ok(sigpoll_fd(&info));
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// `si_fd` of a SIGPOLL-style siginfo: after si_signo, si_errno, si_code
+/// (and padding to 8 bytes on 64-bit), the union holds si_band (a long)
+/// and then si_fd.
+fn sigpoll_fd(info: &libc::siginfo_t) -> i32 {
+    #[repr(C)]
+    struct SigPoll {
+        signo: libc::c_int,
+        errno: libc::c_int,
+        code: libc::c_int,
+        #[cfg(target_pointer_width = "64")]
+        _pad: libc::c_int,
+        band: libc::c_long,
+        fd: libc::c_int,
+    }
+    // SAFETY: siginfo_t is larger than SigPoll and laid out as above for
+    // SIGPOLL-style signals on Linux.
+    unsafe { (*(info as *const libc::siginfo_t as *const SigPoll)).fd }
+}
+
 /// Converts a name to an OsStr for logging.
 pub fn display_name(name: &[u8]) -> &OsStr {
     OsStr::from_bytes(name)

@@ -276,8 +276,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     if !config.range_locks {
         tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
     }
+    let local_leases = config.local_leases;
     let srv =
         Arc::new(Server::with_exports(exports, config).map_err(|e| format!("cannot start: {e}"))?);
+    if local_leases {
+        sluice::server::leases::watch(srv.clone())
+            .map_err(|e| format!("cannot start the lease watcher: {e}"))?;
+    }
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
@@ -423,8 +428,18 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Before any other thread starts: the signal of lease breaks goes to
+    // the thread that waits for it (see server::leases).
+    let leases = match sluice::engine::fs::block_lease_signal() {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot block the lease signal: local writers will not recall delegations");
+            false
+        }
+    };
     let result = match cli.cmd {
-        Cmd::Serve(c) => resolve(c).and_then(|args| {
+        Cmd::Serve(c) => resolve(c).and_then(|mut args| {
+            args.config.local_leases = leases;
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .max_blocking_threads(REQUEST_THREADS)

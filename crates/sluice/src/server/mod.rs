@@ -7,6 +7,7 @@ mod compound;
 mod context;
 pub mod counters;
 pub mod exports;
+pub mod leases;
 mod ops_file;
 mod ops_fs;
 mod ops_pseudo;
@@ -50,6 +51,9 @@ pub struct Config {
     pub read_cache: u64,
     /// Which delegations OPEN grants.
     pub delegations: Delegations,
+    /// Delegations take kernel leases, so local writers wait for their
+    /// recall; only for a process that runs [`leases::watch`].
+    pub local_leases: bool,
 }
 
 /// Which delegations the server grants.
@@ -86,6 +90,7 @@ impl Default for Config {
             min_hole: ops_sparse::MIN_HOLE,
             read_cache: crate::engine::bufcache::default_limit(),
             delegations: Delegations::default(),
+            local_leases: false,
         }
     }
 }
@@ -141,6 +146,7 @@ impl Server {
                     lease: config.lease,
                     grace: config.grace.unwrap_or(config.lease),
                     limits: Default::default(),
+                    local_leases: config.local_leases,
                 },
                 boot_id,
                 config

@@ -253,7 +253,17 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                             [0; 3],
                         )
                     }
-                    h => open_create(cx, &dir, name, h, access)?,
+                    h => {
+                        // Creating opens an existing file for writing (or
+                        // truncates it): delegations of others on it first.
+                        if let Ok(st) = fs::stat_at(dir.fd.as_fd(), name) {
+                            let sized = matches!(h, How::Unchecked(a) if a.size.is_some());
+                            if st.is_file() && (access != SHARE_ACCESS_READ || sized) {
+                                deleg_conflicts(cx, file_key(&st), true)?;
+                            }
+                        }
+                        open_create(cx, &dir, name, h, access)?
+                    }
                 };
                 let after = stat_of(&dir)?;
                 (fh, fd, set, before, after)

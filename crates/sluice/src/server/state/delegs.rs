@@ -11,7 +11,7 @@ use super::{FileKey, Inner, Other, StateTable, Stateid};
 use crate::nfs4::consts::status;
 use crate::nfs4::Nfsstat4;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,7 +28,22 @@ pub(super) struct Deleg {
     fd: Arc<OwnedFd>,
     /// When the recall was sent.
     recalled: Option<Instant>,
+    /// When it is revoked if not returned.
+    deadline: Option<Instant>,
     revoked: bool,
+    /// A kernel read lease is held on `fd`, so that local writers wait.
+    leased: bool,
+}
+
+impl Deleg {
+    /// Gives back the kernel lease, so a local opener waits no longer.
+    fn release(&mut self) {
+        if std::mem::take(&mut self.leased) {
+            if let Err(e) = crate::engine::fs::release_lease(self.fd.as_fd()) {
+                tracing::warn!(error = %e, "cannot release a delegation's lease");
+            }
+        }
+    }
 }
 
 /// The delegations and their indexes.
@@ -58,7 +73,8 @@ impl Delegs {
     }
 
     fn remove(&mut self, other: &Other) -> Option<Deleg> {
-        let d = self.all.remove(other)?;
+        let mut d = self.all.remove(other)?;
+        d.release();
         if d.revoked {
             self.revoked -= 1;
         }
@@ -151,6 +167,17 @@ impl StateTable {
                 return None;
             }
         }
+        // With local leases, a local process that opens the file for
+        // writing is held back until the delegation is back; one that has
+        // it open for writing now keeps the delegation from being granted.
+        let leased = if self.settings.local_leases {
+            match crate::engine::fs::take_read_lease(fd.as_fd()) {
+                Ok(()) => true,
+                Err(_) => return None,
+            }
+        } else {
+            false
+        };
         let other = self.new_other(&mut inner);
         inner.delegs.insert(
             other,
@@ -161,7 +188,9 @@ impl StateTable {
                 seqid: 1,
                 fd,
                 recalled: None,
+                deadline: None,
                 revoked: false,
+                leased,
             },
         );
         self.publish(&inner);
@@ -196,7 +225,14 @@ impl StateTable {
                 let d = &inner.delegs.all[&o];
                 (d.clientid, d.recalled, d.revoked)
             };
-            if Some(holder) == requester || revoked {
+            if revoked {
+                continue;
+            }
+            if Some(holder) == requester {
+                // The holder changes its own file through the server: the
+                // kernel lease would hold the server's own open back, so
+                // it goes (local writers are no longer noticed for it).
+                inner.delegs.all.get_mut(&o).expect("listed").release();
                 continue;
             }
             if inner
@@ -212,6 +248,7 @@ impl StateTable {
             if recalled.is_none() {
                 let d = inner.delegs.all.get_mut(&o).expect("listed");
                 d.recalled = Some(now);
+                d.deadline = Some(now + self.settings.lease);
                 recalls.push(Recall {
                     clientid: holder,
                     stateid: Stateid {
@@ -238,6 +275,7 @@ impl StateTable {
     fn revoke(&self, inner: &mut Inner, o: &Other) {
         if let Some(d) = inner.delegs.all.get_mut(o).filter(|d| !d.revoked) {
             d.revoked = true;
+            d.release();
             if let Some(v) = inner.delegs.by_file.get_mut(&d.file) {
                 // A revoked delegation no longer holds the file.
                 v.retain(|x| x != o);
@@ -258,7 +296,49 @@ impl StateTable {
         self.revoke(&mut inner, &sid.other);
     }
 
-    /// Revokes delegations recalled more than a lease ago; how many.
+    /// A local process wants the file of the delegations whose lease is on
+    /// descriptor `fd`: they are recalled (the recalls to send are
+    /// returned) and revoked if not back before the kernel gives up
+    /// waiting (`lease_break`, less a margin) or a lease, whichever comes
+    /// first, so the local writer never goes ahead while a client still
+    /// caches the file.
+    pub fn lease_broken(&self, fd: i32, lease_break: std::time::Duration) -> Vec<Recall> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let wait = self
+            .settings
+            .lease
+            .min(lease_break.saturating_sub(std::time::Duration::from_secs(5)));
+        let mut out = Vec::new();
+        let mut files = Vec::new();
+        for (o, d) in inner.delegs.all.iter_mut() {
+            if !d.leased || d.revoked || d.fd.as_raw_fd() != fd {
+                continue;
+            }
+            d.deadline = Some(d.deadline.map_or(now + wait, |t| t.min(now + wait)));
+            if d.recalled.is_none() {
+                d.recalled = Some(now);
+                files.push(d.file);
+                out.push(Recall {
+                    clientid: d.clientid,
+                    stateid: Stateid {
+                        seqid: d.seqid,
+                        other: *o,
+                    },
+                    fh: d.fh.clone(),
+                });
+            }
+        }
+        for f in files {
+            inner.delegs.recalled.insert(f, now);
+        }
+        self.counters
+            .delegs_recalled
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// Revokes delegations not returned by their deadline; how many.
     pub(super) fn revoke_unreturned(&self, inner: &mut Inner, now: Instant) -> usize {
         let lease = self.settings.lease;
         inner
@@ -269,7 +349,7 @@ impl StateTable {
             .delegs
             .all
             .iter()
-            .filter(|(_, d)| !d.revoked && d.recalled.is_some_and(|t| now >= t + lease))
+            .filter(|(_, d)| !d.revoked && d.deadline.is_some_and(|t| now >= t))
             .map(|(o, _)| *o)
             .collect();
         for o in &late {

@@ -126,6 +126,10 @@ pub struct Settings {
     pub grace: Duration,
     /// Bounds on what clients can make the server keep.
     pub limits: Limits,
+    /// Delegations hold kernel leases on their files, so that local
+    /// processes that open them for writing wait for the recall (the
+    /// process must take the lease signal: see `server::leases`).
+    pub local_leases: bool,
 }
 
 impl Settings {
@@ -135,6 +139,7 @@ impl Settings {
             lease,
             grace: lease,
             limits: Limits::default(),
+            local_leases: false,
         }
     }
 }
