@@ -1,6 +1,7 @@
 """Shared fixtures for interop tests: build and run the real `sluice` binary."""
 
 import os
+import time
 import signal
 import subprocess
 import urllib.request
@@ -117,6 +118,19 @@ class MetricsServer(SluiceServer):
         assert text.endswith("# EOF\n"), "the OpenMetrics page does not end with # EOF"
         return text
 
+    def counter(self, name: str) -> float:
+        """The value of counter `name` (its `_total` sample; 0 when absent)."""
+        return self.metrics().get(name + "_total", 0.0)
+
+    def wait_counter(self, name: str, want: float, deadline: float = 10.0) -> bool:
+        """Whether counter `name` reaches `want` within `deadline` seconds."""
+        end = time.monotonic() + deadline
+        while self.counter(name) < want:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
+
     def metrics(self) -> dict[str, float]:
         """{"name" or "name{labels}": value} of every sample on the page."""
         out = {}
@@ -151,7 +165,8 @@ class SluiceFactory:
     export and state directories are tmp_path/name/{export,state}. The
     server runs with exactly these arguments besides the export, --listen
     and --state-dir (so with the server's own defaults, root squashing
-    included). Every server is checked to be alive and stopped when the
+    included, unless `root_squash=False`); with `metrics=True` it is a
+    MetricsServer. Every server is checked to be alive and stopped when the
     test ends."""
 
     def __init__(self, binary: Path, base: Path):
@@ -159,12 +174,13 @@ class SluiceFactory:
         self.base = base
         self.servers: list[SluiceServer] = []
 
-    def __call__(self, *extra_args, name: str = "srv") -> SluiceServer:
+    def __call__(self, *extra_args, name: str = "srv", metrics: bool = False, root_squash: bool = True) -> SluiceServer:
         export = self.base / name / "export"
         state = self.base / name / "state"
         export.mkdir(parents=True)
         state.mkdir(parents=True)
-        server = SluiceServer(self.binary, export, state, [str(a) for a in extra_args], root_squash=True)
+        kind = MetricsServer if metrics else SluiceServer
+        server = kind(self.binary, export, state, [str(a) for a in extra_args], root_squash=root_squash)
         server.start()
         self.servers.append(server)
         return server

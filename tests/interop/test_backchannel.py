@@ -25,7 +25,6 @@ import time
 import pytest
 
 import rpcclient as rc
-from conftest import MetricsServer
 from rpcclient import AUTH_NONE, AUTH_SYS, Client, St, expect, expect_ok
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root")
@@ -40,30 +39,8 @@ PROBE_TIMEOUT = 5.0  # the server's callback time-out
 
 
 @pytest.fixture
-def srv(sluice_binary, tmp_path):
-    export, state = tmp_path / "export", tmp_path / "state"
-    export.mkdir()
-    state.mkdir()
-    s = MetricsServer(sluice_binary, export, state, ["--grace-time", "0"])
-    s.start()
-    yield s
-    alive = s.alive()
-    s.stop()
-    assert alive, f"sluice died during the test; log:\n{s.log_path.read_text()}"
-
-
-def counter(srv, name: str) -> float:
-    return srv.metrics().get(name + "_total", 0.0)
-
-
-def wait_counter(srv, name: str, want: float, deadline: float = 10.0) -> bool:
-    """Whether counter `name` reaches `want` within `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while counter(srv, name) < want:
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
+def srv(sluice_factory):
+    return sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
 
 
 def with_back_channel(srv, program: int = PROGRAM, sec=None) -> Client:
@@ -99,9 +76,9 @@ def test_probe_reaches_the_client_program_and_path_is_up(srv):
     assert (call.prog, call.vers, call.proc) == (PROGRAM, 1, 0), f"not a CB_NULL to the client's program: {call!r}"
     assert call.cred_flavor in (AUTH_NONE, AUTH_SYS)
     c.conn.answer(call)
-    assert wait_counter(srv, "sluice_callbacks", 1), "the answered probe was not counted"
+    assert srv.wait_counter("sluice_callbacks", 1), "the answered probe was not counted"
     assert flags(c) & DOWN == 0
-    assert counter(srv, "sluice_callback_failures") == 0
+    assert srv.counter("sluice_callback_failures") == 0
 
 
 def test_unanswered_probe_puts_the_path_down(srv):
@@ -111,7 +88,7 @@ def test_unanswered_probe_puts_the_path_down(srv):
     started = time.monotonic()
     until_flags(c, DOWN, PROBE_TIMEOUT + 5, "a probe nobody answers")
     assert time.monotonic() - started >= PROBE_TIMEOUT - 1, "down before the probe timed out"
-    assert counter(srv, "sluice_callback_failures") == 1
+    assert srv.counter("sluice_callback_failures") == 1
 
 
 def test_refused_probe_puts_the_path_down(srv):

@@ -24,7 +24,6 @@ import time
 import pytest
 
 import rpcclient as rc
-from conftest import MetricsServer
 from rpcclient import (
     ANONYMOUS_STATEID,
     CLAIM_DELEG_CUR_FH,
@@ -49,26 +48,13 @@ RECALLABLE_STATE_REVOKED = 0x40
 CB_COMPOUND, CB_SEQUENCE, CB_RECALL = 1, 11, 4
 
 
-def make_server(sluice_binary, tmp_path, *extra):
-    export, state = tmp_path / "export", tmp_path / "state"
-    export.mkdir()
-    state.mkdir()
-    s = MetricsServer(sluice_binary, export, state, ["--grace-time", "0", "--lease-time", str(LEASE), *extra])
-    s.start()
-    return s
-
-
 @pytest.fixture
-def srv(sluice_binary, tmp_path):
-    s = make_server(sluice_binary, tmp_path)
-    yield s
-    alive = s.alive()
-    s.stop()
-    assert alive, f"sluice died during the test; log:\n{s.log_path.read_text()}"
+def srv(sluice_factory):
+    return sluice_factory("--grace-time", 0, "--lease-time", LEASE, metrics=True, root_squash=False)
 
 
 def counter(srv, name: str) -> float:
-    return srv.metrics().get(name + "_total", 0.0)
+    return srv.counter(name)
 
 
 def holder(srv) -> Client:
@@ -108,6 +94,15 @@ def read_delegation(c: Client, name: str):
     o, fh = open_read(c, name)
     assert o.deleg_type == OPEN_DELEGATE_READ, f"no read delegation for {name}: {o.deleg_type}"
     return o.stateid, o.deleg_stateid, fh
+
+
+def delegated(srv, name: str = "f"):
+    """A file and a holder of a read delegation on it: (holder, delegation
+    stateid, filehandle)."""
+    make_file(srv, name)
+    h = holder(srv)
+    _, deleg, fh = read_delegation(h, name)
+    return h, deleg, fh
 
 
 def cb_reply(call: rc.RpcCall, ops_ok: int = 1) -> bytes:
@@ -157,9 +152,7 @@ def retry_until_ok(fn, what: str, deadline: float):
 
 
 def test_read_open_gets_a_read_delegation_that_reads(srv):
-    make_file(srv, "f")
-    h = holder(srv)
-    _, deleg, fh = read_delegation(h, "f")
+    h, deleg, fh = delegated(srv)
     r = h.compound([rc.op_putfh(fh), rc.op_read(0, 100, stateid=deleg)])
     expect_ok(r, "READ with the delegation stateid")
     assert r[2].data == b"original\n"
@@ -190,21 +183,16 @@ def test_no_delegation_while_another_client_writes(srv):
     assert o.deleg_type == OPEN_DELEGATE_NONE
 
 
-def test_delegations_none_grants_nothing(sluice_binary, tmp_path):
-    s = make_server(sluice_binary, tmp_path, "--delegations", "none")
-    try:
-        make_file(s, "f")
-        o, _ = open_read(holder(s), "f")
-        assert o.deleg_type == OPEN_DELEGATE_NONE
-    finally:
-        s.stop()
+def test_delegations_none_grants_nothing(sluice_factory):
+    s = sluice_factory("--grace-time", 0, "--delegations", "none", metrics=True, root_squash=False)
+    make_file(s, "f")
+    o, _ = open_read(holder(s), "f")
+    assert o.deleg_type == OPEN_DELEGATE_NONE
 
 
 @pytest.mark.parametrize("change", ["open-write", "write", "setattr-size", "remove", "rename"])
 def test_conflicting_change_recalls_and_waits_for_delegreturn(srv, change):
-    make_file(srv, "f")
-    h = holder(srv)
-    _, deleg, fh = read_delegation(h, "f")
+    h, deleg, fh = delegated(srv)
     w = other(srv)
     root = w.root_fh()
 
@@ -234,9 +222,7 @@ def test_conflicting_change_recalls_and_waits_for_delegreturn(srv, change):
 
 
 def test_holder_may_open_under_its_delegation_during_the_recall(srv):
-    make_file(srv, "f")
-    h = holder(srv)
-    _, deleg, fh = read_delegation(h, "f")
+    h, deleg, fh = delegated(srv)
     w = other(srv)
     expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
     call = h.conn.next_call(timeout=10)
@@ -249,9 +235,7 @@ def test_holder_may_open_under_its_delegation_during_the_recall(srv):
 
 
 def test_holder_ignoring_the_recall_is_revoked_after_a_lease(srv):
-    make_file(srv, "f")
-    h = holder(srv)
-    _, deleg, fh = read_delegation(h, "f")
+    h, deleg, fh = delegated(srv)
     w = other(srv)
     started = time.monotonic()
     expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
@@ -276,9 +260,7 @@ def test_holder_ignoring_the_recall_is_revoked_after_a_lease(srv):
 
 
 def test_reads_by_others_do_not_recall(srv):
-    make_file(srv, "f")
-    h = holder(srv)
-    _, _, fh = read_delegation(h, "f")
+    h, _, fh = delegated(srv)
     r = other(srv)
     o, _ = open_read(r, "f")
     expect_ok(r.compound([rc.op_putfh(fh), rc.op_read(0, 10)]), "READ by another client")
@@ -290,9 +272,7 @@ def test_reads_by_others_do_not_recall(srv):
 def test_no_new_delegation_on_a_file_just_recalled(srv):
     """A holder that took a delegation back at once could keep a writer
     waiting for ever; for a lease after a recall the file gets none."""
-    make_file(srv, "f")
-    h = holder(srv)
-    _, deleg, fh = read_delegation(h, "f")
+    h, deleg, fh = delegated(srv)
     w = other(srv)
     expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
     call = h.conn.next_call(timeout=10)
