@@ -1210,7 +1210,7 @@ class Client:
             self.exchange_flags = r[0].flags
         return r
 
-    def create_session(self, seq: int | None = None, clientid: int | None = None, flags: int = 0, fore=None, back=(0, 4096, 4096, 0, 2, 1), cred: bytes | None = None, cb_program: int = CB_PROGRAM, sec=None) -> StateReply:
+    def create_session(self, seq: int | None = None, clientid: int | None = None, flags: int = 0, fore=None, back=(0, 4096, 4096, 0, 2, 1), cred: bytes | None = None, cb_program: int = CB_PROGRAM, sec=None, minor: int = 1) -> StateReply:
         """CREATE_SESSION for this client's id with the next sequence id
         (both overridable); on success the session becomes this client's
         and the next sequence id moves on."""
@@ -1218,7 +1218,7 @@ class Client:
             fore = (0, 1 << 20, 1 << 20, 16 << 10, 16, 8)
         seq = self.cs_seq if seq is None else seq
         cid = self.clientid if clientid is None else clientid
-        r = self.call([op_create_session(cid, seq, flags, fore, back, cb_program, sec)], cred)
+        r = self.call([op_create_session(cid, seq, flags, fore, back, cb_program, sec)], cred, minor=minor)
         if r.status == St.OK and clientid is None:
             self.sessionid = r[0].sessionid
             self.fore = r[0].fore

@@ -57,11 +57,12 @@ def counter(srv, name: str) -> float:
     return srv.counter(name)
 
 
-def holder(srv) -> Client:
-    """A client with a back channel that answered the probe."""
+def holder(srv, minor: int = 1) -> Client:
+    """A client with a back channel that answered the probe; its session
+    made with a COMPOUND of minor version `minor`."""
     c = Client(srv.port)
     expect_ok(c.exchange_id(), "EXCHANGE_ID")
-    r = c.create_session(flags=CONN_BACK_CHAN, cb_program=PROGRAM, sec=[rc.cb_sec_sys(machine="holder")])
+    r = c.create_session(flags=CONN_BACK_CHAN, cb_program=PROGRAM, sec=[rc.cb_sec_sys(machine="holder")], minor=minor)
     expect_ok(r, "CREATE_SESSION with a back channel")
     call = c.conn.next_call(timeout=10)
     assert call.proc == 0, f"expected the CB_NULL probe first: {call!r}"
@@ -120,12 +121,13 @@ def cb_reply(call: rc.RpcCall, ops_ok: int = 1) -> bytes:
     return p.bytes()
 
 
-def recall_of(call: rc.RpcCall) -> tuple[bytes, bytes]:
-    """(stateid, fh) of the CB_RECALL in a CB_COMPOUND."""
+def recall_of(call: rc.RpcCall, minor: int = 1) -> tuple[bytes, bytes]:
+    """(stateid, fh) of the CB_RECALL in a CB_COMPOUND, which must carry
+    the minor version of the holder's session."""
     assert (call.prog, call.proc) == (PROGRAM, CB_COMPOUND), call
     u = rc.Unpacker(call.args)
     u.opaque()
-    assert u.u32() == 1, "CB_COMPOUND minor version"
+    assert u.u32() == minor, "CB_COMPOUND minor version is not the session's"
     u.u32()
     assert u.u32() == 2, "CB_SEQUENCE and CB_RECALL"
     assert u.u32() == CB_SEQUENCE
@@ -322,3 +324,37 @@ def test_no_delegation_while_a_local_process_writes(srv):
     with open(path, "r+b"):
         o, _ = open_read(holder(srv), "f")
         assert o.deleg_type == OPEN_DELEGATE_NONE, "a delegation while a local process has the file open for writing"
+
+
+def test_recall_carries_the_minor_version_of_the_session(srv):
+    """The Linux client refuses a CB_COMPOUND whose minor version is not
+    its own (CB_SEQUENCE gets NFS4ERR_BADSESSION): an NFSv4.2 client's
+    recall is minor version 2."""
+    make_file(srv, "f")
+    h = holder(srv, minor=2)
+    _, deleg, fh = read_delegation(h, "f")
+    w = other(srv)
+    expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
+    call = h.conn.next_call(timeout=10)
+    assert recall_of(call, minor=2) == (deleg, fh)
+    h.conn.answer(call, cb_reply(call))
+    expect_ok(h.compound([rc.op_putfh(fh), rc.op_delegreturn(deleg)]), "DELEGRETURN")
+
+
+def test_refused_cb_sequence_puts_the_path_down(srv):
+    """A holder whose back channel refuses CB_SEQUENCE (NFS4ERR_BADSESSION,
+    what a client answers a call it cannot place) is told its back channel
+    is down, and gets no more delegations."""
+    h, deleg, fh = delegated(srv)
+    w = other(srv)
+    expect(w.compound([rc.op_putfh(fh), rc.op_write(0, b"x")]), St.DELAY, "WRITE by another client")
+    call = h.conn.next_call(timeout=10)
+    recall_of(call)
+    h.conn.answer(call, Packer().u32(St.BADSESSION).opaque(b"").u32(1).u32(CB_SEQUENCE).u32(St.BADSESSION).bytes())
+    deadline = time.monotonic() + 10
+    while h.sequence()[0].status_flags & 0x1 == 0:
+        assert time.monotonic() < deadline, "no SEQ4_STATUS_CB_PATH_DOWN after a refused CB_SEQUENCE"
+        time.sleep(0.05)
+    make_file(srv, "g")
+    o, _ = open_read(h, "g")
+    assert o.deleg_type == OPEN_DELEGATE_NONE

@@ -42,7 +42,10 @@ pub enum CbError {
     /// The reply could not be read.
     #[error("malformed callback reply")]
     Malformed,
-    /// CB_COMPOUND failed with this status.
+    /// CB_SEQUENCE failed with this status: the back channel is faulty.
+    #[error("CB_SEQUENCE failed with {0}")]
+    Sequence(Nfsstat4),
+    /// An op after CB_SEQUENCE failed with this status.
     #[error("callback failed with {0}")]
     Status(Nfsstat4),
 }
@@ -205,12 +208,16 @@ pub struct BackChannel {
     pub state: CbState,
     /// The sequence id of the back channel's slot 0, last used.
     pub seq: u32,
+    /// The minor version of the session: callbacks carry it (the Linux
+    /// client refuses CB_COMPOUNDs of another minor version than its
+    /// own, with NFS4ERR_BADSESSION).
+    pub minor: u32,
 }
 
 impl BackChannel {
     /// A back channel over `conn` for `program`, with the first usable
     /// security of `sec` (AUTH_SYS preferred, then AUTH_NONE).
-    pub fn new(conn: &Arc<CbConn>, program: u32, sec: &[CallbackSec]) -> Self {
+    pub fn new(conn: &Arc<CbConn>, minor: u32, program: u32, sec: &[CallbackSec]) -> Self {
         BackChannel {
             conn: Arc::downgrade(conn),
             wanted: true,
@@ -218,11 +225,12 @@ impl BackChannel {
             cred: cred_of(sec),
             state: CbState::Unknown,
             seq: 0,
+            minor,
         }
     }
 
     /// A back channel with no connection bound yet.
-    pub fn unbound(program: u32, sec: &[CallbackSec]) -> Self {
+    pub fn unbound(minor: u32, program: u32, sec: &[CallbackSec]) -> Self {
         BackChannel {
             conn: Weak::new(),
             wanted: false,
@@ -230,6 +238,7 @@ impl BackChannel {
             cred: cred_of(sec),
             state: CbState::Unknown,
             seq: 0,
+            minor,
         }
     }
 
@@ -318,18 +327,17 @@ fn set_state<T>(session: &Session, r: &Result<T, CbError>) {
 /// CB_SEQUENCE's.
 pub fn compound(
     session: &Session,
-    minor: u32,
     nops: u32,
     ops: impl FnOnce(&mut Encoder),
 ) -> Result<Vec<u8>, CbError> {
     let _one_at_a_time = session.cb_slot();
-    let (conn, program, cred, seq) = {
+    let (conn, program, cred, seq, minor) = {
         let mut b = session.back_channel();
         let Some(b) = b.as_mut() else {
             return Err(CbError::NoConnection);
         };
         b.seq = b.seq.wrapping_add(1);
-        (b.conn.upgrade(), b.program, b.cred.clone(), b.seq)
+        (b.conn.upgrade(), b.program, b.cred.clone(), b.seq, b.minor)
     };
     let Some(conn) = conn else {
         let r = Err(CbError::NoConnection);
@@ -375,7 +383,9 @@ pub fn compound(
                 return Err(CbError::Malformed);
             }
             if st != crate::nfs4::consts::status::OK {
-                return Err(CbError::Status(st));
+                // The client does not take calls on this session's back
+                // channel (wrong session, slot or sequence): a fault.
+                return Err(CbError::Sequence(st));
             }
             CbSequenceResOk::decode(&mut d).map_err(|_| CbError::Malformed)?;
             if h.status != crate::nfs4::consts::status::OK {
@@ -415,7 +425,7 @@ pub fn start_recalls(
                         .is_some_and(|b| b.wanted && b.usable())
                 });
                 let result = match session {
-                    Some(s) => compound(s, 1, 1, |e| {
+                    Some(s) => compound(s, 1, |e| {
                         e.u32(cb_op::RECALL);
                         CbRecallArgs {
                             stateid: r.stateid,

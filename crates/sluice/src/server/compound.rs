@@ -148,6 +148,8 @@ struct Running {
     /// The slot, given back when the COMPOUND ends, also by a panic.
     slot: SlotGuard,
     cachethis: bool,
+    /// The COMPOUND's minor version.
+    minor: u32,
 }
 
 impl Paused {
@@ -257,6 +259,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
                 cred: &args.cred,
                 peer: args.peer,
                 conn: args.conn.as_ref(),
+                minor,
                 id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
                 cur: None,
                 saved: None,
@@ -366,6 +369,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             saved_sid: None,
             slot,
             cachethis,
+            minor,
         }),
         nowait,
     )
@@ -391,6 +395,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             saved_sid,
             slot,
             cachethis,
+            minor,
         } = &mut *r;
         let session = slot.session().clone();
         let mut cx = Ctx {
@@ -398,6 +403,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             cred: &args.cred,
             peer: args.peer,
             conn: args.conn.as_ref(),
+            minor: *minor,
             id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
             cur: cur.take(),
             saved: saved.take(),

@@ -37,6 +37,8 @@ pub(super) struct Ctx<'a> {
     pub peer: Option<IpAddr>,
     /// The connection the call came over, when it can carry callbacks.
     pub conn: Option<&'a Arc<CbConn>>,
+    /// The COMPOUND's minor version (1 or 2).
+    pub minor: u32,
     /// Caller identity on the file system, after the squashing of the
     /// current filehandle's export.
     pub id: Identity,

@@ -172,8 +172,8 @@ fn set_back_channel(
     wanted: bool,
 ) {
     let mut b = match conn {
-        Some(c) => BackChannel::new(c, program, sec),
-        None => BackChannel::unbound(program, sec),
+        Some(c) => BackChannel::new(c, cx.minor, program, sec),
+        None => BackChannel::unbound(cx.minor, program, sec),
     };
     b.wanted = wanted;
     *session.back_channel() = Some(b);
@@ -209,7 +209,13 @@ pub(super) fn backchannel_ctl(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut En
             b.program = args.cb_program;
             b.cred = callback::cred_of(&args.sec_parms);
         }
-        None => *b = Some(BackChannel::unbound(args.cb_program, &args.sec_parms)),
+        None => {
+            *b = Some(BackChannel::unbound(
+                cx.minor,
+                args.cb_program,
+                &args.sec_parms,
+            ))
+        }
     }
     status::OK
 }
@@ -248,7 +254,7 @@ pub(super) fn bind_conn_to_session(
             let mut b = session.back_channel();
             match b.as_mut() {
                 Some(b) => b.bind(c),
-                None => *b = Some(BackChannel::new(c, 0, &[])),
+                None => *b = Some(BackChannel::new(c, cx.minor, 0, &[])),
             }
         }
         probe_after_reply(cx, c, &session);

@@ -1,0 +1,364 @@
+"""Read delegations with the Linux kernel NFS client, in a QEMU guest.
+
+Boots tests/vm/linux-client like test_linux_client.py and runs
+tests/vm/guest/delegations.sh in it against a real `sluice serve`:
+
+Calls per file. The host makes NFILES small files; the guest opens, reads
+and closes each of them twice (two passes) and counts the calls each pass
+sent (/proc/self/mountstats). With read delegations (the default) the
+second pass opens and closes from the delegations the first pass got, so
+its OPEN, OPEN_NOATTR and CLOSE calls are at most a tenth of the first
+pass's; with `--delegations none` it sends about as many as the first.
+The calls per file of both passes are printed (for docs/delegations.md).
+
+No stale data. The guest reads a file (and holds a read delegation on it),
+then asks the host over the control channel to change it through another
+client: the host's raw-RPC client (tests/interop/rpcclient.py) writes it,
+opens it for writing, truncates, removes or renames it (or renames another
+file over it). The server recalls the guest's delegation and answers the
+host NFS4ERR_DELAY until the guest returned it; the host retries with a
+deadline, checks the recall and the return in the server's metrics (no
+callback may fail), and only then answers the guest, which must see the
+change at once: new content, a removed file that does not open. A name
+renamed away must be gone once the caches are dropped (until the client
+revalidates the directory, Linux may still open its cached name by
+filehandle, which is fine: the file exists).
+
+Three boots: 6.12 with NFS 4.2 and 6.1 with 4.1 do both parts with
+delegations on; 6.12 with 4.2 and `--delegations none` gives the baseline
+of the first part. A boot takes about 10 s on two idle cores under
+software emulation (the guest does little); SLUICE_VM_TIMEOUT bounds it.
+"""
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+import rpcclient as rc
+from rpcclient import ANONYMOUS_STATEID, OPEN4_SHARE_ACCESS_BOTH, Client, St, expect
+from test_linux_client import BOOT_TIMEOUT, VM, ControlServer, GuestServer, guest_tool, tail
+
+from conftest import REPO
+
+GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "delegations.sh"
+NFILES = 200
+# The files of the stale data steps: stale/KEY holds "stale/KEY version 1\n".
+STALE_KEYS = ["w", "l", "o", "t", "r", "n", "v"]
+# The changes the guest asks for, in order (see delegations.sh).
+STALE_REQUESTS = [
+    "change write stale/w",
+    "change local-write stale/l",
+    "change open-write stale/o",
+    "change truncate stale/t 7",
+    "change remove stale/r",
+    "change rename stale/n stale/n2",
+    "change rename stale/src stale/v",
+]
+# How long the host keeps retrying a change answered NFS4ERR_DELAY. The
+# guest returns the delegation within a second or so; past a lease (90 s)
+# the server would revoke it, which the test then reports.
+RECALL_DEADLINE = 150
+# Callbacks and the failed ops (a change answered NFS4ERR_DELAY, say) at
+# debug level in the server log, for the failure context.
+SERVER_LOG = "sluice::server::compound=debug,sluice::server::callback=debug"
+OPEN_CLOSE = ("OPEN", "OPEN_NOATTR", "CLOSE")
+
+# (kernel, NFS minor version, --delegations, stale data steps)
+BOOTS = [
+    ("6.12", "4.2", "read", True),
+    ("6.1", "4.1", "read", True),
+    ("6.12", "4.2", "none", False),
+]
+
+pytestmark = pytest.mark.skipif(
+    os.uname().sysname != "Linux" or os.uname().machine != "x86_64",
+    reason="the VM harness boots x86_64 Debian kernels",
+)
+
+
+def lookups(path: str):
+    """PUTROOTFH and a LOOKUP per component of the directory of `path`;
+    (ops, the last component)."""
+    *dirs, name = path.split("/")
+    return [rc.op_putrootfh(), *[rc.op_lookup(d) for d in dirs]], name
+
+
+class DelegControl(ControlServer):
+    """The guest's requests (see tests/vm/guest/delegations.sh):
+
+    "mark LABEL"
+        Keep the server's metrics now under LABEL; "ok".
+    "change KIND PATH [ARG]"
+        Make a change to PATH through another client (a raw-RPC client of
+        the host's without a back channel), retrying it while the server
+        answers NFS4ERR_DELAY (it is recalling the guest's delegation), for
+        up to RECALL_DEADLINE s; KIND is write, open-write, truncate (to
+        ARG bytes), remove or rename (to ARG). With delegations on, the
+        first answer must be NFS4ERR_DELAY (the guest held a delegation
+        on the file), no callback may fail meanwhile (checked at every
+        retry: a failed recall would only end with the lease), and by the
+        time the change went through the server must have counted one
+        recall more, one return more and no revocation. "ok" when all
+        that held.
+
+    Anything that goes wrong is replied as "error ..." and kept in .errors.
+    """
+
+    def __init__(self, server, delegations: bool):
+        self.delegations = delegations
+        self.marks = {}
+        self.changes = []  # (request, NFS4ERR_DELAY answers, seconds until done)
+        super().__init__(server)
+
+    def _handle(self, line):
+        cmd, _, arg = line.partition(" ")
+        if cmd == "mark":
+            self.marks[arg] = self.server.metrics()
+            return "ok"
+        if cmd == "change":
+            kind, path, *rest = arg.split()
+            self._change(line, kind, path, *rest)
+            return "ok"
+        return f"error: unknown request {line!r}"
+
+    def _change(self, line, kind, path, *rest):
+        at = self.server.log_size()
+        try:
+            self._change_checked(line, kind, path, *rest)
+        except AssertionError as e:
+            # What the server said about the recall meanwhile (callbacks,
+            # revocations), for the report.
+            said = [ln for ln in self.server.log_since(at).splitlines()
+                    if re.search(r"callback|recall|revoke|back channel", ln)]
+            raise AssertionError(f"{e}\nserver log since the request:\n" + "\n".join(said[-20:])) from None
+
+    def _change_checked(self, line, kind, path, *rest):
+        before = self.server.metrics()
+        held = before.get("sluice_delegations", 0)
+        if self.delegations:
+            assert held >= 1, f"the server holds {held:g} delegations while the guest should hold one on {path}"
+        if kind == "local-write":
+            # A process on the server machine: its open for writing waits
+            # for the recall (the delegation's kernel lease), then writes.
+            start = time.monotonic()
+            with open(self.server.export / path, "r+b") as f:
+                f.write(f"{path} version 2\n".encode())
+            took = time.monotonic() - start
+            self.changes.append((line, 0, took))
+            after = self.server.metrics()
+            if self.delegations:
+                grew = {n: after.get(n, 0) - before.get(n, 0) for n in (
+                    "sluice_delegations_recalled_total", "sluice_delegations_returned_total",
+                    "sluice_delegations_revoked_total", "sluice_callback_failures_total")}
+                assert (grew["sluice_delegations_recalled_total"] >= 1 and grew["sluice_delegations_returned_total"] >= 1
+                        and grew["sluice_delegations_revoked_total"] == 0 and grew["sluice_callback_failures_total"] == 0), (
+                    f"local write of {path}: {grew}; expected a recall and the guest's DELEGRETURN, "
+                    "no revocation, no failed callback")
+            return
+        c = Client(self.server.port, machine="host-deleg").establish()
+        try:
+            walk, name = lookups(path)
+            if kind == "write":
+                def attempt():
+                    return c.compound([*walk, rc.op_lookup(name), rc.op_write(0, f"{path} version 2\n".encode(), stable=2)])
+            elif kind == "open-write":
+                def attempt():
+                    return c.compound([*walk, rc.op_open(c.owner + b"/open", name, access=OPEN4_SHARE_ACCESS_BOTH), rc.op_getfh()])
+            elif kind == "truncate":
+                size = rc.fattr4([1 << 4], int(rest[0]).to_bytes(8, "big"))
+
+                def attempt():
+                    return c.compound([*walk, rc.op_lookup(name), (rc.Op.SETATTR, ANONYMOUS_STATEID + size)])
+            elif kind == "remove":
+                def attempt():
+                    return c.compound([*walk, rc.op_remove(name)])
+            elif kind == "rename":
+                to_walk, to_name = lookups(rest[0])
+
+                def attempt():
+                    return c.compound([*walk, rc.op_savefh(), *to_walk, rc.op_rename(name, to_name)])
+            else:
+                raise ValueError(f"unknown change {kind!r}")
+
+            start = time.monotonic()
+            r = attempt()
+            first = r
+            delays = 0
+            while r.status == St.DELAY:
+                delays += 1
+                assert time.monotonic() < start + RECALL_DEADLINE, (
+                    f"{kind} of {path}: still NFS4ERR_DELAY after {RECALL_DEADLINE} s ({delays} tries)")
+                # A recall that failed leaves the change waiting for the
+                # lease to run out: that is the failure, said at once.
+                failed = self.server.metrics().get("sluice_callback_failures_total", 0) - before.get("sluice_callback_failures_total", 0)
+                assert failed == 0, (
+                    f"{kind} of {path}: {failed:g} callback(s) failed while the server recalled the guest's "
+                    f"delegation ({delays} x NFS4ERR_DELAY so far)")
+                time.sleep(0.05)  # poll interval of the retry loop
+                r = attempt()
+            expect(r, St.OK, f"the host client's {kind} of {path}")
+            if kind == "open-write":
+                n = len(walk)
+                stateid, fh = r[n + 1].stateid, r[n + 2].fh
+                w = c.compound([rc.op_putfh(fh), rc.op_write(0, f"{path} version 2\n".encode(), stateid=stateid, stable=2)])
+                expect(w, St.OK, f"the host client's WRITE to {path} under its open")
+                expect(c.compound([rc.op_putfh(fh), rc.op_close(stateid)]), St.OK, f"the host client's CLOSE of {path}")
+            took = time.monotonic() - start
+            expect(c.call([rc.op_destroy_session(c.sessionid)]), St.OK, "host client's DESTROY_SESSION")
+            expect(c.call([rc.op_destroy_clientid(c.clientid)]), St.OK, "host client's DESTROY_CLIENTID")
+        finally:
+            c.close()
+        after = self.server.metrics()
+        self.changes.append((line, delays, took))
+
+        def grew(name):
+            return after.get(name, 0) - before.get(name, 0)
+
+        if self.delegations:
+            assert first.status == St.DELAY, (
+                f"{kind} of {path}: the first answer was {first!r}, not NFS4ERR_DELAY: "
+                "the guest held no delegation on the file")
+            failed = grew("sluice_callback_failures_total")
+            assert failed == 0, f"{kind} of {path}: {failed:g} callback(s) failed"
+            recalled = grew("sluice_delegations_recalled_total")
+            returned = grew("sluice_delegations_returned_total")
+            revoked = grew("sluice_delegations_revoked_total")
+            assert recalled >= 1 and returned >= 1 and revoked == 0, (
+                f"{kind} of {path}: recalled +{recalled:g}, returned +{returned:g}, revoked +{revoked:g}; "
+                "expected a recall and the guest's DELEGRETURN, no revocation")
+
+
+@pytest.mark.parametrize(
+    "kernel,vers,delegations,stale", BOOTS,
+    ids=[f"linux{k}-nfs{v}-deleg-{d}" for k, v, d, _ in BOOTS],
+)
+def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel, vers, delegations, stale):
+    monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{SERVER_LOG}")
+    export, state = tmp_path / "export", tmp_path / "state"
+    export.mkdir()
+    state.mkdir()
+    (export / "calls").mkdir()
+    for i in range(NFILES):
+        (export / "calls" / f"f{i:03d}").write_text(f"calls/f{i:03d}\n")
+    if stale:
+        (export / "stale").mkdir()
+        for key in STALE_KEYS:
+            (export / "stale" / key).write_text(f"stale/{key} version 1\n")
+        (export / "stale" / "src").write_text("stale/v version 2\n")
+
+    server = GuestServer(sluice_binary, export, state, ["--delegations", delegations])
+    server.start()
+    ctl = DelegControl(server, delegations == "read")
+    console_path = tmp_path / "guest-console.log"
+    started = time.monotonic()
+    try:
+        with open(console_path, "w") as console:
+            proc = subprocess.run(
+                [
+                    str(VM),
+                    "--kernel", kernel,
+                    "--port", str(server.port),
+                    "--ctl-port", str(ctl.port),
+                    "--mem", "1024",
+                    "--bin", guest_tool("perl"),
+                    "--env", f"VERS={vers}",
+                    "--env", f"NFILES={NFILES}",
+                    "--env", f"STALE={int(stale)}",
+                    "--timeout", str(BOOT_TIMEOUT),
+                    str(GUEST_SCRIPT),
+                ],
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=BOOT_TIMEOUT + 120,
+            )
+        took = time.monotonic() - started
+        out = console_path.read_text(errors="replace")
+        print(out)  # shown by pytest when the test fails
+        m = server.metrics() if server.alive() else {}
+    finally:
+        ctl.close()
+        alive = server.alive()
+        server.stop()
+
+    def context():
+        log = server.log_path
+        server_log = log.read_text(errors="replace") if log.exists() else "(no server log)"
+        return (
+            f"\n--- guest console (last 80 lines; full: {console_path}) ---\n"
+            f"{tail(out, 80)}\n"
+            f"--- server log (last 60 lines; full: {log}) ---\n{tail(server_log, 60)}"
+        )
+
+    # --- calls per file (printed first: the passes come before the stale
+    # data steps, which may fail) ---
+    passes = {}
+    for label, fields in re.findall(r"^CALLS pass=(\S+) (.*)$", out, re.M):
+        passes[label] = {k: int(v) for k, v in (f.split("=") for f in fields.split())}
+    measured = {"1", "2"} <= set(passes)
+    if measured:
+        opens = {p: sum(passes[p][op] for op in OPEN_CLOSE) for p in ("1", "2")}
+        per_file = {p: opens[p] / NFILES for p in opens}
+        detail = " | ".join(
+            f"pass {p}: " + " ".join(f"{k}={v}" for k, v in passes[p].items() if k != "files") for p in ("1", "2"))
+        held = {p: ctl.marks.get(p, {}).get("sluice_delegations", float("nan")) for p in ("pass1", "pass2")}
+        summary = (
+            f"linux {kernel}, NFS {vers}, --delegations {delegations}: OPEN+OPEN_NOATTR+CLOSE per file "
+            f"pass 1 {per_file['1']:.2f}, pass 2 {per_file['2']:.2f} ({detail}); "
+            f"delegations granted {m.get('sluice_delegations_granted_total', 0):g}, "
+            f"held after pass 1 {held['pass1']:g}, after pass 2 {held['pass2']:g}; boot {took:.0f} s"
+        )
+        # On the terminal even when the test passes (for docs/delegations.md).
+        with capsys.disabled():
+            print(f"\nCALLS PER FILE {summary}")
+            for line, delays, secs in ctl.changes:
+                print(f"  {line}: {delays} x NFS4ERR_DELAY, done after {secs:.2f} s")
+
+    assert alive, "sluice died during the test" + context()
+    status = {124: "timed out", 125: "harness failure", 126: "guest died (panic?)"}
+    failed_step = re.findall(r"^FAIL in step .*$", out, re.M)
+    assert proc.returncode == 0, (
+        f"guest script failed: exit {proc.returncode} {status.get(proc.returncode, '')}\n"
+        + "\n".join(failed_step or ["(no failing step reported)"])
+        + (f"\ncontrol requests that failed: {ctl.errors}" if ctl.errors else "")
+        + context()
+    )
+    assert "ALL STEPS PASSED" in out, "guest exited 0 without finishing" + context()
+    assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
+    changes = [r for r in ctl.requests if r.startswith("change ")]
+    assert changes == (STALE_REQUESTS if stale else []), f"control requests: {ctl.requests}"
+    assert set(ctl.marks) == {"pass1", "pass2"}, f"control requests: {ctl.requests}"
+
+    # --- calls per file ---
+    assert measured, f"no CALLS lines for both passes in the guest output: {passes}"
+    assert opens["1"] >= NFILES, f"pass 1 sent {opens['1']} OPEN/OPEN_NOATTR/CLOSE for {NFILES} files: {summary}" + context()
+    if delegations == "read":
+        assert opens["2"] * 10 <= opens["1"], (
+            f"with read delegations pass 2 should send at most a tenth of pass 1's opens and closes: {summary}" + context())
+    else:
+        assert opens["2"] * 2 >= opens["1"], (
+            f"without delegations pass 2 should send about as many opens and closes as pass 1: {summary}" + context())
+        assert m.get("sluice_delegations_granted_total", 0) == 0, f"--delegations none granted some: {summary}"
+
+    # --- the recalls, from the server's metrics at the end ---
+    answered = m.get("sluice_callbacks_total", 0)
+    failures = m.get("sluice_callback_failures_total", 0)
+    assert answered >= 1 and failures == 0, (
+        f"back channel: {answered:g} callbacks answered, {failures:g} failed" + context())
+    if stale:
+        recalled = m.get("sluice_delegations_recalled_total", 0)
+        returned = m.get("sluice_delegations_returned_total", 0)
+        revoked = m.get("sluice_delegations_revoked_total", 0)
+        assert recalled >= len(STALE_REQUESTS) and returned >= 1 and revoked == 0, (
+            f"recalled {recalled:g}, returned {returned:g}, revoked {revoked:g}" + context())
+        stale_dir = export / "stale"
+        assert (stale_dir / "w").read_text() == "stale/w version 2\n"
+        assert (stale_dir / "l").read_text() == "stale/l version 2\n"
+        assert (stale_dir / "o").read_text() == "stale/o version 2\n"
+        assert (stale_dir / "t").read_text() == "stale/t"
+        assert (stale_dir / "v").read_text() == "stale/v version 2\n"
+        assert (stale_dir / "n2").read_text() == "stale/n version 1\n"
+        assert sorted(os.listdir(stale_dir)) == ["l", "n2", "o", "t", "v", "w"]
