@@ -58,6 +58,8 @@ struct Conn {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     xid: AtomicU32,
+    /// The credential of every call: AUTH_SYS as root.
+    cred: rpc::CallCred,
 }
 
 impl Conn {
@@ -114,6 +116,13 @@ impl Conn {
             writer: tokio::sync::Mutex::new(wr),
             pending,
             xid: AtomicU32::new(1),
+            cred: rpc::CallCred::Sys {
+                stamp: 0,
+                machine: b"sluice-load".to_vec(),
+                uid: 0,
+                gid: 0,
+                gids: Vec::new(),
+            },
         }))
     }
 
@@ -122,23 +131,7 @@ impl Conn {
     async fn call(&self, args: &[u8]) -> Result<Bytes> {
         let xid = self.xid.fetch_add(1, Ordering::Relaxed);
         let mut e = Encoder::with_capacity(args.len() + 64);
-        e.u32(xid);
-        e.u32(rpc::MSG_CALL);
-        e.u32(2);
-        e.u32(rpc::NFS_PROGRAM);
-        e.u32(4);
-        e.u32(1);
-        // AUTH_SYS as root.
-        let mut cred = Encoder::new();
-        cred.u32(0);
-        cred.string("sluice-load");
-        cred.u32(0);
-        cred.u32(0);
-        cred.u32(0);
-        e.u32(rpc::AUTH_SYS);
-        e.opaque(cred.as_slice());
-        e.u32(rpc::AUTH_NONE);
-        e.u32(0);
+        rpc::call_header(&mut e, xid, rpc::NFS_PROGRAM, 4, 1, &self.cred);
         e.raw(args);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().map_err(bad)?.insert(xid, tx);
@@ -151,17 +144,8 @@ impl Conn {
         let reply = rx
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "connection closed"))?;
-        let mut d = Decoder::new(&reply);
-        d.u32().map_err(bad)?;
-        if d.u32().map_err(bad)? != rpc::MSG_REPLY || d.u32().map_err(bad)? != 0 {
-            return Err(ClientError::Malformed);
-        }
-        d.u32().map_err(bad)?;
-        d.opaque(400).map_err(bad)?;
-        if d.u32().map_err(bad)? != 0 {
-            return Err(ClientError::Malformed);
-        }
-        let at = d.position();
+        let (_, at) = rpc::parse_reply(&reply).map_err(bad)?;
+        let at = at.map_err(bad)?;
         Ok(reply.slice(at..))
     }
 }
