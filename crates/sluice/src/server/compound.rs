@@ -142,7 +142,6 @@ struct Running {
     count: u32,
     cur: Option<Fh>,
     saved: Option<Fh>,
-    clientid: u64,
     cur_sid: Option<Stateid>,
     saved_sid: Option<Stateid>,
     /// The slot, given back when the COMPOUND ends, also by a panic.
@@ -263,7 +262,6 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
                 id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
                 cur: None,
                 saved: None,
-                clientid: None,
                 session: None,
                 cur_sid: None,
                 saved_sid: None,
@@ -351,7 +349,6 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         return done(st, 2, res);
     }
     let next = d.position();
-    let clientid = session.clientid;
     let slot = SlotGuard::new(session, slot);
     run_ops(
         srv,
@@ -364,7 +361,6 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             count: 1,
             cur: None,
             saved: None,
-            clientid,
             cur_sid: None,
             saved_sid: None,
             slot,
@@ -390,7 +386,6 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             count,
             cur,
             saved,
-            clientid,
             cur_sid,
             saved_sid,
             slot,
@@ -407,7 +402,6 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             id: Server::identity(&args.cred, &srv.exports.list()[0].rules),
             cur: cur.take(),
             saved: saved.take(),
-            clientid: Some(*clientid),
             session: Some(&session),
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,

@@ -46,8 +46,6 @@ pub(super) struct Ctx<'a> {
     pub cur: Option<Fh>,
     /// Saved filehandle.
     pub saved: Option<Fh>,
-    /// Client id of the session, when the COMPOUND runs in one.
-    pub clientid: Option<u64>,
     /// The session the COMPOUND runs in.
     pub session: Option<&'a Arc<Session>>,
     /// Stateid produced by the last op that made one.
@@ -120,7 +118,9 @@ impl<'a> Ctx<'a> {
 
     /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.
     pub(super) fn clientid(&self) -> Result<u64, Nfsstat4> {
-        self.clientid.ok_or(status::OP_NOT_IN_SESSION)
+        self.session
+            .map(|s| s.clientid)
+            .ok_or(status::OP_NOT_IN_SESSION)
     }
 }
 

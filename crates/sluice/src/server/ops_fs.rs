@@ -81,7 +81,11 @@ pub(super) fn component_of(c: &Component4) -> Result<CString, Nfsstat4> {
 /// Recalls delegations of other clients on `file` that a change to it
 /// (`write`) conflicts with: NFS4ERR_DELAY until they are back or revoked.
 pub(super) fn deleg_conflicts(cx: &Ctx<'_>, file: FileKey, write: bool) -> Result<(), Nfsstat4> {
-    match cx.srv.state.deleg_conflicts(file, cx.clientid, write) {
+    match cx
+        .srv
+        .state
+        .deleg_conflicts(file, cx.clientid().ok(), write)
+    {
         Ok(()) => Ok(()),
         Err((st, recalls)) => {
             if !recalls.is_empty() {
