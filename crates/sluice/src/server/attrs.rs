@@ -328,11 +328,6 @@ pub fn settable(f: &Fattr4) -> Result<SetAttrs, Nfsstat4> {
     Ok(out)
 }
 
-/// Encodes an attribute bitmap of the attributes in `mask` that were set.
-pub fn encode_bitmap(e: &mut Encoder, mask: &[u32; 3]) {
-    e.bitmap(mask);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,11 +169,8 @@ fn open_create(
         };
         apply_attrs(&fh, &st, &rest)?;
     } else {
-        // UNCHECKED on an existing file: only the size is applied, once
-        // other clients' delegations are back.
-        if a.size.is_some() {
-            deleg_conflicts(cx, file_key(&st), true)?;
-        }
+        // UNCHECKED on an existing file: only the size is applied (others'
+        // delegations were checked before the file was opened, in open).
         let only_size = attrs::SetAttrs {
             size: a.size,
             ..Default::default()

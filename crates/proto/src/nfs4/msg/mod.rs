@@ -35,10 +35,6 @@ pub trait Xdr: Sized {
 /// Most entries in the small arrays of these messages.
 const SMALL_ARRAY: usize = 16;
 
-fn opaque(d: &mut Decoder<'_>) -> XdrResult<Vec<u8>> {
-    d.opaque(OPAQUE_LIMIT).map(<[u8]>::to_vec)
-}
-
 impl Xdr for u32 {
     fn encode(&self, e: &mut Encoder) {
         e.u32(*self);
@@ -290,8 +286,8 @@ impl Xdr for ImplId {
     }
     fn decode(d: &mut Decoder<'_>) -> XdrResult<Self> {
         Ok(ImplId {
-            domain: opaque(d)?,
-            name: opaque(d)?,
+            domain: Vec::<u8>::decode(d)?,
+            name: Vec::<u8>::decode(d)?,
             date: Nfstime4::decode(d)?,
         })
     }
@@ -323,7 +319,7 @@ impl Xdr for ExchangeIdArgs {
     fn decode(d: &mut Decoder<'_>) -> XdrResult<Self> {
         Ok(ExchangeIdArgs {
             verifier: d.array()?,
-            ownerid: opaque(d)?,
+            ownerid: Vec::<u8>::decode(d)?,
             flags: d.u32()?,
             state_protect: StateProtectArgs::decode(d)?,
             impl_id: array(d, 1, 20)?,
@@ -378,8 +374,8 @@ impl Xdr for ExchangeIdResOk {
             flags,
             state_protect,
             owner_minor: d.u64()?,
-            owner_major: opaque(d)?,
-            scope: opaque(d)?,
+            owner_major: Vec::<u8>::decode(d)?,
+            scope: Vec::<u8>::decode(d)?,
             impl_id: array(d, 1, 20)?,
         })
     }
@@ -494,7 +490,7 @@ impl Xdr for CallbackSec {
                 gid: d.u32()?,
                 gids: array(d, SMALL_ARRAY, 4)?,
             }),
-            6 => CallbackSec::Gss(d.u32()?, opaque(d)?, opaque(d)?),
+            6 => CallbackSec::Gss(d.u32()?, Vec::<u8>::decode(d)?, Vec::<u8>::decode(d)?),
             v => return Err(XdrError::BadValue(v)),
         })
     }
