@@ -750,12 +750,13 @@ class CompoundReply:
             if status != St.OK:
                 # A failed op ends the COMPOUND (RFC 8881 section 16.2.3).
                 # Most failed results have no body; the few that do (LOCK
-                # denied, SETATTR attrsset, ...) are left in `undecoded`.
-                self.results.append(OpResult(opnum, status))
+                # denied, SETATTR attrsset, ...) are left in `undecoded`
+                # unless _decode_failed reads them.
+                self.results.append(OpResult(opnum, status, **self._decode_failed(opnum, status, u)))
                 self.undecoded = u.rest()
                 return
             start = u.pos
-            fields = _decode_ok(opnum, u)
+            fields = self._decode_ok(opnum, u)
             if fields is None:
                 u.pos = start
                 self.results.append(OpResult(opnum, status))
@@ -763,6 +764,16 @@ class CompoundReply:
                 return
             self.results.append(OpResult(opnum, status, **fields))
         u.done()
+
+    @staticmethod
+    def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
+        """The fields of a successful result; None when unknown here."""
+        return _decode_ok(opnum, u)
+
+    @staticmethod
+    def _decode_failed(opnum: int, status: int, u: Unpacker) -> dict:
+        """The fields of a failed result that has a body (none here)."""
+        return {}
 
     def __getitem__(self, i) -> OpResult:
         return self.results[i]
@@ -1101,32 +1112,18 @@ class StateReply(CompoundReply):
     denied_length, denied_type, denied_clientid, denied_owner)."""
 
     def __init__(self, body: bytes, record: bytes = b""):
-        self.body = body
         self.record = record
-        u = Unpacker(body)
-        self.status = u.u32()
-        self.tag = u.opaque()
-        self.count = u.u32()
-        self.results: list[OpResult] = []
-        self.undecoded = b""
-        for _ in range(self.count):
-            opnum, status = u.u32(), u.u32()
-            if status != St.OK:
-                fields = {}
-                if opnum in (Op.LOCK, Op.LOCKT) and status == St.DENIED:
-                    fields = _lock_denied(u)
-                self.results.append(OpResult(opnum, status, **fields))
-                self.undecoded = u.rest()
-                return
-            start = u.pos
-            fields = _decode_state_ok(opnum, u)
-            if fields is None:
-                u.pos = start
-                self.results.append(OpResult(opnum, status))
-                self.undecoded = u.rest()
-                return
-            self.results.append(OpResult(opnum, status, **fields))
-        u.done()
+        super().__init__(body)
+
+    @staticmethod
+    def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
+        return _decode_state_ok(opnum, u)
+
+    @staticmethod
+    def _decode_failed(opnum: int, status: int, u: Unpacker) -> dict:
+        if opnum in (Op.LOCK, Op.LOCKT) and status == St.DENIED:
+            return _lock_denied(u)
+        return {}
 
     def statuses(self) -> list[tuple[int, int]]:
         return [(r.opnum, r.status) for r in self.results]
