@@ -517,27 +517,60 @@ pub(super) fn read_lock<'a>(
     cx.srv.read.lock(key, start, end, read_mode()).map_err(stop)
 }
 
+/// What READ and READ_PLUS begin with: the arguments (the count cut to
+/// the export's limit), the file, the descriptor to read through, and the
+/// shared range lock over the range asked for, held while it lives.
+pub(super) struct ReadStart<'a> {
+    pub sid: Stateid,
+    pub offset: u64,
+    pub count: u64,
+    pub fh: Fh,
+    pub st: Stat,
+    pub fd: Arc<OwnedFd>,
+    pub _shared: RangeGuard<'a>,
+}
+
+/// Decodes READ4args (also READ_PLUS's) and takes what the read needs.
+pub(super) fn read_start<'a>(cx: &Ctx<'a>, d: &mut Decoder<'_>) -> Result<ReadStart<'a>, Stop> {
+    let ReadArgs {
+        stateid: sid,
+        offset,
+        count,
+    } = x(ReadArgs::decode(d))?;
+    let count = count.min(cx.cur_ex().rules.max_read) as u64;
+    let (fh, st) = cur_file(cx)?;
+    let fd = io_fd(cx, &fh, &st, sid, false)?;
+    let _shared = read_lock(cx, file_key(&st), offset, offset.saturating_add(count))?;
+    Ok(ReadStart {
+        sid,
+        offset,
+        count,
+        fh,
+        st,
+        fd,
+        _shared,
+    })
+}
+
+/// Runs a READ or READ_PLUS body and records its latency, unless it
+/// stopped to wait (it is timed again when it runs where it may).
+pub(super) fn timed_read(cx: &Ctx<'_>, body: impl FnOnce() -> Result<(), Stop>) -> Outcome {
+    let started = Instant::now();
+    let st = run_or_block(body);
+    if st != Outcome::WouldBlock {
+        cx.srv.metrics.read_latency.observe(started.elapsed());
+    }
+    st
+}
+
 /// READ.
 pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
-    let started = Instant::now();
-    let st = run_or_block(|| {
-        let ReadArgs {
-            stateid: sid,
-            offset,
-            count,
-        } = x(ReadArgs::decode(d))?;
-        let count = count.min(cx.cur_ex().rules.max_read) as usize;
-        let (fh, st) = cur_file(cx)?;
-        let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let _shared = read_lock(
-            cx,
-            file_key(&st),
-            offset,
-            offset.saturating_add(count as u64),
-        )?;
-        let data = read_data(cx, &fh, &fd, &st, sid, offset, count)?;
-        let size = io(fs::stat(fd.as_fd()))?.size;
-        let eof = offset.saturating_add(data.len() as u64) >= size;
+    let cx = &*cx;
+    timed_read(cx, || {
+        let r = read_start(cx, d)?;
+        let data = read_data(cx, &r.fh, &r.fd, &r.st, r.sid, r.offset, r.count as usize)?;
+        let size = io(fs::stat(r.fd.as_fd()))?.size;
+        let eof = r.offset.saturating_add(data.len() as u64) >= size;
         cx.srv
             .metrics
             .read_bytes_sent
@@ -545,11 +578,7 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
         e.bool(eof);
         e.opaque_shared(data);
         Ok(())
-    });
-    if st != Outcome::WouldBlock {
-        cx.srv.metrics.read_latency.observe(started.elapsed());
-    }
-    st
+    })
 }
 
 /// WRITE.

@@ -2,18 +2,17 @@
 //! DEALLOCATE.
 
 use super::context::{must_not_wait, Ctx, OpStatus, Outcome, Stop};
-use super::ops_file::{cur_file, file_key, io_fd, read_data, read_lock};
-use super::ops_fs::{io, run, run_or_block, x};
+use super::ops_file::{cur_file, file_key, io_fd, read_data, read_start, timed_read, ReadStart};
+use super::ops_fs::{io, run, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
-use crate::nfs4::msg::{AllocateArgs, ReadArgs, SeekArgs, SeekResOk, Xdr};
+use crate::nfs4::msg::{AllocateArgs, SeekArgs, SeekResOk, Xdr};
 use crate::xdr::{Decoder, Encoder};
 use bytes::Bytes;
 use std::io as stdio;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Holes shorter than this are sent as data by default (see
 /// [`super::Config::min_hole`]): a hole segment saves wire bytes only when
@@ -32,18 +31,17 @@ const HOLE_SIZE: usize = 4 + 8 + 8;
 /// encoded segments never take more than `count` bytes plus one segment
 /// header, which is what the Linux client budgets for.
 pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
-    let started = Instant::now();
-    let status = run_or_block(|| {
-        let ReadArgs {
-            stateid: sid,
+    let cx = &*cx;
+    timed_read(cx, || {
+        let ReadStart {
+            sid,
             offset,
             count,
-        } = x(ReadArgs::decode(d))?;
-        let count = count.min(cx.cur_ex().rules.max_read) as u64;
-        let (fh, st) = cur_file(cx)?;
-        let fd = io_fd(cx, &fh, &st, sid, false)?;
-        let key = file_key(&st);
-        let _shared = read_lock(cx, key, offset, offset.saturating_add(count))?;
+            fh,
+            st: _,
+            fd,
+            _shared,
+        } = read_start(cx, d)?;
         // Size and layout are read under the lock, with the data.
         let st = io(fs::stat(fd.as_fd()))?;
         let end = offset.saturating_add(count).min(st.size);
@@ -125,11 +123,7 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
         e.u32(nsegs);
         e.append(body);
         Ok(())
-    });
-    if status != Outcome::WouldBlock {
-        cx.srv.metrics.read_latency.observe(started.elapsed());
-    }
-    status
+    })
 }
 
 /// SEEK: the next data or hole at or after an offset.
