@@ -1,6 +1,7 @@
 //! Server metrics in the Prometheus text format, served over HTTP at
 //! `--metrics ADDR` (`GET /metrics`).
 
+use crate::server::counters::Histogram;
 use crate::server::Server;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -45,6 +46,12 @@ fn counter(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt
 fn gauge(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> fmt::Result {
     let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
     g.encode(e.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// Encodes one latency histogram.
+fn histogram(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, h: &Histogram) -> fmt::Result {
+    let h = &h.0;
+    h.encode(e.encode_descriptor(name, help, None, h.metric_type())?)
 }
 
 impl Collector for Collect {
@@ -191,20 +198,18 @@ impl Collector for Collect {
         for (name, help, v) in gauges {
             gauge(&mut e, name, help, v)?;
         }
-        let h = &m.read_latency.0;
-        h.encode(e.encode_descriptor(
+        histogram(
+            &mut e,
             "sluice_read_duration_seconds",
             "Time to serve one READ or READ_PLUS operation.",
-            None,
-            h.metric_type(),
-        )?)?;
-        let h = &m.callback_latency.0;
-        h.encode(e.encode_descriptor(
+            &m.read_latency,
+        )?;
+        histogram(
+            &mut e,
             "sluice_callback_duration_seconds",
             "Time from sending a call to a client to its answer or failure.",
-            None,
-            h.metric_type(),
-        )?)
+            &m.callback_latency,
+        )
     }
 }
 
