@@ -59,6 +59,9 @@ pub struct CbConn {
     next_xid: AtomicU32,
     closed: AtomicBool,
     after_reply: Mutex<Vec<Hook>>,
+    /// Whether `after_reply` holds anything: every reply asks, without
+    /// taking the lock.
+    queued: AtomicBool,
 }
 
 impl std::fmt::Debug for CbConn {
@@ -83,6 +86,7 @@ impl CbConn {
             next_xid: AtomicU32::new(seed | 0x8000_0000),
             closed: AtomicBool::new(false),
             after_reply: Mutex::new(Vec::new()),
+            queued: AtomicBool::new(false),
         })
     }
 
@@ -126,10 +130,14 @@ impl CbConn {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(Box::new(f));
+        self.queued.store(true, Ordering::Release);
     }
 
     /// What [`CbConn::after_reply`] queued, for the connection to start.
     pub fn take_after_reply(&self) -> Vec<Box<dyn FnOnce() + Send>> {
+        if !self.queued.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.after_reply.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
