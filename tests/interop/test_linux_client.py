@@ -363,6 +363,37 @@ def guest_sizes(kernel: str, vers: str) -> str:
     return ALL_SIZES.replace(" m256:268435456", "")
 
 
+# What the VM harness's exit statuses mean.
+GUEST_EXIT = {124: "timed out", 125: "harness failure", 126: "guest died (panic?)"}
+
+
+def boot_guest(kernel: str, server, ctl, script: Path, console_path: Path, bins=(), env=None) -> int:
+    """Boots a guest with Linux `kernel` that runs `script` against
+    `server`, its control requests going to `ctl`; the guest tools `bins`
+    are copied in and `env` set. The console goes to `console_path`.
+    Returns the harness's exit status (0: the script passed)."""
+    cmd = [str(VM), "--kernel", kernel, "--port", str(server.port), "--ctl-port", str(ctl.port), "--mem", "1024"]
+    for b in bins:
+        cmd += ["--bin", guest_tool(b)]
+    for k, v in (env or {}).items():
+        cmd += ["--env", f"{k}={v}"]
+    cmd += ["--timeout", str(BOOT_TIMEOUT), str(script)]
+    with open(console_path, "w") as console:
+        proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=BOOT_TIMEOUT + 120)
+    return proc.returncode
+
+
+def failure_context(out: str, console_path: Path, server, lines: int) -> str:
+    """The ends of the guest console and the server log, for a failure."""
+    log = server.log_path
+    server_log = log.read_text(errors="replace") if log.exists() else "(no server log)"
+    return (
+        f"\n--- guest console (last {lines} lines; full: {console_path}) ---\n"
+        f"{tail(out, lines)}\n"
+        f"--- server log (last 60 lines; full: {log}) ---\n{tail(server_log, 60)}"
+    )
+
+
 @pytest.fixture
 def sluice_server(sluice_binary, tmp_path, monkeypatch):
     """This module's own sluice_server (instead of conftest's): a
@@ -395,46 +426,23 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     ctl = ControlServer(sluice_server)
     console_path = tmp_path / "guest-console.log"
     try:
-        with open(console_path, "w") as console:
-            proc = subprocess.run(
-                [
-                    str(VM),
-                    "--kernel", kernel,
-                    "--port", str(sluice_server.port),
-                    "--ctl-port", str(ctl.port),
-                    "--mem", "1024",
-                    "--bin", guest_tool("flock"),
-                    "--bin", guest_tool("perl"),
-                    "--env", f"VERS={vers}",
-                    "--env", f"SIZES={guest_sizes(kernel, vers)}",
-                    "--env", f"RECLAIM={int(reclaim)}",
-                    "--timeout", str(BOOT_TIMEOUT),
-                    str(GUEST_SUITE),
-                ],
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=BOOT_TIMEOUT + 120,
-            )
+        returncode = boot_guest(
+            kernel, sluice_server, ctl, GUEST_SUITE, console_path,
+            bins=("flock", "perl"),
+            env={"VERS": vers, "SIZES": guest_sizes(kernel, vers), "RECLAIM": int(reclaim)},
+        )
     finally:
         ctl.close()
     out = console_path.read_text(errors="replace")
     print(out)  # shown by pytest when the test fails
 
     def context():
-        log = sluice_server.log_path
-        server_log = log.read_text(errors="replace") if log.exists() else "(no server log)"
-        return (
-            f"\n--- guest console (last 120 lines; full: {console_path}) ---\n"
-            f"{tail(out, 120)}\n"
-            f"--- server log (last 60 lines; full: {log}) ---\n{tail(server_log, 60)}"
-        )
+        return failure_context(out, console_path, sluice_server, 120)
 
-    status = {124: "timed out", 125: "harness failure", 126: "guest died (panic?)"}
     failed_step = re.findall(r"^FAIL in step .*$", out, re.M)
-    assert proc.returncode == 0, (
-        f"guest suite failed: exit {proc.returncode} "
-        f"{status.get(proc.returncode, '')}\n"
+    assert returncode == 0, (
+        f"guest suite failed: exit {returncode} "
+        f"{GUEST_EXIT.get(returncode, '')}\n"
         + "\n".join(failed_step or ["(no failing step reported)"])
         + context()
     )

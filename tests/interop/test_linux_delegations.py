@@ -32,14 +32,13 @@ software emulation (the guest does little); SLUICE_VM_TIMEOUT bounds it.
 
 import os
 import re
-import subprocess
 import time
 
 import pytest
 
 import rpcclient as rc
 from rpcclient import ANONYMOUS_STATEID, OPEN4_SHARE_ACCESS_BOTH, Client, St, expect
-from test_linux_client import BOOT_TIMEOUT, VM, ControlServer, GuestServer, guest_tool, tail
+from test_linux_client import GUEST_EXIT, ControlServer, GuestServer, boot_guest, failure_context
 
 from conftest import REPO
 
@@ -255,26 +254,11 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
     console_path = tmp_path / "guest-console.log"
     started = time.monotonic()
     try:
-        with open(console_path, "w") as console:
-            proc = subprocess.run(
-                [
-                    str(VM),
-                    "--kernel", kernel,
-                    "--port", str(server.port),
-                    "--ctl-port", str(ctl.port),
-                    "--mem", "1024",
-                    "--bin", guest_tool("perl"),
-                    "--env", f"VERS={vers}",
-                    "--env", f"NFILES={NFILES}",
-                    "--env", f"STALE={int(stale)}",
-                    "--timeout", str(BOOT_TIMEOUT),
-                    str(GUEST_SCRIPT),
-                ],
-                stdout=console,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=BOOT_TIMEOUT + 120,
-            )
+        returncode = boot_guest(
+            kernel, server, ctl, GUEST_SCRIPT, console_path,
+            bins=("perl",),
+            env={"VERS": vers, "NFILES": NFILES, "STALE": int(stale)},
+        )
         took = time.monotonic() - started
         out = console_path.read_text(errors="replace")
         print(out)  # shown by pytest when the test fails
@@ -285,13 +269,7 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
         server.stop()
 
     def context():
-        log = server.log_path
-        server_log = log.read_text(errors="replace") if log.exists() else "(no server log)"
-        return (
-            f"\n--- guest console (last 80 lines; full: {console_path}) ---\n"
-            f"{tail(out, 80)}\n"
-            f"--- server log (last 60 lines; full: {log}) ---\n{tail(server_log, 60)}"
-        )
+        return failure_context(out, console_path, server, 80)
 
     # --- calls per file (printed first: the passes come before the stale
     # data steps, which may fail) ---
@@ -318,10 +296,9 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
                 print(f"  {line}: {delays} x NFS4ERR_DELAY, done after {secs:.2f} s")
 
     assert alive, "sluice died during the test" + context()
-    status = {124: "timed out", 125: "harness failure", 126: "guest died (panic?)"}
     failed_step = re.findall(r"^FAIL in step .*$", out, re.M)
-    assert proc.returncode == 0, (
-        f"guest script failed: exit {proc.returncode} {status.get(proc.returncode, '')}\n"
+    assert returncode == 0, (
+        f"guest script failed: exit {returncode} {GUEST_EXIT.get(returncode, '')}\n"
         + "\n".join(failed_step or ["(no failing step reported)"])
         + (f"\ncontrol requests that failed: {ctl.errors}" if ctl.errors else "")
         + context()
