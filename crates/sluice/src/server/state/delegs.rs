@@ -289,13 +289,6 @@ impl StateTable {
         }
     }
 
-    /// A recall could not be sent (no working back channel): the
-    /// delegation is revoked now, so the conflict ends.
-    pub fn recall_failed(&self, sid: &Stateid) {
-        let mut inner = self.lock();
-        self.revoke(&mut inner, &sid.other);
-    }
-
     /// A local process wants the file of the delegations whose lease is on
     /// descriptor `fd`: they are recalled (the recalls to send are
     /// returned) and revoked if not back before the kernel gives up
