@@ -60,6 +60,7 @@ class Op:
 
     ACCESS = 3
     CLOSE = 4
+    COMMIT = 5
     CREATE = 6
     DELEGRETURN = 8
     GETATTR = 9
@@ -582,6 +583,11 @@ def op_read(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATE
     return (Op.READ, Packer().fixed(stateid).u64(offset).u32(count).bytes())
 
 
+def op_commit(offset: int = 0, count: int = 0):
+    """COMMIT of [offset, offset + count), count 0 to the end."""
+    return (Op.COMMIT, Packer().u64(offset).u32(count).bytes())
+
+
 def op_write(offset: int, data: bytes, stable: int = 0, stateid: bytes = ANONYMOUS_STATEID):
     """WRITE; `stable` 0 is UNSTABLE4, 2 FILE_SYNC4."""
     return (Op.WRITE, Packer().fixed(stateid).u64(offset).u32(stable).opaque(data).bytes())
@@ -693,6 +699,8 @@ def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
         return {"eof": u.bool(), "data": u.opaque()}
     if opnum == Op.WRITE:
         return {"count": u.u32(), "committed": u.u32(), "verifier": u.fixed(8)}
+    if opnum == Op.COMMIT:
+        return {"verifier": u.fixed(8)}
     if opnum == Op.SEQUENCE:
         return {
             "sessionid": u.fixed(16),

@@ -782,7 +782,7 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
 }
 
 /// The signal the kernel sends when a process wants a file this process
-/// holds a lease on (see [`take_read_lease`]): SIGRTMIN + 2, so that it
+/// holds a lease on (see [`take_lease`]): SIGRTMIN + 2, so that it
 /// carries the descriptor (`si_fd`).
 pub fn lease_signal() -> libc::c_int {
     libc::SIGRTMIN() + 2
@@ -791,26 +791,34 @@ pub fn lease_signal() -> libc::c_int {
 /// fcntl F_SETSIG (Linux): the signal sent for a descriptor's events.
 const F_SETSIG: libc::c_int = 10;
 
-/// Takes a read lease (fcntl F_SETLEASE, F_RDLCK) on a descriptor opened
-/// read-only: when another process opens the file for writing or
-/// truncates it, the kernel sends [`lease_signal`] with the descriptor and
-/// holds that open back until the lease is released with
-/// [`release_lease`] (or `/proc/sys/fs/lease-break-time` passes). Fails
-/// with EAGAIN while the file is open for writing anywhere.
-pub fn take_read_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Takes a lease (fcntl F_SETLEASE) on a descriptor: a read lease
+/// (F_RDLCK) when `write` is false, a write lease (F_WRLCK) otherwise.
+/// When another process opens the file for writing or truncates it (for a
+/// write lease: opens it at all), the kernel sends [`lease_signal`] with
+/// the descriptor and holds that open back until the lease is released
+/// with [`release_lease`] (or `/proc/sys/fs/lease-break-time` passes).
+/// A read lease fails with EAGAIN while the file is open for writing
+/// anywhere; a write lease while it is open anywhere but through `fd`.
+pub fn take_lease(fd: BorrowedFd<'_>, write: bool) -> io::Result<()> {
+    let kind = if write { libc::F_WRLCK } else { libc::F_RDLCK };
     // SAFETY: valid descriptor; these fcntl commands take integers.
     unsafe {
         if libc::fcntl(fd.as_raw_fd(), F_SETSIG, lease_signal()) != 0 {
             return Err(io::Error::last_os_error());
         }
-        if libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) != 0 {
+        if libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, kind) != 0 {
             return Err(io::Error::last_os_error());
         }
     }
     Ok(())
 }
 
-/// Releases a lease taken with [`take_read_lease`].
+/// Takes a read lease: [`take_lease`] with `write` false.
+pub fn take_read_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
+    take_lease(fd, false)
+}
+
+/// Releases a lease taken with [`take_lease`].
 pub fn release_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: valid descriptor; F_SETLEASE takes an integer.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) } != 0 {

@@ -6,7 +6,7 @@
 //! state_dir = "/var/lib/sluice"
 //! lease_time = 90
 //! grace_time = 90            # default: the lease time
-//! delegations = "read"       # "none" or "read"
+//! delegations = "read"       # "none", "read" or "all"
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
 //! direct_read_min = "256K"
@@ -65,7 +65,7 @@ pub struct ServerSection {
     pub lease_time: Option<u64>,
     /// Grace period in seconds after every start.
     pub grace_time: Option<u64>,
-    /// Which delegations to grant: "none" or "read".
+    /// Which delegations to grant: "none", "read" or "all".
     pub delegations: Option<String>,
     /// Metrics endpoint address.
     pub metrics: Option<String>,

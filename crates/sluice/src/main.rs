@@ -52,10 +52,13 @@ struct ServeCli {
     /// [default: one lease].
     #[arg(long)]
     grace_time: Option<u64>,
-    /// Which delegations OPEN grants: "none", or "read" (clients cache a
+    /// Which delegations OPEN grants: "none"; "read" (clients cache a
     /// file they opened for reading until another client changes it; the
-    /// change waits until they gave it back) [default: read].
-    #[arg(long, value_name = "none|read")]
+    /// change waits until they gave it back); or "all" (also write
+    /// delegations: the only client with a file open keeps its writes
+    /// until another client or a local process wants the file)
+    /// [default: read].
+    #[arg(long, value_name = "none|read|all")]
     delegations: Option<String>,
     /// Let uid 0 on clients act as root on the export (by default root is
     /// squashed to the anonymous user, 65534). With --config, applies to

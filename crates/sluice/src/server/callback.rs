@@ -12,8 +12,8 @@
 use super::counters::Metrics;
 use super::state::{Recall, Session};
 use crate::nfs4::msg::{
-    cb_op, cb_proc, CallbackSec, CbCompoundHeader, CbCompoundResHeader, CbRecallArgs,
-    CbSequenceArgs, CbSequenceResOk, NfsFh4, Xdr,
+    cb_op, cb_proc, Bitmap4, CallbackSec, CbCompoundHeader, CbCompoundResHeader, CbGetattrArgs,
+    CbGetattrResOk, CbRecallArgs, CbSequenceArgs, CbSequenceResOk, NfsFh4, Xdr,
 };
 use crate::nfs4::Nfsstat4;
 use crate::rpc::{self, CallCred, ReplyError};
@@ -408,6 +408,72 @@ pub fn compound(
         set_state(session, &r);
     }
     r
+}
+
+/// What the holder of a write delegation says of its file (CB_GETATTR):
+/// its change attribute and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HolderAttrs {
+    /// The change attribute.
+    pub change: u64,
+    /// The size.
+    pub size: u64,
+}
+
+/// Asks the holder of a write delegation (over a working back channel of
+/// one of `sessions`) for the change attribute and size of the file `fh`
+/// with CB_GETATTR (RFC 8881 section 20.1), and waits for the answer.
+pub fn getattr(
+    sessions: &[Arc<Session>],
+    fh: &[u8],
+    metrics: &Arc<Metrics>,
+) -> Result<HolderAttrs, CbError> {
+    use crate::nfs4::consts::attr;
+    let started = Instant::now();
+    let session = sessions.iter().find(|s| {
+        s.back_channel()
+            .as_ref()
+            .is_some_and(|b| b.wanted && b.usable())
+    });
+    let result = match session {
+        Some(s) => compound(s, 1, |e| {
+            e.u32(cb_op::GETATTR);
+            CbGetattrArgs {
+                fh: NfsFh4(fh.to_vec()),
+                attr_request: Bitmap4(vec![(1 << attr::CHANGE) | (1 << attr::SIZE)]),
+            }
+            .encode(e);
+        })
+        .and_then(|body| {
+            let mut d = Decoder::new(&body);
+            let op = d.u32().map_err(|_| CbError::Malformed)?;
+            let st = Nfsstat4::decode(&mut d).map_err(|_| CbError::Malformed)?;
+            if op != cb_op::GETATTR {
+                return Err(CbError::Malformed);
+            }
+            if st != crate::nfs4::consts::status::OK {
+                return Err(CbError::Status(st));
+            }
+            let res = CbGetattrResOk::decode(&mut d).map_err(|_| CbError::Malformed)?;
+            let mask = &res.obj_attributes.mask.0;
+            let has = |bit: u32| mask.first().is_some_and(|w| w & (1 << bit) != 0);
+            let before = mask
+                .first()
+                .is_some_and(|w| w & ((1 << attr::CHANGE) - 1) != 0);
+            if !has(attr::CHANGE) || !has(attr::SIZE) || before {
+                return Err(CbError::Malformed);
+            }
+            // Values in attribute order: change (3) before size (4), and
+            // nothing before them was asked for.
+            let mut v = Decoder::new(&res.obj_attributes.vals);
+            let change = v.u64().map_err(|_| CbError::Malformed)?;
+            let size = v.u64().map_err(|_| CbError::Malformed)?;
+            Ok(HolderAttrs { change, size })
+        }),
+        None => Err(CbError::NoConnection),
+    };
+    metrics.callback(result.is_ok(), started.elapsed());
+    result
 }
 
 /// Sends CB_RECALL for each of `recalls` over a working back channel of

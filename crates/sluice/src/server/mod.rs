@@ -64,6 +64,8 @@ pub enum Delegations {
     /// Read delegations.
     #[default]
     Read,
+    /// Read and write delegations.
+    All,
 }
 
 impl std::str::FromStr for Delegations {
@@ -72,8 +74,9 @@ impl std::str::FromStr for Delegations {
         match s {
             "none" => Ok(Delegations::None),
             "read" => Ok(Delegations::Read),
+            "all" => Ok(Delegations::All),
             _ => Err(format!(
-                "delegations: {s:?} is not one of \"none\", \"read\""
+                "delegations: {s:?} is not one of \"none\", \"read\", \"all\""
             )),
         }
     }

@@ -8,7 +8,7 @@ use super::ops_fs::{
     apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, io, put_stateid, run, run_or_block,
     stat_of, stateid, x,
 };
-use super::state::{lock_range, Denied, FileKey, OpenRequest, Stateid};
+use super::state::{lock_range, DelegRequest, Denied, FileKey, OpenRequest, Stateid};
 use super::Delegations;
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
@@ -16,12 +16,13 @@ use crate::engine::rangelock::RangeGuard;
 use crate::engine::read::{Mode, ReadAt, ReadError};
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
-    lock_type, why_no_deleg, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs, LockDenied4,
-    Locker4, LocktArgs, LockuArgs, Nfsace4, OpenArgs, OpenClaim4, OpenDelegation4,
-    OpenDowngradeArgs, OpenNoneDelegation4, OpenReadDelegation4, OpenResOk, Openflag4, ReadArgs,
-    StateOwner4, TestStateidArgs, TestStateidResOk, WriteArgs, WriteResOk, Xdr,
-    OPEN_RESULT_LOCKTYPE_POSIX, SHARE_ACCESS_READ, SHARE_ACCESS_WRITE, SHARE_WANT_CANCEL,
-    SHARE_WANT_MASK, SHARE_WANT_NO_DELEG, SHARE_WANT_NO_PREFERENCE, SHARE_WANT_WRITE_DELEG,
+    deleg, lock_type, why_no_deleg, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs,
+    LockDenied4, Locker4, LocktArgs, LockuArgs, Nfsace4, OpenArgs, OpenClaim4, OpenDelegation4,
+    OpenDowngradeArgs, OpenNoneDelegation4, OpenReadDelegation4, OpenResOk, OpenWriteDelegation4,
+    Openflag4, ReadArgs, SpaceLimit4, StateOwner4, TestStateidArgs, TestStateidResOk, WriteArgs,
+    WriteResOk, Xdr, OPEN_RESULT_LOCKTYPE_POSIX, SHARE_ACCESS_READ, SHARE_ACCESS_WRITE,
+    SHARE_WANT_ANY_DELEG, SHARE_WANT_CANCEL, SHARE_WANT_MASK, SHARE_WANT_NO_DELEG,
+    SHARE_WANT_NO_PREFERENCE, SHARE_WANT_READ_DELEG, SHARE_WANT_WRITE_DELEG,
 };
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
@@ -258,6 +259,9 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                             if st.is_file() && (access != SHARE_ACCESS_READ || sized) {
                                 deleg_conflicts(cx, file_key(&st), true)?;
                             }
+                            if st.is_file() {
+                                cx.srv.state.before_own_open(file_key(&st));
+                            }
                         }
                         open_create(cx, &dir, name, h, access)?
                     }
@@ -303,15 +307,42 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             deny,
             reclaim,
         };
+        // An open made under a delegation uses the delegation's
+        // descriptor when it allows the access: opening the file again
+        // would break the write delegation's kernel lease.
+        let deleg_fd = under_deleg.and_then(|d| cx.srv.state.io_state(&d, file).ok());
         let sid = cx.srv.state.open(req, |want| match (&fd, want) {
             (Some(fd), w) if w == access => Ok(fd.clone()),
-            _ => open_for(&fh, want),
+            _ => match &deleg_fd {
+                Some((dfd, allowed)) if want & !allowed == 0 => Ok(dfd.clone()),
+                _ => {
+                    cx.srv.state.before_own_open(file);
+                    open_for(&fh, want)
+                }
+            },
         })?;
-        let may_delegate = matches!(args.claim, OpenClaim4::Null(_) | OpenClaim4::Fh);
-        let delegation = if may_delegate {
-            delegate(cx, args.share_access, access, clientid, &sid, &fh, file)
-        } else {
-            OpenDelegation4::None
+        let delegation = match args.claim {
+            OpenClaim4::Null(_) | OpenClaim4::Fh => delegate(
+                cx,
+                args.share_access,
+                access,
+                clientid,
+                &sid,
+                &fh,
+                &st,
+                None,
+            ),
+            OpenClaim4::Previous(t) if t != deleg::NONE => delegate(
+                cx,
+                args.share_access,
+                access,
+                clientid,
+                &sid,
+                &fh,
+                &st,
+                Some(t),
+            ),
+            _ => OpenDelegation4::None,
         };
         OpenResOk {
             stateid: sid,
@@ -327,11 +358,15 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
     })
 }
 
-/// The delegation an OPEN of `file` for `access` gets (RFC 8881 section
-/// 10.4): a read delegation for a read-only open, when the server grants
-/// them, the client's back channel answered its probe, the client did not
-/// ask for none, and nobody else writes the file. With a WANT bit, the
-/// answer says why there is none.
+/// The delegation an OPEN of the file `st` for `access` gets (RFC 8881
+/// section 10.4), when the server grants them and the client's back
+/// channel answered its probe: a read delegation for a read-only open; a
+/// write delegation for an open with write access under `--delegations
+/// all`. With a WANT bit, the answer says why there is none. A reclaim
+/// (`reclaim`, the delegation type of OPEN CLAIM_PREVIOUS) gets the type
+/// it names back, with the recall flag set when the back channel is not
+/// up or a local process has the file open.
+#[allow(clippy::too_many_arguments)]
 fn delegate(
     cx: &Ctx<'_>,
     share_access: u32,
@@ -339,16 +374,19 @@ fn delegate(
     clientid: u64,
     open: &Stateid,
     fh: &Fh,
-    file: FileKey,
+    st: &Stat,
+    reclaim: Option<u32>,
 ) -> OpenDelegation4 {
     let want = share_access & SHARE_WANT_MASK;
     let none = |why| OpenDelegation4::NoneExt(OpenNoneDelegation4 { why, later: false });
-    match want {
-        SHARE_WANT_NO_DELEG => return none(why_no_deleg::NOT_WANTED),
-        SHARE_WANT_CANCEL => return none(why_no_deleg::CANCELLED),
-        _ => {}
+    if reclaim.is_none() {
+        match want {
+            SHARE_WANT_NO_DELEG => return none(why_no_deleg::NOT_WANTED),
+            SHARE_WANT_CANCEL => return none(why_no_deleg::CANCELLED),
+            _ => {}
+        }
     }
-    let asked = want != SHARE_WANT_NO_PREFERENCE;
+    let asked = want != SHARE_WANT_NO_PREFERENCE && reclaim.is_none();
     let refused = |why| {
         if asked {
             none(why)
@@ -356,36 +394,71 @@ fn delegate(
             OpenDelegation4::None
         }
     };
-    if cx.srv.config.delegations == Delegations::None || want == SHARE_WANT_WRITE_DELEG {
-        return refused(why_no_deleg::RESOURCE);
-    }
-    if access != SHARE_ACCESS_READ {
-        // Write delegations are not granted.
-        return refused(why_no_deleg::RESOURCE);
-    }
     let back_channel_up = cx.session.is_some_and(|s| {
         s.back_channel()
             .as_ref()
             .is_some_and(|b| b.wanted && b.usable() && b.state == CbState::Up)
     });
-    if !back_channel_up {
-        return refused(why_no_deleg::RESOURCE);
-    }
-    let Ok((fd, _)) = cx.srv.state.io_state(open, file) else {
+    let write = match reclaim {
+        Some(deleg::READ) => false,
+        Some(deleg::WRITE) if access & SHARE_ACCESS_WRITE != 0 => true,
+        Some(_) => return OpenDelegation4::None,
+        None => {
+            let policy = cx.srv.config.delegations;
+            let may_write = policy == Delegations::All && access & SHARE_ACCESS_WRITE != 0;
+            let may_read = policy != Delegations::None && access == SHARE_ACCESS_READ;
+            let write = match want {
+                SHARE_WANT_WRITE_DELEG if may_write => true,
+                SHARE_WANT_READ_DELEG if may_read => false,
+                SHARE_WANT_NO_PREFERENCE | SHARE_WANT_ANY_DELEG if may_write || may_read => {
+                    may_write
+                }
+                _ => return refused(why_no_deleg::RESOURCE),
+            };
+            if !back_channel_up {
+                return refused(why_no_deleg::RESOURCE);
+            }
+            write
+        }
+    };
+    let Ok((fd, _)) = cx.srv.state.io_state(open, file_key(st)) else {
         return refused(why_no_deleg::RESOURCE);
     };
-    match cx.srv.state.grant_read_deleg(clientid, file, &fh.wire, fd) {
-        Some(stateid) => OpenDelegation4::Read(OpenReadDelegation4 {
-            stateid,
-            recall: false,
-            permissions: Nfsace4 {
-                acetype: 0, // ACE4_ACCESS_ALLOWED_ACE_TYPE, nobody
-                flag: 0,
-                access_mask: 0,
-                who: Vec::new(),
-            },
-        }),
-        None => refused(why_no_deleg::CONTENTION),
+    let granted = cx.srv.state.grant_deleg(DelegRequest {
+        clientid,
+        file: file_key(st),
+        fh: &fh.wire,
+        fd,
+        access,
+        write,
+        change: st.change(),
+        reclaim: reclaim.is_some(),
+    });
+    let Some(g) = granted else {
+        return refused(why_no_deleg::CONTENTION);
+    };
+    let recall = g.unleased || !back_channel_up;
+    // Nobody in particular: the client checks access itself (ACCESS).
+    let permissions = Nfsace4 {
+        acetype: 0, // ACE4_ACCESS_ALLOWED_ACE_TYPE
+        flag: 0,
+        access_mask: 0,
+        who: Vec::new(),
+    };
+    if write {
+        OpenDelegation4::Write(OpenWriteDelegation4 {
+            stateid: g.stateid,
+            recall,
+            // No limit on what the client writes before it flushes.
+            space_limit: SpaceLimit4::Size(u64::MAX),
+            permissions,
+        })
+    } else {
+        OpenDelegation4::Read(OpenReadDelegation4 {
+            stateid: g.stateid,
+            recall,
+            permissions,
+        })
     }
 }
 
@@ -446,6 +519,7 @@ pub(super) fn io_fd(
         } else {
             libc::O_RDONLY
         };
+        cx.srv.state.before_own_open(file_key(st));
         return io(fs::reopen(fh.fd.as_fd(), flags)).map(Arc::new);
     }
     let (fd, access) = cx.srv.state.io_state(&sid, file_key(st))?;
@@ -540,6 +614,9 @@ pub(super) fn read_start<'a>(cx: &Ctx<'a>, d: &mut Decoder<'_>) -> Result<ReadSt
     let count = count.min(cx.cur_ex().rules.max_read) as u64;
     let (fh, st) = cur_file(cx)?;
     let fd = io_fd(cx, &fh, &st, sid, false)?;
+    // The read may open the file again (O_DIRECT, or a write-only open's
+    // descriptor): not under a write delegation's kernel lease.
+    cx.srv.state.before_own_open(file_key(&st));
     let _shared = read_lock(cx, file_key(&st), offset, offset.saturating_add(count))?;
     Ok(ReadStart {
         sid,
@@ -634,8 +711,19 @@ pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         if offset.checked_add(count as u64).is_none() {
             return Err(status::INVAL);
         }
-        let (fh, _) = cur_file(cx)?;
-        let fd = io(cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)))?;
+        let (fh, st) = cur_file(cx)?;
+        // Through a descriptor an open (or delegation) of the file has,
+        // when there is one: opening it again would break a write
+        // delegation's kernel lease.
+        let fd = match cx.srv.state.any_fd(file_key(&st)) {
+            Some(fd) => fd,
+            None => {
+                cx.srv.state.before_own_open(file_key(&st));
+                Arc::new(io(cred::as_root(|| {
+                    fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)
+                }))?)
+            }
+        };
         io(fs::sync(fd.as_fd(), true))?;
         e.opaque_fixed(&cx.srv.write_verifier);
         Ok(())

@@ -96,6 +96,47 @@ pub(super) fn deleg_conflicts(cx: &Ctx<'_>, file: FileKey, write: bool) -> Resul
     }
 }
 
+/// When another client holds a write delegation on the file `st`, asks it
+/// for the file's size and change attribute with CB_GETATTR (RFC 8881
+/// section 10.4.3), so that a GETATTR sees what the holder wrote but has
+/// not sent yet: when the holder changed the file, its modify time is set
+/// to now (which moves the change attribute on) and its size is the
+/// holder's. A holder that does not answer has its delegation recalled
+/// (NFS4ERR_DELAY until it is back), and so does a GETATTR while a recall
+/// is out.
+fn holder_attrs(cx: &Ctx<'_>, fh: &Fh, st: &mut Stat) -> Result<(), Stop> {
+    let file = (st.dev, st.ino);
+    let Some(h) = cx.srv.state.write_holder(file, cx.clientid().ok()) else {
+        return Ok(());
+    };
+    if h.recalled {
+        return Err(status::DELAY.into());
+    }
+    if super::context::must_not_wait() {
+        // The callback is waited for on a worker.
+        return Err(Stop::WouldBlock);
+    }
+    let sessions = cx.srv.state.sessions_of(h.clientid);
+    match callback::getattr(&sessions, &h.fh, &cx.srv.metrics) {
+        Ok(a) => {
+            if a.change != h.change || a.size != st.size {
+                io(fs::utimens(fh.fd.as_fd(), SetTime::Keep, SetTime::Now))?;
+                *st = stat_of(fh)?;
+                st.size = a.size;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            tracing::info!(
+                clientid = format!("{:#x}", h.clientid),
+                error = %e,
+                "CB_GETATTR not answered: recalling the write delegation"
+            );
+            Ok(deleg_conflicts(cx, file, true)?)
+        }
+    }
+}
+
 /// Stats the object behind a filehandle of an export.
 pub(super) fn stat_of(fh: &Fh) -> Result<Stat, Nfsstat4> {
     io(fs::stat(fh.fd.as_fd()))
@@ -264,11 +305,16 @@ pub(super) fn lookupp(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder) 
 }
 
 /// GETATTR.
-pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
-    run(|| {
+pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Outcome {
+    let cx = &*cx;
+    run_or_block(|| {
         let Bitmap4(req) = x(Bitmap4::decode(d))?;
         let fh = cx.cur()?;
-        let st = stat_any(cx, fh)?;
+        let mut st = stat_any(cx, fh)?;
+        let asks = |bit: u32| req.first().is_some_and(|w| w & (1 << bit) != 0);
+        if st.is_file() && (asks(attr::CHANGE) || asks(attr::SIZE)) {
+            holder_attrs(cx, fh, &mut st)?;
+        }
         put_fattr(cx, e, Some(&fh.wire), &st, &req, fh);
         Ok(())
     })
@@ -325,6 +371,11 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
         deleg_conflicts(cx, (st.dev, st.ino), a.size.is_some() || a.mode.is_some())?;
+        if a.size.is_some() {
+            // Truncating by path would break a write delegation's kernel
+            // lease (the holder's own, or others' got DELAY above).
+            cx.srv.state.before_own_open((st.dev, st.ino));
+        }
         if a.size.is_some() && st.is_file() {
             let sid = cx.stateid(sid)?;
             if !sid.is_special_io() {

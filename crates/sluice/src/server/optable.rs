@@ -162,7 +162,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     ),
     unsupported("DELEGPURGE", NO_OBJECT),
     row("DELEGRETURN", ops_file::delegreturn, BAD_SID, MODIFIES, 0),
-    row("GETATTR", ops_fs::getattr, SAME, NO_WAIT, 0),
+    OpDesc {
+        name: "GETATTR",
+        run: Some(Handler::MayBlock(ops_fs::getattr)),
+        pseudo: SAME,
+        flags: NO_WAIT,
+        reply_bound: 0,
+    },
     row("GETFH", ops_fs::getfh, SAME, MOVES_FH | NO_WAIT, 4 + 128),
     row(
         "LINK",

@@ -2,7 +2,7 @@
 //! BACKCHANNEL_CTL op, and the CB_COMPOUND procedure the server calls on
 //! the client with CB_SEQUENCE, CB_RECALL and CB_RECALL_ANY.
 
-use super::common::{array, put_array, xdr_struct, Bitmap4};
+use super::common::{array, put_array, xdr_struct, Bitmap4, Fattr4};
 use super::ns::NfsFh4;
 use super::{CallbackSec, SessionId, Stateid4, Xdr, SMALL_ARRAY};
 use crate::xdr::{Decoder, Encoder, XdrResult};
@@ -178,6 +178,24 @@ xdr_struct! {
 }
 
 xdr_struct! {
+    /// CB_GETATTR4args (section 20.1).
+    pub struct CbGetattrArgs {
+        /// The file.
+        pub fh: NfsFh4,
+        /// The attributes wanted (the server asks for change and size).
+        pub attr_request: Bitmap4,
+    }
+}
+
+xdr_struct! {
+    /// CB_GETATTR4resok: the holder's view of the file.
+    pub struct CbGetattrResOk {
+        /// The attributes.
+        pub obj_attributes: Fattr4,
+    }
+}
+
+xdr_struct! {
     /// CB_RECALL_ANY4args (section 20.6).
     pub struct CbRecallAnyArgs {
         /// How many objects the client may keep.
@@ -212,8 +230,10 @@ mod tests {
                 referring_call_lists: vec![list; lists],
             });
             roundtrip(&CbSequenceResOk { sessionid, sequenceid: v[0], slotid: v[1], highest_slotid: v[2], target_highest_slotid: v[3] });
-            roundtrip(&CbRecallArgs { stateid: sid, truncate: flag, fh: NfsFh4(fh) });
-            roundtrip(&CbRecallAnyArgs { objects_to_keep: v[4], type_mask: Bitmap4(mask) });
+            roundtrip(&CbRecallArgs { stateid: sid, truncate: flag, fh: NfsFh4(fh.clone()) });
+            roundtrip(&CbRecallAnyArgs { objects_to_keep: v[4], type_mask: Bitmap4(mask.clone()) });
+            roundtrip(&CbGetattrArgs { fh: NfsFh4(fh.clone()), attr_request: Bitmap4(mask.clone()) });
+            roundtrip(&CbGetattrResOk { obj_attributes: Fattr4 { mask: Bitmap4(mask), vals: fh } });
         }
     }
 }

@@ -1,8 +1,9 @@
-//! Delegations (RFC 8881 section 10.2): read delegations granted on OPEN,
-//! recalled when another client (or the server for one) is about to change
-//! the file, returned with DELEGRETURN, revoked when not returned within a
-//! lease. A revoked delegation stays known (TEST_STATEID answers
-//! NFS4ERR_DELEG_REVOKED, SEQUENCE flags it) until the client frees it.
+//! Delegations (RFC 8881 section 10.2): read and write delegations granted
+//! on OPEN, recalled when another client (or a local process) is about to
+//! change the file (or, for a write delegation, to look at it), returned
+//! with DELEGRETURN, revoked when not returned within a lease. A revoked
+//! delegation stays known (TEST_STATEID answers NFS4ERR_DELEG_REVOKED,
+//! SEQUENCE flags it) until the client frees it.
 //!
 //! Nothing here waits for a client: a conflict starts the recall and the
 //! request that ran into it gets NFS4ERR_DELAY, which clients retry.
@@ -24,14 +25,24 @@ pub(super) struct Deleg {
     /// The file's wire handle, for CB_RECALL.
     fh: Vec<u8>,
     seqid: u32,
-    /// A read-only descriptor for I/O with the delegation stateid.
+    /// A write delegation (else read).
+    write: bool,
+    /// The file's change attribute when granted: a CB_GETATTR answer
+    /// with another one means the holder changed the file.
+    change: u64,
+    /// The open's descriptor, for I/O with the delegation stateid.
     fd: Arc<OwnedFd>,
+    /// The open's access (OPEN4_SHARE_ACCESS_*), which I/O with the
+    /// delegation stateid may use.
+    access: u32,
     /// When the recall was sent.
     recalled: Option<Instant>,
     /// When it is revoked if not returned.
     deadline: Option<Instant>,
     revoked: bool,
-    /// A kernel read lease is held on `fd`, so that local writers wait.
+    /// A kernel lease is held on `fd` (a read lease for a read
+    /// delegation, so that local writers wait; a write lease for a write
+    /// delegation, so that local readers wait too).
     leased: bool,
 }
 
@@ -51,6 +62,8 @@ impl Deleg {
 pub(super) struct Delegs {
     /// Revoked delegations not yet freed.
     revoked: usize,
+    /// Write delegations held.
+    writes: usize,
     /// When each file's delegations were last recalled: none is granted
     /// on it again for a lease, so a client that takes one back at once
     /// cannot keep a writer waiting for ever.
@@ -67,6 +80,7 @@ impl Delegs {
     }
 
     fn insert(&mut self, other: Other, d: Deleg) {
+        self.writes += usize::from(d.write);
         self.by_file.entry(d.file).or_default().push(other);
         self.by_client.entry(d.clientid).or_default().push(other);
         self.all.insert(other, d);
@@ -77,6 +91,8 @@ impl Delegs {
         d.release();
         if d.revoked {
             self.revoked -= 1;
+        } else {
+            self.writes -= usize::from(d.write);
         }
         if let Some(v) = self.by_file.get_mut(&d.file) {
             v.retain(|o| o != other);
@@ -116,6 +132,51 @@ impl Delegs {
     }
 }
 
+/// What a delegation is asked for on.
+#[derive(Debug)]
+pub struct DelegRequest<'a> {
+    /// The client that opened.
+    pub clientid: u64,
+    /// The file.
+    pub file: FileKey,
+    /// Its wire handle, for callbacks.
+    pub fh: &'a [u8],
+    /// The open's descriptor.
+    pub fd: Arc<OwnedFd>,
+    /// The open's access (OPEN4_SHARE_ACCESS_*).
+    pub access: u32,
+    /// A write delegation (else read).
+    pub write: bool,
+    /// The file's change attribute now.
+    pub change: u64,
+    /// Reclaimed after a restart (OPEN CLAIM_PREVIOUS during grace).
+    pub reclaim: bool,
+}
+
+/// A delegation granted.
+#[derive(Debug, Clone, Copy)]
+pub struct Granted {
+    /// Its stateid.
+    pub stateid: Stateid,
+    /// Given back on a reclaim without the kernel lease that makes local
+    /// processes wait (one has the file open): the client is asked to
+    /// return it at once (the recall flag of the OPEN result).
+    pub unleased: bool,
+}
+
+/// A write delegation another client holds, for CB_GETATTR.
+#[derive(Debug, Clone)]
+pub struct WriteHolder {
+    /// The holder.
+    pub clientid: u64,
+    /// The file's handle.
+    pub fh: Vec<u8>,
+    /// The change attribute when it was granted.
+    pub change: u64,
+    /// A recall of it is out: the caller waits for its return.
+    pub recalled: bool,
+}
+
 /// A recall to send: the holder, its delegation and the file.
 #[derive(Debug, Clone)]
 pub struct Recall {
@@ -133,46 +194,65 @@ impl StateTable {
         self.revoked.store(inner.delegs.revoked, Ordering::Relaxed);
         self.delegated_files
             .store(inner.delegs.by_file.len(), Ordering::Relaxed);
+        self.write_delegs
+            .store(inner.delegs.writes, Ordering::Relaxed);
     }
 
-    /// A read delegation on `file` for `clientid`, when nobody else has it
-    /// open for writing, no delegation on it is being recalled, and the
-    /// client holds none on it yet. `fd` serves I/O with its stateid.
-    pub fn grant_read_deleg(
-        &self,
-        clientid: u64,
-        file: FileKey,
-        fh: &[u8],
-        fd: Arc<OwnedFd>,
-    ) -> Option<Stateid> {
+    /// A delegation on the file of `req` for its client (RFC 8881
+    /// section 10.4): a read delegation when nobody else has the file open
+    /// for writing, a write delegation when nobody else has it open at
+    /// all; neither while a delegation of the file is being recalled (or
+    /// was in the last lease), nor when the client holds one on it
+    /// already, nor during grace unless reclaimed.
+    pub fn grant_deleg(&self, req: DelegRequest<'_>) -> Option<Granted> {
         let mut inner = self.lock();
-        if inner.grace.active_at(Instant::now()) {
-            // New delegations could conflict with what is being reclaimed.
-            return None;
-        }
-        if inner.ids.file_has_writer_other_than(file, clientid) {
-            return None;
-        }
-        let lease = self.settings.lease;
-        if let Some(at) = inner.delegs.recalled.get(&file) {
-            if at.elapsed() < lease {
+        let file = req.file;
+        if !req.reclaim {
+            if inner.grace.active_at(Instant::now()) {
+                // New delegations could conflict with what is being
+                // reclaimed.
                 return None;
             }
-            inner.delegs.recalled.remove(&file);
+            if let Some(at) = inner.delegs.recalled.get(&file) {
+                if at.elapsed() < self.settings.lease {
+                    return None;
+                }
+                inner.delegs.recalled.remove(&file);
+            }
+        }
+        let others_open = if req.write {
+            inner.ids.file_has_open_other_than(file, req.clientid)
+        } else {
+            inner.ids.file_has_writer_other_than(file, req.clientid)
+        };
+        if others_open {
+            return None;
         }
         let existing = inner.delegs.by_file.get(&file).cloned().unwrap_or_default();
         for o in &existing {
             let d = &inner.delegs.all[o];
-            if d.clientid == clientid || d.recalled.is_some() || d.revoked {
+            if d.clientid == req.clientid
+                || d.recalled.is_some()
+                || d.revoked
+                || req.write
+                || d.write
+            {
                 return None;
             }
         }
         // With local leases, a local process that opens the file for
-        // writing is held back until the delegation is back; one that has
-        // it open for writing now keeps the delegation from being granted.
+        // writing (for a write delegation: at all) is held back until the
+        // delegation is back; one that has it open so now keeps the
+        // delegation from being granted, except on a reclaim, which the
+        // client is then asked to return at once.
+        let mut unleased = false;
         let leased = if self.settings.local_leases {
-            match crate::engine::fs::take_read_lease(fd.as_fd()) {
+            match crate::engine::fs::take_lease(req.fd.as_fd(), req.write) {
                 Ok(()) => true,
+                Err(_) if req.reclaim => {
+                    unleased = true;
+                    false
+                }
                 Err(_) => return None,
             }
         } else {
@@ -182,11 +262,14 @@ impl StateTable {
         inner.delegs.insert(
             other,
             Deleg {
-                clientid,
+                clientid: req.clientid,
                 file,
-                fh: fh.to_vec(),
+                fh: req.fh.to_vec(),
                 seqid: 1,
-                fd,
+                write: req.write,
+                change: req.change,
+                fd: req.fd,
+                access: req.access,
                 recalled: None,
                 deadline: None,
                 revoked: false,
@@ -195,12 +278,73 @@ impl StateTable {
         );
         self.publish(&inner);
         self.counters.delegs_granted.fetch_add(1, Ordering::Relaxed);
-        Some(Stateid { seqid: 1, other })
+        Some(Granted {
+            stateid: Stateid { seqid: 1, other },
+            unleased,
+        })
+    }
+
+    /// The write delegation of a client other than `requester` on `file`,
+    /// if there is one: another client's GETATTR of its size or change
+    /// asks the holder with CB_GETATTR (RFC 8881 section 10.4.3).
+    pub fn write_holder(&self, file: FileKey, requester: Option<u64>) -> Option<WriteHolder> {
+        if self.write_delegs.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let inner = self.lock();
+        inner
+            .delegs
+            .by_file
+            .get(&file)?
+            .iter()
+            .map(|o| &inner.delegs.all[o])
+            .find(|d| d.write && !d.revoked && Some(d.clientid) != requester)
+            .map(|d| WriteHolder {
+                clientid: d.clientid,
+                fh: d.fh.clone(),
+                change: d.change,
+                recalled: d.recalled.is_some(),
+            })
+    }
+
+    /// Before the server itself opens or truncates `file` for the holder
+    /// of a write delegation on it: the kernel write lease would hold the
+    /// server's own open back, so it goes (local processes are no longer
+    /// noticed for that delegation).
+    pub fn before_own_open(&self, file: FileKey) {
+        if self.write_delegs.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut inner = self.lock();
+        let Some(list) = inner.delegs.by_file.get(&file).cloned() else {
+            return;
+        };
+        for o in list {
+            let d = inner.delegs.all.get_mut(&o).expect("listed");
+            if d.write {
+                d.release();
+            }
+        }
+    }
+
+    /// An open descriptor of `file` (an open's or a delegation's), to
+    /// flush it without opening it again.
+    pub fn any_fd(&self, file: FileKey) -> Option<Arc<OwnedFd>> {
+        let inner = self.lock();
+        inner.ids.any_fd(file).or_else(|| {
+            inner
+                .delegs
+                .by_file
+                .get(&file)?
+                .iter()
+                .find_map(|o| inner.delegs.all.get(o).map(|d| d.fd.clone()))
+        })
     }
 
     /// Checks `file` for delegations of clients other than `requester`
     /// that an access conflicts with: every delegation conflicts with a
-    /// change (`write`), none with a read. Conflicting delegations are
+    /// change (`write`), a write delegation with a read too. Conflicting
+    /// delegations are
     /// recalled (the recalls to send are returned) and the caller gets
     /// NFS4ERR_DELAY until they are returned or revoked; those of
     /// clients whose lease ran out are revoked at once.
@@ -210,7 +354,9 @@ impl StateTable {
         requester: Option<u64>,
         write: bool,
     ) -> Result<(), (Nfsstat4, Vec<Recall>)> {
-        if !write || self.delegated_files.load(Ordering::Relaxed) == 0 {
+        if self.delegated_files.load(Ordering::Relaxed) == 0
+            || (!write && self.write_delegs.load(Ordering::Relaxed) == 0)
+        {
             return Ok(());
         }
         let mut inner = self.lock();
@@ -221,18 +367,22 @@ impl StateTable {
         let mut recalls = Vec::new();
         let mut waiting = false;
         for o in list {
-            let (holder, recalled, revoked) = {
+            let (holder, recalled, revoked, is_write) = {
                 let d = &inner.delegs.all[&o];
-                (d.clientid, d.recalled, d.revoked)
+                (d.clientid, d.recalled, d.revoked, d.write)
             };
-            if revoked {
+            if revoked || (!write && !is_write) {
                 continue;
             }
             if Some(holder) == requester {
-                // The holder changes its own file through the server: the
-                // kernel lease would hold the server's own open back, so
-                // it goes (local writers are no longer noticed for it).
-                inner.delegs.all.get_mut(&o).expect("listed").release();
+                if !is_write {
+                    // The holder changes its own file through the server:
+                    // the kernel read lease would hold the server's own
+                    // open for writing back, so it goes (local writers
+                    // are no longer noticed for it). A write delegation's
+                    // holder writes through the descriptor it opened.
+                    inner.delegs.all.get_mut(&o).expect("listed").release();
+                }
                 continue;
             }
             if inner
@@ -276,6 +426,7 @@ impl StateTable {
         if let Some(d) = inner.delegs.all.get_mut(o).filter(|d| !d.revoked) {
             d.revoked = true;
             d.release();
+            inner.delegs.writes -= usize::from(d.write);
             if let Some(v) = inner.delegs.by_file.get_mut(&d.file) {
                 // A revoked delegation no longer holds the file.
                 v.retain(|x| x != o);
@@ -403,19 +554,22 @@ impl StateTable {
         }
     }
 
-    /// The descriptor for READ with delegation stateid `sid` on `file`.
+    /// The descriptor and access for I/O with delegation stateid `sid`
+    /// on `file`: a read delegation reads, a write delegation also writes
+    /// when its open could.
     pub(super) fn deleg_io(
         inner: &Inner,
         sid: &Stateid,
         file: FileKey,
-    ) -> Option<Result<Arc<OwnedFd>, Nfsstat4>> {
+    ) -> Option<Result<(Arc<OwnedFd>, u32), Nfsstat4>> {
         let d = inner.delegs.all.get(&sid.other)?;
         Some(if d.file != file {
             Err(status::BAD_STATEID)
         } else if d.revoked {
             Err(status::DELEG_REVOKED)
         } else {
-            super::stateids::check_seqid(d.seqid, sid.seqid).map(|()| d.fd.clone())
+            let access = if d.write { d.access } else { 1 };
+            super::stateids::check_seqid(d.seqid, sid.seqid).map(|()| (d.fd.clone(), access))
         })
     }
 

@@ -26,7 +26,7 @@ pub mod session;
 mod stateids;
 
 pub use clients::{ExchangeFlags, ExchangeResult, Principal};
-pub use delegs::Recall;
+pub use delegs::{DelegRequest, Granted, Recall, WriteHolder};
 pub use grace::GraceStatus;
 pub use session::{request_fingerprint, Fingerprint, Session, SlotDecision, SlotGuard};
 pub use stateids::{lock_range, Denied, LockRange, OpenRequest};
@@ -177,6 +177,9 @@ pub struct StateTable {
     revoked: std::sync::atomic::AtomicUsize,
     /// Files with delegations (read without the lock by every change).
     delegated_files: std::sync::atomic::AtomicUsize,
+    /// Write delegations held (read without the lock by every read and
+    /// GETATTR).
+    write_delegs: std::sync::atomic::AtomicUsize,
 }
 
 /// The tables, under [`StateTable`]'s mutex.
@@ -239,6 +242,7 @@ impl StateTable {
             counters: Counters::default(),
             revoked: Default::default(),
             delegated_files: Default::default(),
+            write_delegs: Default::default(),
         };
         {
             let mut inner = t.lock();

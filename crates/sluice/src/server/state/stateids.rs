@@ -255,6 +255,30 @@ impl Stateids {
         out
     }
 
+    /// Whether a client other than `clientid` has `file` open at all.
+    pub(super) fn file_has_open_other_than(&self, file: FileKey, clientid: u64) -> bool {
+        self.opens_by_file
+            .get(&file)
+            .into_iter()
+            .flatten()
+            .any(|other| {
+                matches!(self.states.get(other),
+                    Some(StateEntry::Open(o)) if o.clientid != clientid)
+            })
+    }
+
+    /// An open descriptor of `file`, from any client's open.
+    pub(super) fn any_fd(&self, file: FileKey) -> Option<Arc<OwnedFd>> {
+        self.opens_by_file
+            .get(&file)
+            .into_iter()
+            .flatten()
+            .find_map(|other| match self.states.get(other) {
+                Some(StateEntry::Open(o)) => Some(o.fd.clone()),
+                _ => None,
+            })
+    }
+
     /// Whether a client other than `clientid` has `file` open for writing.
     pub(super) fn file_has_writer_other_than(&self, file: FileKey, clientid: u64) -> bool {
         self.opens_by_file
@@ -490,8 +514,9 @@ impl StateTable {
             }
             None => {
                 if let Some(r) = Self::deleg_io(&inner, sid, file) {
-                    // A read delegation's stateid reads.
-                    return r.map(|fd| (fd, 1));
+                    // A delegation's stateid reads; a write delegation's
+                    // also writes.
+                    return r;
                 }
                 self.check_stale(sid)?;
                 return Err(status::BAD_STATEID);
