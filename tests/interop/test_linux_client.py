@@ -45,6 +45,9 @@ BIG_DIR_ENTRIES = 20000
 FIXED_MTIME = 981173106  # 2001-02-03 04:05:06 UTC, set by `touch -d` in the guest
 # The boots (kernel, NFS minor version) that also run the crash recovery
 # steps: one per kernel, both minor versions covered.
+# The --delegations of each boot (read, the default, unless named): one
+# boot runs the whole suite with write delegations too.
+DELEGATIONS = {("6.12", "4.2"): "all"}
 RECLAIM_BOOTS = {("6.1", "4.1"), ("6.12", "4.2")}
 # Control requests of the crash recovery steps, in the order the guest sends them.
 RECLAIM_REQUESTS = ["reclaim-restart", "reclaimed-denied", "restart-twice", "denied", "restart-past-grace", "refused-free"]
@@ -91,10 +94,17 @@ class GuestServer(MetricsServer):
 
 def open_path(c: Client, path: str):
     """OPEN (read and write, no create) of PATH under the root by host
-    client `c`: (open stateid, filehandle)."""
+    client `c`: (open stateid, filehandle). Retried while the server
+    answers NFS4ERR_DELAY (it is recalling the guest's delegation), as a
+    client does, for up to a minute."""
     *dirs, name = path.split("/")
-    r = c.compound([rc.op_putrootfh(), *[rc.op_lookup(d) for d in dirs],
-                    rc.op_open(c.owner + b"/open", name, access=OPEN4_SHARE_ACCESS_BOTH), rc.op_getfh()])
+    deadline = time.monotonic() + 60
+    while True:
+        r = c.compound([rc.op_putrootfh(), *[rc.op_lookup(d) for d in dirs],
+                        rc.op_open(c.owner + b"/open", name, access=OPEN4_SHARE_ACCESS_BOTH), rc.op_getfh()])
+        if r.status != St.DELAY or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # poll interval of the retry loop
     expect(r, St.OK, f"host client's OPEN of {path}")
     return r[2 + len(dirs)].stateid, r[3 + len(dirs)].fh
 
@@ -165,8 +175,13 @@ class ControlServer:
     Anything that goes wrong is replied as "error ..." and kept in .errors.
     """
 
-    def __init__(self, server):
+    def __init__(self, server, write_delegations: bool = False):
         self.server = server
+        # The server grants write delegations: a lock the guest takes
+        # while it holds one stays in the guest (the Linux client sends
+        # LOCK only when the delegation goes back), and is reclaimed with
+        # the delegation rather than by a LOCK of its own.
+        self.write_delegations = write_delegations
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(4)
@@ -298,7 +313,10 @@ class ControlServer:
         self.holder = None
         self._wait_grace_over("every client known from before has reclaimed")
         reclaims = self._grace()[2]
-        assert reclaims >= 3, f"{reclaims:g} reclaims since the restart; expected the host's open and the guest's open and lock"
+        want = 2 if self.write_delegations else 3
+        assert reclaims >= want, (
+            f"{reclaims:g} reclaims since the restart; expected the host's open and the guest's open"
+            + (" (and its lock, unless under a write delegation)" if self.write_delegations else " and lock"))
         expect_denied_by_guest(host_lock(h, fh, open_stateid, start, length), start, length,
                                "host client's LOCK after the guest reclaimed")
         retire(h, fh, open_stateid)
@@ -306,7 +324,10 @@ class ControlServer:
     def _denied(self, path, start, length):
         self._wait_grace_over("every client known from before has reclaimed")
         reclaims = self._grace()[2]
-        assert reclaims >= 2, f"{reclaims:g} reclaims since the restart; expected the guest's open and lock"
+        want = 1 if self.write_delegations else 2
+        assert reclaims >= want, (
+            f"{reclaims:g} reclaims since the restart; expected the guest's open"
+            + (" (and its lock, unless under a write delegation)" if self.write_delegations else " and lock"))
         c = Client(self.server.port, machine="host-ctl").establish()
         open_stateid, fh = open_path(c, path)
         expect_denied_by_guest(host_lock(c, fh, open_stateid, start, length), start, length,
@@ -395,17 +416,20 @@ def failure_context(out: str, console_path: Path, server, lines: int) -> str:
 
 
 @pytest.fixture
-def sluice_server(sluice_binary, tmp_path, monkeypatch):
+def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     """This module's own sluice_server (instead of conftest's): a
     GuestServer on fresh export and state directories (root not squashed),
-    logging failed ops, checked alive and stopped at the end."""
+    logging failed ops, checked alive and stopped at the end; with the
+    delegations of the boot (DELEGATIONS)."""
     binary = sluice_binary
     monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{FAILED_OP_LOG}")
     export = tmp_path / "export"
     state = tmp_path / "state"
     export.mkdir()
     state.mkdir()
-    server = GuestServer(binary, export, state)
+    params = request.node.callspec.params
+    delegations = DELEGATIONS.get((params["kernel"], params["vers"]), "read")
+    server = GuestServer(binary, export, state, ["--delegations", delegations])
     server.start()
     yield server
     assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
@@ -423,7 +447,7 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
         name = f"f{i:05d}"
         (big / name).write_text(name + "\n")
 
-    ctl = ControlServer(sluice_server)
+    ctl = ControlServer(sluice_server, DELEGATIONS.get((kernel, vers)) == "all")
     console_path = tmp_path / "guest-console.log"
     try:
         returncode = boot_guest(
@@ -459,6 +483,13 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     answered, failed = m.get("sluice_callbacks_total", 0), m.get("sluice_callback_failures_total", 0)
     assert answered >= 1 and failed == 0, (
         f"back channel: {answered:g} callbacks answered, {failed:g} failed" + context())
+    if DELEGATIONS.get((kernel, vers)) == "all":
+        # Counted since the last restart of the crash recovery steps.
+        granted = m.get("sluice_write_delegations_granted_total", 0)
+        print(f"write delegations granted since the last start: {granted:g}, "
+              f"recalled {m.get('sluice_delegations_recalled_total', 0):g}, "
+              f"revoked {m.get('sluice_delegations_revoked_total', 0):g}")
+        assert granted >= 1, "the boot with --delegations all got no write delegation" + context()
 
     # --- what the guest wrote, as seen on the host ---
     manifest = re.findall(r"^MANIFEST (\S+) ([0-9a-f]{32}) (\d+)$", out, re.M)

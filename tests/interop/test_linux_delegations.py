@@ -65,11 +65,20 @@ RECALL_DEADLINE = 150
 SERVER_LOG = "sluice::server::compound=debug,sluice::server::callback=debug"
 OPEN_CLOSE = ("OPEN", "OPEN_NOATTR", "CLOSE")
 
-# (kernel, NFS minor version, --delegations, stale data steps)
+# The write delegation steps (see delegations.sh): the files, and what the
+# guest writes to each (kept dirty until it is asked for).
+WRITE_KEYS = ["a", "c"]
+GUEST_DATA = {"wd/a": "wd/a written by the guest\n", "wd/c": "wd/c written before the restart\n"}
+WRITE_REQUESTS = ["change read wd/a"]
+CHANGE_SIZE = ((1 << 3) | (1 << 4),)
+
+# (kernel, NFS minor version, --delegations, stale data steps, write
+# delegation steps)
 BOOTS = [
-    ("6.12", "4.2", "read", True),
-    ("6.1", "4.1", "read", True),
-    ("6.12", "4.2", "none", False),
+    ("6.12", "4.2", "all", True, True),
+    ("6.1", "4.1", "read", True, False),
+    ("6.1", "4.1", "all", False, True),
+    ("6.12", "4.2", "none", False, False),
 ]
 
 pytestmark = pytest.mark.skipif(
@@ -103,6 +112,31 @@ class DelegControl(ControlServer):
         recall more, one return more and no revocation. "ok" when all
         that held.
 
+        KIND may also be read: OPEN for reading and READ, then CLOSE. The
+        data read is the file's before the guest wrote, or what it wrote
+        (GUEST_DATA): the Linux client returns a recalled write
+        delegation at once and keeps what it wrote under its open, to
+        write back when the file is closed, as close-to-open allows.
+    "dirty PATH SIZE"
+        The server's file still has SIZE bytes: what the guest wrote to it
+        is only in the guest.
+    "getattr PATH SIZE"
+        Another client's GETATTR of the size and change attribute answers
+        at once (no NFS4ERR_DELAY) with SIZE, the guest's size, which the
+        server got with CB_GETATTR: no recall, no failed callback, and the
+        server's file still has its old size.
+    "restart-dirty PATH SIZE"
+        As "dirty", then the server's metrics are kept under
+        "before-restart" and it is killed (SIGKILL) and started again.
+    "written PATH"
+        After the guest closed PATH: another client's READ (retried while
+        NFS4ERR_DELAY) gives what the guest wrote.
+    "reclaimed PATH"
+        After the restart: the server counted reclaims, and another
+        client's READ (retried while NFS4ERR_GRACE or NFS4ERR_DELAY) first
+        gets NFS4ERR_DELAY (the guest reclaimed a delegation on the file),
+        then the guest's data once it was recalled and returned.
+
     Anything that goes wrong is replied as "error ..." and kept in .errors.
     """
 
@@ -110,6 +144,7 @@ class DelegControl(ControlServer):
         self.delegations = delegations
         self.marks = {}
         self.changes = []  # (request, NFS4ERR_DELAY answers, seconds until done)
+        self.read_after_recall = {}  # path: what "change read" read
         super().__init__(server)
 
     def _handle(self, line):
@@ -121,7 +156,88 @@ class DelegControl(ControlServer):
             kind, path, *rest = arg.split()
             self._change(line, kind, path, *rest)
             return "ok"
+        if cmd in ("dirty", "restart-dirty"):
+            path, size = arg.split()
+            on_server = (self.server.export / path).stat().st_size
+            assert on_server == int(size), (
+                f"{path} has {on_server} bytes on the server, not {size}: the guest's data is not only in the guest")
+            if cmd == "restart-dirty":
+                self.marks["before-restart"] = self.server.metrics()
+                self.server.restart()
+            return "ok"
+        if cmd == "getattr":
+            path, size = arg.split()
+            self._getattr(path, int(size))
+            return "ok"
+        if cmd == "reclaimed":
+            self._read_back(arg, reclaimed=True)
+            return "ok"
+        if cmd == "written":
+            self._read_back(arg, reclaimed=False)
+            return "ok"
         return f"error: unknown request {line!r}"
+
+    def _getattr(self, path, size):
+        before = self.server.metrics()
+        old = (self.server.export / path).stat().st_size
+        c = Client(self.server.port, machine="host-getattr").establish()
+        try:
+            walk, name = lookups(path)
+            r = c.compound([*walk, rc.op_lookup(name), rc.op_getattr(CHANGE_SIZE)])
+            expect(r, St.OK, f"another client's GETATTR of {path} while the guest holds a write delegation")
+            got = int.from_bytes(r[len(walk) + 2].attrvals[8:16], "big")
+            assert got == size, f"GETATTR of {path} says {got} bytes, not the guest's {size}"
+            expect(c.call([rc.op_destroy_session(c.sessionid)]), St.OK, "host client's DESTROY_SESSION")
+            expect(c.call([rc.op_destroy_clientid(c.clientid)]), St.OK, "host client's DESTROY_CLIENTID")
+        finally:
+            c.close()
+        after = self.server.metrics()
+        grew = {n: after.get(n, 0) - before.get(n, 0) for n in (
+            "sluice_callbacks_total", "sluice_callback_failures_total", "sluice_delegations_recalled_total")}
+        assert grew == {"sluice_callbacks_total": 1, "sluice_callback_failures_total": 0,
+                        "sluice_delegations_recalled_total": 0}, (
+            f"GETATTR of {path}: {grew}; expected one CB_GETATTR answered, no recall")
+        assert (self.server.export / path).stat().st_size == old, f"{path} changed size on the server"
+
+    def _read_back(self, path, reclaimed: bool):
+        m = self.server.metrics()
+        if reclaimed:
+            assert m.get("sluice_reclaims_total", 0) >= 1, f"no reclaims counted after the restart: {m}"
+        before = m
+        c = Client(self.server.port, machine="host-reclaimed").establish()
+        try:
+            walk, name = lookups(path)
+
+            def attempt():
+                return c.compound([*walk, rc.op_lookup(name), rc.op_read(0, 100, stateid=ANONYMOUS_STATEID)])
+
+            start = time.monotonic()
+            statuses = []
+            r = attempt()
+            while r.status in (St.GRACE, St.DELAY):
+                statuses.append(r.status)
+                assert time.monotonic() < start + RECALL_DEADLINE, f"READ of {path}: still {r!r} after {RECALL_DEADLINE} s"
+                time.sleep(0.05)  # poll interval of the retry loop
+                r = attempt()
+            expect(r, St.OK, f"another client's READ of {path} after the restart")
+            data = r[len(walk) + 2].data.decode(errors="replace")
+            assert data == GUEST_DATA[path], f"{path} after the restart: {data!r}, not what the guest wrote"
+            if reclaimed:
+                assert St.DELAY in statuses, (
+                    f"READ of {path} was never answered NFS4ERR_DELAY ({statuses}): the guest held no reclaimed delegation")
+            expect(c.call([rc.op_destroy_session(c.sessionid)]), St.OK, "host client's DESTROY_SESSION")
+            expect(c.call([rc.op_destroy_clientid(c.clientid)]), St.OK, "host client's DESTROY_CLIENTID")
+        finally:
+            c.close()
+        after = self.server.metrics()
+        grew = {n: after.get(n, 0) - before.get(n, 0) for n in (
+            "sluice_delegations_recalled_total", "sluice_delegations_returned_total",
+            "sluice_delegations_revoked_total", "sluice_callback_failures_total")}
+        assert grew["sluice_delegations_revoked_total"] == 0 and grew["sluice_callback_failures_total"] == 0, (
+            f"READ of {path}: {grew}; expected no revocation and no failed callback")
+        if reclaimed:
+            assert grew["sluice_delegations_recalled_total"] >= 1 and grew["sluice_delegations_returned_total"] >= 1, (
+                f"READ of {path} after the restart: {grew}; expected a recall and the guest's DELEGRETURN")
 
     def _change(self, line, kind, path, *rest):
         at = self.server.log_size()
@@ -160,7 +276,11 @@ class DelegControl(ControlServer):
         c = Client(self.server.port, machine="host-deleg").establish()
         try:
             walk, name = lookups(path)
-            if kind == "write":
+            if kind == "read":
+                def attempt():
+                    return c.compound([*walk, rc.op_open(c.owner + b"/open", name, access=rc.OPEN4_SHARE_ACCESS_READ),
+                                       rc.op_read(0, 100, stateid=ANONYMOUS_STATEID)])
+            elif kind == "write":
                 def attempt():
                     return c.compound([*walk, rc.op_lookup(name), rc.op_write(0, f"{path} version 2\n".encode(), stable=2)])
             elif kind == "open-write":
@@ -199,6 +319,12 @@ class DelegControl(ControlServer):
                 time.sleep(0.05)  # poll interval of the retry loop
                 r = attempt()
             expect(r, St.OK, f"the host client's {kind} of {path}")
+            if kind == "read":
+                n = len(walk)
+                data = r[n + 2].data.decode(errors="replace")
+                assert data in (f"{path} version 1\n", GUEST_DATA[path]), f"another client read {data!r} from {path}"
+                self.read_after_recall[path] = data
+                expect(c.compound([*walk, rc.op_lookup(name), rc.op_close(r[n + 1].stateid)]), St.OK, f"the host client's CLOSE of {path}")
             if kind == "open-write":
                 n = len(walk)
                 stateid, fh = r[n + 1].stateid, r[n + 2].fh
@@ -231,10 +357,10 @@ class DelegControl(ControlServer):
 
 
 @pytest.mark.parametrize(
-    "kernel,vers,delegations,stale", BOOTS,
-    ids=[f"linux{k}-nfs{v}-deleg-{d}" for k, v, d, _ in BOOTS],
+    "kernel,vers,delegations,stale,write", BOOTS,
+    ids=[f"linux{k}-nfs{v}-deleg-{d}" for k, v, d, _, _ in BOOTS],
 )
-def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel, vers, delegations, stale):
+def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel, vers, delegations, stale, write):
     monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{SERVER_LOG}")
     export, state = tmp_path / "export", tmp_path / "state"
     export.mkdir()
@@ -247,17 +373,21 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
         for key in STALE_KEYS:
             (export / "stale" / key).write_text(f"stale/{key} version 1\n")
         (export / "stale" / "src").write_text("stale/v version 2\n")
+    if write:
+        (export / "wd").mkdir()
+        for key in WRITE_KEYS:
+            (export / "wd" / key).write_text(f"wd/{key} version 1\n")
 
     server = GuestServer(sluice_binary, export, state, ["--delegations", delegations])
     server.start()
-    ctl = DelegControl(server, delegations == "read")
+    ctl = DelegControl(server, delegations != "none")
     console_path = tmp_path / "guest-console.log"
     started = time.monotonic()
     try:
         returncode = boot_guest(
             kernel, server, ctl, GUEST_SCRIPT, console_path,
             bins=("perl",),
-            env={"VERS": vers, "NFILES": NFILES, "STALE": int(stale)},
+            env={"VERS": vers, "NFILES": NFILES, "STALE": int(stale), "WRITE": int(write)},
         )
         took = time.monotonic() - started
         out = console_path.read_text(errors="replace")
@@ -294,6 +424,8 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
             print(f"\nCALLS PER FILE {summary}")
             for line, delays, secs in ctl.changes:
                 print(f"  {line}: {delays} x NFS4ERR_DELAY, done after {secs:.2f} s")
+            for path, data in ctl.read_after_recall.items():
+                print(f"  another client read {data!r} from {path} right after the recall")
 
     assert alive, "sluice died during the test" + context()
     failed_step = re.findall(r"^FAIL in step .*$", out, re.M)
@@ -306,13 +438,13 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
     assert "ALL STEPS PASSED" in out, "guest exited 0 without finishing" + context()
     assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
     changes = [r for r in ctl.requests if r.startswith("change ")]
-    assert changes == (STALE_REQUESTS if stale else []), f"control requests: {ctl.requests}"
-    assert set(ctl.marks) == {"pass1", "pass2"}, f"control requests: {ctl.requests}"
+    assert changes == (STALE_REQUESTS if stale else []) + (WRITE_REQUESTS if write else []), f"control requests: {ctl.requests}"
+    assert set(ctl.marks) == {"pass1", "pass2"} | ({"before-restart"} if write else set()), f"control requests: {ctl.requests}"
 
     # --- calls per file ---
     assert measured, f"no CALLS lines for both passes in the guest output: {passes}"
     assert opens["1"] >= NFILES, f"pass 1 sent {opens['1']} OPEN/OPEN_NOATTR/CLOSE for {NFILES} files: {summary}" + context()
-    if delegations == "read":
+    if delegations != "none":
         assert opens["2"] * 10 <= opens["1"], (
             f"with read delegations pass 2 should send at most a tenth of pass 1's opens and closes: {summary}" + context())
     else:
@@ -326,9 +458,11 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
     assert answered >= 1 and failures == 0, (
         f"back channel: {answered:g} callbacks answered, {failures:g} failed" + context())
     if stale:
-        recalled = m.get("sluice_delegations_recalled_total", 0)
-        returned = m.get("sluice_delegations_returned_total", 0)
-        revoked = m.get("sluice_delegations_revoked_total", 0)
+        # Counted before the restart of the write delegation steps.
+        before = ctl.marks.get("before-restart", m)
+        recalled = before.get("sluice_delegations_recalled_total", 0)
+        returned = before.get("sluice_delegations_returned_total", 0)
+        revoked = before.get("sluice_delegations_revoked_total", 0)
         assert recalled >= len(STALE_REQUESTS) and returned >= 1 and revoked == 0, (
             f"recalled {recalled:g}, returned {returned:g}, revoked {revoked:g}" + context())
         stale_dir = export / "stale"
@@ -339,3 +473,11 @@ def test_linux_delegations(sluice_binary, tmp_path, monkeypatch, capsys, kernel,
         assert (stale_dir / "v").read_text() == "stale/v version 2\n"
         assert (stale_dir / "n2").read_text() == "stale/n version 1\n"
         assert sorted(os.listdir(stale_dir)) == ["l", "n2", "o", "t", "v", "w"]
+    if write:
+        # The write delegation the guest reclaimed after the restart.
+        assert m.get("sluice_write_delegations_granted_total", 0) >= 1, f"no write delegation since the restart: {m}"
+        before = ctl.marks["before-restart"]
+        assert before.get("sluice_write_delegations_granted_total", 0) >= 2, (
+            f"the guest got {before.get('sluice_write_delegations_granted_total', 0):g} write delegations before the restart; expected wd/a and wd/c")
+        for path, data in GUEST_DATA.items():
+            assert (export / path).read_text() == data, f"{path} on the server is not what the guest wrote"

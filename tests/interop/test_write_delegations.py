@@ -137,6 +137,8 @@ def test_read_write_open_gets_a_write_delegation_that_reads_and_writes(srv):
     expect_ok(r, "READ with the delegation stateid")
     assert r[2].data == b"HOLDERal\n"
     assert counter(srv, "sluice_delegations_granted") == 1
+    assert counter(srv, "sluice_write_delegations_granted") == 1
+    assert srv.metrics()["sluice_write_delegations"] == 1
 
 
 def test_write_delegations_only_with_delegations_all(sluice_factory):

@@ -61,11 +61,16 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 18] = [
+        let counters: [(&str, &str, u64); 19] = [
             (
                 "sluice_delegations_granted",
                 "Delegations granted on OPEN.",
                 load(&sc.delegs_granted),
+            ),
+            (
+                "sluice_write_delegations_granted",
+                "Write delegations granted on OPEN (also counted in sluice_delegations_granted).",
+                load(&sc.write_delegs_granted),
             ),
             (
                 "sluice_delegations_recalled",
@@ -154,11 +159,16 @@ impl Collector for Collect {
         }
         let u = srv.state.usage();
         let g = srv.state.grace_status();
-        let gauges: [(&str, &str, u64); 11] = [
+        let gauges: [(&str, &str, u64); 12] = [
             (
                 "sluice_delegations",
                 "Delegations held by clients now.",
                 srv.state.delegations() as u64,
+            ),
+            (
+                "sluice_write_delegations",
+                "Write delegations held by clients now (also counted in sluice_delegations).",
+                srv.state.write_delegations() as u64,
             ),
             (
                 "sluice_readahead_max_bytes",

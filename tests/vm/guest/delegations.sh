@@ -31,13 +31,34 @@
 #                           nor listed once the caches are dropped
 #   rename stale/src stale/v  renamed over the file: "stale/v version 2"
 #
+# With WRITE=1, write delegations (the server runs with --delegations all)
+# and the guest's dirty data. The host made wd/a and wd/c (content
+# "wd/KEY version 1\n", 15 bytes). Dirty pages expire after an hour, so
+# what the guest writes stays in its page cache until it closes, syncs or
+# is asked.
+#   wd/a  opened read-write (a write delegation) and written, kept open:
+#         "dirty wd/a 15": the host checks the server's file still has its
+#         15 bytes (the data is only in the guest), "getattr wd/a 26":
+#         another client's GETATTR reports the guest's size (CB_GETATTR)
+#         without a recall, "change read wd/a": another client's OPEN and
+#         READ recall the delegation (the Linux client returns it at once,
+#         keeping what it wrote under its open), then the guest closes the
+#         file and "written wd/a": another client reads what it wrote.
+#   wd/c  opened read-write and written, kept open, then "restart-dirty
+#         wd/c 15": the host checks the data is only in the guest and
+#         restarts the server (SIGKILL). The guest closes and syncs (its
+#         client reclaims the open and the write delegation during grace,
+#         then writes), and "reclaimed wd/c": the host finds the guest's
+#         data on the server, through another client whose READ recalls
+#         the reclaimed delegation.
+#
 # Every check that fails stops the script with a non-zero status and says
 # which step it was in.
 
 set -eu
 set -o pipefail
 
-: "${SERVER:?}" "${PORT:?}" "${CTL_PORT:?}" "${VERS:?}" "${NFILES:?}" "${STALE:?}"
+: "${SERVER:?}" "${PORT:?}" "${CTL_PORT:?}" "${VERS:?}" "${NFILES:?}" "${STALE:?}" "${WRITE:?}"
 M=/mnt
 OPTS="vers=$VERS,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
 STEP=setup
@@ -127,6 +148,26 @@ gone() { # PATH WHAT: the file was removed: open() fails with ENOENT at
   revalidated_gone "$@"
 }
 
+# hold_written PATH TEXT: a process that opens PATH read-write, writes TEXT
+# at its start and keeps it open, closing nothing, until it is killed
+# (every close() of a descriptor of an NFS file, even of a copy, makes the
+# Linux client start writing back); its pid in $HOLD once TEXT is written.
+hold_written() {
+  rm -f /tmp/hold
+  mkfifo /tmp/hold || fail "mkfifo /tmp/hold"
+  perl -e '$| = 1; open(my $f, "+<", $ARGV[0]) or die "open $ARGV[0]: $!\n";
+    syswrite($f, $ARGV[1]) == length($ARGV[1]) or die "write $ARGV[0]: $!\n";
+    print "written\n"; sleep 3600;' "$1" "$2" > /tmp/hold &
+  HOLD=$!
+  read -r said < /tmp/hold || true
+  eq "$said" written "the writer of $1"
+}
+# release_written: ends the process of hold_written (its descriptor closes).
+release_written() {
+  kill "$HOLD"
+  wait "$HOLD" || true
+}
+
 command -v perl > /dev/null || fail "perl is missing in the guest (--bin /usr/bin/perl)"
 
 step "mount (NFS $VERS, kernel $(uname -r))"
@@ -203,9 +244,35 @@ if [ "$STALE" = 1 ]; then
   revalidated_gone "$M/stale/src" "stale/src after another client renamed it over stale/v"
 fi
 
+if [ "$WRITE" = 1 ]; then
+  [ -d "$M/wd" ] || fail "wd/ (made by the host before the boot) is missing"
+  # Dirty data stays in the guest until it is written back on purpose:
+  # periodic writeback takes only what was dirtied an hour ago.
+  echo 360000 > /proc/sys/vm/dirty_expire_centisecs
+
+  step "write delegation: another client reads the guest's dirty data after the recall"
+  hold_written "$M/wd/a" 'wd/a written by the guest
+'
+  ctl dirty wd/a 15
+  ctl getattr wd/a 26
+  ctl change read wd/a
+  release_written
+  ctl written wd/a
+  content "$M/wd/a" "wd/a written by the guest" "wd/a after another client read it"
+
+  step "write delegation: the server restarts while the guest holds dirty data"
+  hold_written "$M/wd/c" 'wd/c written before the restart
+'
+  ctl restart-dirty wd/c 15
+  release_written
+  sync
+  content "$M/wd/c" "wd/c written before the restart" "wd/c after the restart"
+  ctl reclaimed wd/c
+fi
+
 step "unmount"
 cd /
 opcounts > /tmp/ops-end
 calls end /tmp/ops-after-2 /tmp/ops-end
 umount "$M" || fail "final umount"
-echo "ALL STEPS PASSED (NFS $VERS, kernel $(uname -r), STALE=$STALE)"
+echo "ALL STEPS PASSED (NFS $VERS, kernel $(uname -r), STALE=$STALE, WRITE=$WRITE)"

@@ -278,6 +278,11 @@ impl StateTable {
         );
         self.publish(&inner);
         self.counters.delegs_granted.fetch_add(1, Ordering::Relaxed);
+        if req.write {
+            self.counters
+                .write_delegs_granted
+                .fetch_add(1, Ordering::Relaxed);
+        }
         Some(Granted {
             stateid: Stateid { seqid: 1, other },
             unleased,
@@ -616,6 +621,11 @@ impl StateTable {
     /// Delegations held now.
     pub fn delegations(&self) -> usize {
         self.lock().delegs.held()
+    }
+
+    /// Write delegations held now.
+    pub fn write_delegations(&self) -> usize {
+        self.write_delegs.load(Ordering::Relaxed)
     }
 
     /// After a client's delegations went with it.

@@ -154,6 +154,8 @@ pub struct Counters {
     pub expired: std::sync::atomic::AtomicU64,
     /// Delegations granted.
     pub delegs_granted: std::sync::atomic::AtomicU64,
+    /// Write delegations granted (also in `delegs_granted`).
+    pub write_delegs_granted: std::sync::atomic::AtomicU64,
     /// Delegations recalled.
     pub delegs_recalled: std::sync::atomic::AtomicU64,
     /// Delegations returned with DELEGRETURN.
