@@ -716,7 +716,9 @@ fn compound_seeds() -> Vec<Seed> {
             "replay-slot0",
             s | harness::FLAG_REPLAY,
             getattr(in_session(1, ""), &bitmap(&[attr::TYPE])),
-            status::OK,
+            // Not cached (cachethis false): the replay is refused on the
+            // op after SEQUENCE (RFC 8881 section 2.10.6.1.3).
+            status::RETRY_UNCACHED_REP,
         ),
         session_seed(
             "bad-slot",
@@ -1515,6 +1517,22 @@ fn msg_seeds() -> Vec<(String, Vec<u8>)> {
         &CbRecallAnyArgs {
             objects_to_keep: 0,
             type_mask: Bitmap4(vec![0b11]),
+        },
+    );
+    seeds.add(
+        "cb-getattr-args",
+        &CbGetattrArgs {
+            fh: NfsFh4(vec![0xcd; 32]),
+            attr_request: Bitmap4(vec![(1 << attr::CHANGE) | (1 << attr::SIZE)]),
+        },
+    );
+    seeds.add(
+        "cb-getattr-res",
+        &CbGetattrResOk {
+            obj_attributes: fattr(&[attr::CHANGE, attr::SIZE], |v| {
+                v.u64(7);
+                v.u64(4096);
+            }),
         },
     );
     seeds.0

@@ -125,6 +125,8 @@ pub const MESSAGES: &[Message] = messages![
     CbSequenceResOk,
     CbRecallArgs,
     CbRecallAnyArgs,
+    CbGetattrArgs,
+    CbGetattrResOk,
 ];
 
 /// Runs one `msg` input.

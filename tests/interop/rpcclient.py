@@ -1060,7 +1060,7 @@ def _open_delegation(u: Unpacker) -> dict:
         d.update(deleg_stateid=u.fixed(16), recall=u.bool())
         limitby = u.u32()
         if limitby == 1:
-            u.u64()
+            d["space_limit"] = u.u64()
         elif limitby == 2:
             u.u32()
             u.u32()

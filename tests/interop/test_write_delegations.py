@@ -75,6 +75,7 @@ def write_delegated(srv, name: str = "f", data: bytes = b"original\n"):
     o, fh, change = open_rw(h, name)
     assert o.deleg_type == OPEN_DELEGATE_WRITE, f"no write delegation: {o.deleg_type}"
     assert not o.recall
+    assert o.space_limit == 0, "the client is to write back when it closes"
     return h, o.stateid, o.deleg_stateid, fh, change
 
 

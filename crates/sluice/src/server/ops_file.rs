@@ -449,8 +449,11 @@ fn delegate(
         OpenDelegation4::Write(OpenWriteDelegation4 {
             stateid: g.stateid,
             recall,
-            // No limit on what the client writes before it flushes.
-            space_limit: SpaceLimit4::Size(u64::MAX),
+            // Nothing is set aside for data the client keeps past CLOSE,
+            // so it writes back when it closes (a limit of 0, as the Linux
+            // server gives): a full file system then fails the close,
+            // not a write-back nobody waits for.
+            space_limit: SpaceLimit4::Size(0),
             permissions,
         })
     } else {
