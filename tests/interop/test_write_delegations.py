@@ -247,6 +247,12 @@ def test_local_reader_waits_for_the_holders_data(srv):
     written back and returned the delegation; it then reads the holder's
     data."""
     h, _, deleg, fh, _ = write_delegated(srv)
+    # What the holder does through the server keeps the lease: READ,
+    # WRITE, COMMIT, and SETATTR of the size with its stateid.
+    size = rc.fattr4([1 << 4], (20).to_bytes(8, "big"))
+    r = h.compound([rc.op_putfh(fh), rc.op_read(0, 100, stateid=deleg), rc.op_write(0, b"HOLDER", stateid=deleg),
+                    rc.op_commit(), (rc.Op.SETATTR, deleg + size)])
+    expect_ok(r, "the holder's READ, WRITE, COMMIT and SETATTR")
     path = srv.export / "f"
     got: dict[str, bytes] = {}
     opened = threading.Event()
@@ -262,11 +268,11 @@ def test_local_reader_waits_for_the_holders_data(srv):
     assert recall_of(call) == (deleg, fh)
     h.conn.answer(call, cb_reply(call))
     assert not opened.is_set(), "the local open went ahead while the write delegation was out"
-    expect_ok(h.compound([rc.op_putfh(fh), rc.op_write(0, b"HOLDER", stateid=deleg), rc.op_commit()]), "the holder's WRITE and COMMIT during the recall")
+    expect_ok(h.compound([rc.op_putfh(fh), rc.op_write(9, b"MORE", stateid=deleg), rc.op_commit()]), "the holder's WRITE and COMMIT during the recall")
     assert not opened.is_set(), "the local open went ahead before DELEGRETURN"
     expect_ok(h.compound([rc.op_putfh(fh), rc.op_delegreturn(deleg)]), "DELEGRETURN")
     t.join(10)
-    assert got.get("data") == b"HOLDERal\n", "the local reader did not see the holder's data"
+    assert got.get("data") == b"HOLDERal\nMORE" + bytes(7), "the local reader did not see the holder's data"
 
 
 def test_delegations_are_reclaimed_after_a_restart(sluice_factory):

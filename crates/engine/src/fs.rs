@@ -350,6 +350,23 @@ pub fn truncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     cvt(unsafe { libc::truncate64(p.as_ptr(), size as i64) }).map(drop)
 }
 
+/// Whether a descriptor was opened write-only (reads through it fail with
+/// EBADF).
+pub fn write_only(fd: BorrowedFd<'_>) -> bool {
+    // SAFETY: valid descriptor; F_GETFL takes no argument.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_ACCMODE == libc::O_WRONLY
+}
+
+/// Sets the size of the file open on `fd` (for writing) to `size`.
+pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    if size > i64::MAX as u64 {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    }
+    // SAFETY: valid descriptor.
+    cvt(unsafe { libc::ftruncate64(fd.as_raw_fd(), size as i64) }).map(drop)
+}
+
 /// How to set one timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetTime {

@@ -59,6 +59,9 @@ pub struct ReadAt<'a> {
     pub offset: u64,
     /// Bytes wanted.
     pub count: usize,
+    /// Whether the file may be opened again with O_DIRECT (not while a
+    /// kernel lease on it would be broken by that open).
+    pub direct: bool,
 }
 
 /// The read path's parts: the readahead engine, the read cache of data read
@@ -141,6 +144,7 @@ impl ReadPath {
         // them in, and the data would then come from the disk twice.
         let within = st.size.saturating_sub(r.offset).min(count64);
         let uncached = within > 0
+            && r.direct
             && self.readahead.direct_candidate(r.offset, count64)
             && fs::cached_fully(fd.as_fd(), r.offset, within) == Some(false);
         if mode == Mode::NoWait {
@@ -184,7 +188,7 @@ impl ReadPath {
                 return Ok(data);
             }
         }
-        let direct = if access.direct {
+        let direct = if access.direct && r.direct {
             self.read_direct(r)
         } else {
             None
@@ -231,7 +235,7 @@ impl ReadPath {
     /// handed back for a reader past the page cache, in pieces of the
     /// reader's request size, into the read cache.
     fn read_ahead(&self, r: &ReadAt<'_>, access: &Access) {
-        let Some((from, to)) = access.ahead else {
+        let Some((from, to)) = access.ahead.filter(|_| r.direct) else {
             return;
         };
         let align = fs::DIRECT_ALIGN as u64;

@@ -568,6 +568,13 @@ pub(super) fn read_data(
     offset: u64,
     count: usize,
 ) -> Result<Bytes, Stop> {
+    // Under a write delegation's kernel lease the file is not opened
+    // again (O_DIRECT) to read; a write-only descriptor has to be, and the
+    // lease goes first.
+    let leased = cx.srv.state.write_delegated(file_key(st));
+    if leased && fs::write_only(fd.as_fd()) {
+        cx.srv.state.before_own_open(file_key(st));
+    }
     let at = ReadAt {
         file: file_key(st),
         st,
@@ -576,6 +583,7 @@ pub(super) fn read_data(
         stream: stream_id(&cx.stateid(sid)?),
         offset,
         count,
+        direct: !leased,
     };
     let data = cx.srv.read.read(&at, read_mode()).map_err(stop)?;
     cx.srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
@@ -617,9 +625,6 @@ pub(super) fn read_start<'a>(cx: &Ctx<'a>, d: &mut Decoder<'_>) -> Result<ReadSt
     let count = count.min(cx.cur_ex().rules.max_read) as u64;
     let (fh, st) = cur_file(cx)?;
     let fd = io_fd(cx, &fh, &st, sid, false)?;
-    // The read may open the file again (O_DIRECT, or a write-only open's
-    // descriptor): not under a write delegation's kernel lease.
-    cx.srv.state.before_own_open(file_key(&st));
     let _shared = read_lock(cx, file_key(&st), offset, offset.saturating_add(count))?;
     Ok(ReadStart {
         sid,

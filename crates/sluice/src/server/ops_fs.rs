@@ -17,7 +17,7 @@ use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 
 /// Runs an op body written with `?`, turning its error into the status.
@@ -323,6 +323,18 @@ pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 /// Applies settable attributes to the object behind `fh`. `open_fd` is an
 /// open descriptor to truncate through, when the client gave a stateid.
 pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), Nfsstat4> {
+    apply_attrs_through(fh, st, a, None)
+}
+
+/// [`apply_attrs`], a size set through `open` (a descriptor of the file
+/// open for writing) when given: truncating by path would break a write
+/// delegation's kernel lease.
+pub(super) fn apply_attrs_through(
+    fh: &Fh,
+    st: &Stat,
+    a: &attrs::SetAttrs,
+    open: Option<BorrowedFd<'_>>,
+) -> Result<(), Nfsstat4> {
     let fd = fh.fd.as_fd();
     if let Some(size) = a.size {
         if st.is_dir() {
@@ -332,7 +344,10 @@ pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(),
             return Err(status::INVAL);
         }
         if size != st.size {
-            io(fs::truncate(fd, size))?;
+            match open {
+                Some(open) => io(fs::ftruncate(open, size))?,
+                None => io(fs::truncate(fd, size))?,
+            }
         } else {
             // Setting the same size still updates mtime and ctime.
             io(fs::utimens(fd, SetTime::Keep, SetTime::Now))?;
@@ -371,26 +386,30 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
         deleg_conflicts(cx, (st.dev, st.ino), a.size.is_some() || a.mode.is_some())?;
-        if a.size.is_some() {
-            // Truncating by path would break a write delegation's kernel
-            // lease (the holder's own, or others' got DELAY above).
-            cx.srv.state.before_own_open((st.dev, st.ino));
-        }
+        // A size set with an open (or delegation) stateid goes through its
+        // descriptor.
+        let mut open_fd = None;
         if a.size.is_some() && st.is_file() {
             let sid = cx.stateid(sid)?;
             if !sid.is_special_io() {
-                let (_, acc) = cx.srv.state.io_state(&sid, (st.dev, st.ino))?;
+                let (fd, acc) = cx.srv.state.io_state(&sid, (st.dev, st.ino))?;
                 if acc & 2 == 0 {
                     return Err(status::OPENMODE);
                 }
+                open_fd = Some(fd);
             }
+        }
+        if a.size.is_some() && open_fd.is_none() {
+            // Truncating by path would break a write delegation's kernel
+            // lease (the holder's own: others got DELAY above).
+            cx.srv.state.before_own_open((st.dev, st.ino));
         }
         {
             let key = (st.dev, st.ino);
             let _exclusive = a
                 .size
                 .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
-            apply_attrs(&fh, &st, &a)?;
+            apply_attrs_through(&fh, &st, &a, open_fd.as_ref().map(|f| f.as_fd()))?;
             cx.srv.file_changed(key);
         }
         set = a.mask;

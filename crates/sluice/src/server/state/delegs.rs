@@ -312,6 +312,18 @@ impl StateTable {
             })
     }
 
+    /// Whether `file` has a write delegation whose kernel lease is held.
+    pub fn write_delegated(&self, file: FileKey) -> bool {
+        if self.write_delegs.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let inner = self.lock();
+        inner.delegs.by_file.get(&file).is_some_and(|v| {
+            v.iter()
+                .any(|o| inner.delegs.all.get(o).is_some_and(|d| d.write && d.leased))
+        })
+    }
+
     /// Before the server itself opens or truncates `file` for the holder
     /// of a write delegation on it: the kernel write lease would hold the
     /// server's own open back, so it goes (local processes are no longer
