@@ -1527,6 +1527,48 @@ fn msg_seeds() -> Vec<(String, Vec<u8>)> {
         },
     );
     seeds.add(
+        "getxattr-args",
+        &GetxattrArgs {
+            name: Component4::new("color"),
+        },
+    );
+    seeds.add("xattr-value", &XattrValue4(b"blue".to_vec()));
+    seeds.add(
+        "setxattr-args",
+        &SetxattrArgs {
+            option: setxattr_option::CREATE,
+            name: Component4::new("color"),
+            value: XattrValue4(b"blue".to_vec()),
+        },
+    );
+    seeds.add(
+        "listxattrs-args",
+        &ListxattrsArgs {
+            cookie: 2,
+            maxcount: 4096,
+        },
+    );
+    seeds.add(
+        "listxattrs-res",
+        &ListxattrsResOk {
+            cookie: 2,
+            names: vec![Component4::new("a"), Component4::new("color")],
+            eof: true,
+        },
+    );
+    seeds.add(
+        "removexattr-args",
+        &RemovexattrArgs {
+            name: Component4::new("color"),
+        },
+    );
+    seeds.add(
+        "xattr-change-res",
+        &XattrChangeRes {
+            cinfo: cinfo.clone(),
+        },
+    );
+    seeds.add(
         "cb-getattr-res",
         &CbGetattrResOk {
             obj_attributes: fattr(&[attr::CHANGE, attr::SIZE], |v| {

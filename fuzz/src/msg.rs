@@ -127,6 +127,13 @@ pub const MESSAGES: &[Message] = messages![
     CbRecallAnyArgs,
     CbGetattrArgs,
     CbGetattrResOk,
+    GetxattrArgs,
+    XattrValue4,
+    SetxattrArgs,
+    ListxattrsArgs,
+    ListxattrsResOk,
+    RemovexattrArgs,
+    XattrChangeRes,
 ];
 
 /// Runs one `msg` input.

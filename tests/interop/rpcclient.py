@@ -94,6 +94,10 @@ class Op:
     RECLAIM_COMPLETE = 58
     COPY = 60
     READ_PLUS = 68
+    GETXATTR = 72
+    SETXATTR = 73
+    LISTXATTRS = 74
+    REMOVEXATTR = 75
     ILLEGAL = 10044
 
 
@@ -106,11 +110,14 @@ class St:
     ACCESS = 13
     EXIST = 17
     INVAL = 22
+    ROFS = 30
+    NAMETOOLONG = 63
     NOSPC = 28
     STALE = 70
     BADHANDLE = 10001
     NOTSUPP = 10004
     TOOSMALL = 10005
+    BAD_COOKIE = 10003
     DELAY = 10008
     DENIED = 10010
     EXPIRED = 10011
@@ -148,6 +155,8 @@ class St:
     TOO_MANY_OPS = 10070
     OP_NOT_IN_SESSION = 10071
     ENCR_ALG_UNSUPP = 10079
+    NOXATTR = 10095
+    XATTR2BIG = 10096
     NOT_ONLY_OP = 10081
 
 
@@ -583,6 +592,29 @@ def op_read(offset: int = 0, count: int = 4096, stateid: bytes = ANONYMOUS_STATE
     return (Op.READ, Packer().fixed(stateid).u64(offset).u32(count).bytes())
 
 
+SETXATTR4_EITHER, SETXATTR4_CREATE, SETXATTR4_REPLACE = 0, 1, 2
+
+
+def op_access(mask: int):
+    return (Op.ACCESS, Packer().u32(mask).bytes())
+
+
+def op_getxattr(name: bytes):
+    return (Op.GETXATTR, Packer().opaque(name).bytes())
+
+
+def op_setxattr(name: bytes, value: bytes, option: int = SETXATTR4_EITHER):
+    return (Op.SETXATTR, Packer().u32(option).opaque(name).opaque(value).bytes())
+
+
+def op_listxattrs(cookie: int = 0, maxcount: int = 65536):
+    return (Op.LISTXATTRS, Packer().u64(cookie).u32(maxcount).bytes())
+
+
+def op_removexattr(name: bytes):
+    return (Op.REMOVEXATTR, Packer().opaque(name).bytes())
+
+
 def op_commit(offset: int = 0, count: int = 0):
     """COMMIT of [offset, offset + count), count 0 to the end."""
     return (Op.COMMIT, Packer().u64(offset).u32(count).bytes())
@@ -697,6 +729,16 @@ def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
         return {"attrmask": u.bitmap(), "attrvals": u.opaque()}
     if opnum == Op.READ:
         return {"eof": u.bool(), "data": u.opaque()}
+    if opnum == Op.ACCESS:
+        return {"supported": u.u32(), "access": u.u32()}
+    if opnum == Op.GETXATTR:
+        return {"value": u.opaque()}
+    if opnum in (Op.SETXATTR, Op.REMOVEXATTR):
+        return {"atomic": u.bool(), "before": u.u64(), "after": u.u64()}
+    if opnum == Op.LISTXATTRS:
+        cookie = u.u64()
+        names = [u.opaque() for _ in range(u.u32())]
+        return {"cookie": cookie, "names": names, "eof": u.bool()}
     if opnum == Op.WRITE:
         return {"count": u.u32(), "committed": u.u32(), "verifier": u.fixed(8)}
     if opnum == Op.COMMIT:

@@ -507,6 +507,10 @@ def test_read_only_export_refuses_changes(serve):
         expect_rofs(r, OP_SETATTR, "SETATTR mode 0600 on victim")
         r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), op_write(rc.ANONYMOUS_STATEID, 0, b"overwrite")])
         expect_rofs(r, OP_WRITE, "WRITE (anonymous stateid) to victim")
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_setxattr(b"x", b"1")])
+        expect_rofs(r, rc.Op.SETXATTR, "SETXATTR on victim")
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_removexattr(b"x")])
+        expect_rofs(r, rc.Op.REMOVEXATTR, "REMOVEXATTR on victim")
 
         # Reading works: OPEN for read, READ, CLOSE.
         r = expect_ok(compound(s, [rc.op_putfh(root), op_open(cid, "file", SHARE_ACCESS_READ)]), "OPEN file for read")

@@ -226,6 +226,18 @@ class ControlServer:
                 return f"error: {arg!r} is outside the export"
             target.write_text("host\n")
             return "ok"
+        if cmd == "xattr":
+            path, name, value = arg.split()
+            target = self.server.export / path
+            got = os.getxattr(target, f"user.{name}")
+            assert got == value.encode(), f"{path}: user.{name} on the server is {got!r}, not {value!r}"
+            os.setxattr(target, "user.host", b"from the host")
+            return "ok"
+        if cmd == "no-xattr":
+            path, name = arg.split()
+            names = os.listxattr(self.server.export / path)
+            assert f"user.{name}" not in names, f"{path} on the server still has user.{name}: {names}"
+            return "ok"
         if cmd == "restart-twice":
             self._expect_out_of_grace("before the restarts")
             self._restart()
@@ -354,9 +366,10 @@ class ControlServer:
 
 def guest_tool(name):
     """A host binary the guest suite needs (busybox lacks flock; perl gives
-    fcntl locks and O_EXCL opens without a stat first)."""
+    fcntl locks and O_EXCL opens without a stat first; setfattr and
+    getfattr extended attributes)."""
     path = shutil.which(name)
-    assert path, f"{name} is not installed on the host (util-linux / perl-base)"
+    assert path, f"{name} is not installed on the host (util-linux / perl-base / attr; scripts/setup installs them)"
     return path
 
 
@@ -452,7 +465,7 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
     try:
         returncode = boot_guest(
             kernel, sluice_server, ctl, GUEST_SUITE, console_path,
-            bins=("flock", "perl"),
+            bins=("flock", "perl", "setfattr", "getfattr"),
             env={"VERS": vers, "SIZES": guest_sizes(kernel, vers), "RECLAIM": int(reclaim)},
         )
     finally:

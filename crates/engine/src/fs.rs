@@ -367,6 +367,92 @@ pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     cvt(unsafe { libc::ftruncate64(fd.as_raw_fd(), size as i64) }).map(drop)
 }
 
+/// The value of extended attribute `name` (a full name: "user.x") of the
+/// file or directory `fd` (an O_PATH descriptor is enough).
+pub fn getxattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let p = proc_path(fd);
+    loop {
+        // SAFETY: valid C strings; a null buffer asks for the size.
+        let n = cvt_size(unsafe {
+            libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0)
+        })?;
+        let mut buf = vec![0u8; n];
+        // SAFETY: the buffer has `n` bytes.
+        match cvt_size(unsafe {
+            libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), n)
+        }) {
+            Ok(got) => {
+                buf.truncate(got);
+                return Ok(buf);
+            }
+            // It grew between the two calls.
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sets extended attribute `name` of `fd` to `value`; `flags` is 0,
+/// XATTR_CREATE or XATTR_REPLACE.
+pub fn setxattr(
+    fd: BorrowedFd<'_>,
+    name: &CStr,
+    value: &[u8],
+    flags: libc::c_int,
+) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid C strings and a buffer of `value.len()` bytes.
+    cvt(unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
+/// Removes extended attribute `name` of `fd`.
+pub fn removexattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    let p = proc_path(fd);
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::removexattr(p.as_ptr(), name.as_ptr()) }).map(drop)
+}
+
+/// The names of the extended attributes of `fd` (those the caller may
+/// see), in the file system's order.
+pub fn listxattr(fd: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
+    let p = proc_path(fd);
+    loop {
+        // SAFETY: valid C string; a null buffer asks for the size.
+        let n = cvt_size(unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) })?;
+        let mut buf = vec![0u8; n];
+        // SAFETY: the buffer has `n` bytes.
+        match cvt_size(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), n) }) {
+            Ok(got) => {
+                buf.truncate(got);
+                return Ok(buf
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(<[u8]>::to_vec)
+                    .collect());
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
 /// How to set one timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetTime {

@@ -2,11 +2,15 @@
 # Guest side of tests/interop/test_linux_client.py: drive the Linux kernel NFS
 # client against the server on $SERVER:$PORT (mounted with NFS minor version
 # $VERS) and check what it sees. Runs under busybox sh inside
-# tests/vm/linux-client and needs /usr/bin/flock and /usr/bin/perl there
-# (--bin). The host side must have created big/f00000..big/f19999 (content:
+# tests/vm/linux-client and needs /usr/bin/flock, /usr/bin/perl,
+# /usr/bin/setfattr and /usr/bin/getfattr there (--bin). The host side must have created big/f00000..big/f19999 (content:
 # the name and a newline) in the export, and must answer on $CTL_PORT:
 #   "restart"     -> restart the server, reply "ok" once it listens again
 #   "mkfile PATH" -> create PATH (relative to the export) containing "host\n"
+#   "xattr PATH NAME VALUE" -> check that the server's file PATH has the
+#                    extended attribute user.NAME with VALUE, and give it
+#                    user.host = "from the host"; reply "ok"
+#   "no-xattr PATH NAME" -> check that the server's PATH has no user.NAME
 # and, with RECLAIM=1 (crash recovery steps), "reclaim-restart",
 # "reclaimed-denied", "restart-twice", "denied", "restart-past-grace" and
 # "refused-free" (see ControlServer in tests/interop/test_linux_client.py):
@@ -354,6 +358,39 @@ eq "$(cat "$M/excl/noclobber")" first "content after the refused overwrite"
 ctl mkfile excl/hostmade
 expect_rc 17 excl_create "$M/excl/hostmade"
 eq "$(cat "$M/excl/hostmade")" host "excl/hostmade after the refused O_EXCL open"
+
+step "extended attributes (NFS $VERS)"
+: > "$M/xa"
+if [ "$VERS" = 4.2 ]; then
+  setfattr -n user.color -v blue "$M/xa" || fail "setfattr user.color"
+  eq "$(getfattr --only-values -n user.color "$M/xa")" blue "getfattr user.color"
+  ctl xattr xa color blue
+  # The host gave the file user.host: the client sees it once its cached
+  # attributes are revalidated.
+  sync
+  echo 3 > /proc/sys/vm/drop_caches
+  eq "$(getfattr --only-values -n user.host "$M/xa")" "from the host" "getfattr of an attribute set on the server"
+  eq "$(getfattr -d --absolute-names "$M/xa" | grep -c '^user\.')" 2 "attributes listed by getfattr -d"
+  setfattr -n user.color -v green "$M/xa" || fail "setfattr user.color again"
+  eq "$(getfattr --only-values -n user.color "$M/xa")" green "getfattr user.color after the change"
+  setfattr -x user.color "$M/xa" || fail "setfattr -x user.color"
+  if getfattr -n user.color "$M/xa" > /dev/null 2>&1; then
+    fail "user.color is still there after setfattr -x"
+  fi
+  ctl no-xattr xa color
+  mkdir "$M/xadir"
+  setfattr -n user.d -v dir "$M/xadir" || fail "setfattr on a directory"
+  eq "$(getfattr --only-values -n user.d "$M/xadir")" dir "getfattr on a directory"
+  big=$(awk 'BEGIN { while (n++ < 3000) printf "v" }')
+  setfattr -n user.big -v "$big" "$M/xa" || fail "setfattr of a 3000-byte value"
+  eq "$(getfattr --only-values -n user.big "$M/xa")" "$big" "a 3000-byte value"
+else
+  # Extended attributes are NFSv4.2: a 4.1 mount has none.
+  if setfattr -n user.color -v blue "$M/xa" 2> /tmp/xa.err; then
+    fail "setfattr worked on an NFS $VERS mount"
+  fi
+  grep -q "Operation not supported" /tmp/xa.err || fail "setfattr on NFS $VERS: $(cat /tmp/xa.err)"
+fi
 
 step "flock between two processes"
 mkdir "$M/locks"

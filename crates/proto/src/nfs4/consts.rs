@@ -88,6 +88,10 @@ pub mod status {
     pub const WRONG_CRED: Nfsstat4 = Nfsstat4(10082);
     pub const WRONG_TYPE: Nfsstat4 = Nfsstat4(10083);
     pub const UNION_NOTSUPP: Nfsstat4 = Nfsstat4(10090);
+    /// No such extended attribute (RFC 8276).
+    pub const NOXATTR: Nfsstat4 = Nfsstat4(10095);
+    /// An extended attribute value too large (RFC 8276).
+    pub const XATTR2BIG: Nfsstat4 = Nfsstat4(10096);
 
     /// The name of status `st` as RFC 8881 and RFC 7862 spell it.
     pub fn name(st: Nfsstat4) -> &'static str {
@@ -115,6 +119,8 @@ pub mod status {
             BAD_COOKIE => "NFS4ERR_BAD_COOKIE",
             NOTSUPP => "NFS4ERR_NOTSUPP",
             TOOSMALL => "NFS4ERR_TOOSMALL",
+            NOXATTR => "NFS4ERR_NOXATTR",
+            XATTR2BIG => "NFS4ERR_XATTR2BIG",
             SERVERFAULT => "NFS4ERR_SERVERFAULT",
             BADTYPE => "NFS4ERR_BADTYPE",
             DELAY => "NFS4ERR_DELAY",
@@ -409,6 +415,9 @@ pub mod attr {
     pub const TIME_MODIFY_SET: u32 = 54;
     pub const MOUNTED_ON_FILEID: u32 = 55;
     pub const SUPPATTR_EXCLCREAT: u32 = 75;
+    /// xattr_support (RFC 8276): whether the object has extended
+    /// attributes.
+    pub const XATTR_SUPPORT: u32 = 82;
 }
 
 /// ACCESS4 bits.
@@ -419,6 +428,12 @@ pub mod access {
     pub const EXTEND: u32 = 0x08;
     pub const DELETE: u32 = 0x10;
     pub const EXECUTE: u32 = 0x20;
+    /// ACCESS4_XAREAD (RFC 8276): read extended attributes.
+    pub const XAREAD: u32 = 0x40;
+    /// ACCESS4_XAWRITE: set and remove extended attributes.
+    pub const XAWRITE: u32 = 0x80;
+    /// ACCESS4_XALIST: list extended attributes.
+    pub const XALIST: u32 = 0x100;
 }
 
 /// Length of a session id.

@@ -67,6 +67,7 @@ pub fn supported() -> [u32; 3] {
         TIME_MODIFY_SET,
         MOUNTED_ON_FILEID,
         SUPPATTR_EXCLCREAT,
+        XATTR_SUPPORT,
     ])
 }
 
@@ -217,6 +218,8 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
             attr::TIME_METADATA => time(&mut v, st.ctime),
             attr::TIME_MODIFY => time(&mut v, st.mtime),
             attr::SUPPATTR_EXCLCREAT => v.bitmap(&exclcreat()),
+            // User extended attributes on regular files and directories.
+            attr::XATTR_SUPPORT => v.bool(st.is_file() || st.is_dir()),
             // Write-only attributes are never returned.
             attr::TIME_ACCESS_SET | attr::TIME_MODIFY_SET => continue,
             _ => continue,

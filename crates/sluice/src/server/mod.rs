@@ -13,6 +13,7 @@ mod ops_fs;
 mod ops_pseudo;
 mod ops_session;
 mod ops_sparse;
+mod ops_xattr;
 mod optable;
 pub mod state;
 

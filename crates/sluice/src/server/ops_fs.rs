@@ -443,12 +443,21 @@ pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         let st = stat_any(cx, fh)?;
         let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
         let mut granted = 0;
-        let supported = want & 0x3f;
+        let supported = want & 0x1ff;
+        // Extended attributes (RFC 8276): of regular files and
+        // directories, read with read permission, changed with write.
+        let xattrs = st.is_file() || st.is_dir();
         if r {
             granted |= access::READ;
+            if xattrs {
+                granted |= access::XAREAD | access::XALIST;
+            }
         }
         if w {
             granted |= access::MODIFY | access::EXTEND;
+            if xattrs {
+                granted |= access::XAWRITE;
+            }
         }
         if st.is_dir() {
             if xx {

@@ -4,7 +4,7 @@
 //! and one handler.
 
 use super::context::{Ctx, OpStatus, Outcome};
-use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse};
+use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, ops_xattr};
 use crate::nfs4::consts::{op, status};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
@@ -405,10 +405,34 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     row("SEEK", ops_sparse::seek, ISDIR, 0, 0),
     unsupported("WRITE_SAME", 0),
     unsupported("CLONE", 0),
-    unsupported("GETXATTR", 0),
-    unsupported("SETXATTR", 0),
-    unsupported("LISTXATTRS", 0),
-    unsupported("REMOVEXATTR", 0),
+    row(
+        "GETXATTR",
+        ops_xattr::getxattr,
+        OnPseudo::Fail(status::NOXATTR),
+        0,
+        4 + ops_xattr::MAX_VALUE as u32,
+    ),
+    row(
+        "SETXATTR",
+        ops_xattr::setxattr,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        CINFO,
+    ),
+    row(
+        "LISTXATTRS",
+        ops_xattr::listxattrs,
+        OnPseudo::Fail(status::NOXATTR),
+        0,
+        0,
+    ),
+    row(
+        "REMOVEXATTR",
+        ops_xattr::removexattr,
+        ROFS,
+        CHANGES_FS | MODIFIES,
+        CINFO,
+    ),
 ];
 
 /// SEQUENCE anywhere but first (RFC 8881 section 18.46.3).

@@ -14,6 +14,7 @@ mod cb;
 mod common;
 mod file;
 mod ns;
+mod xattr;
 pub use cb::*;
 use common::{array, put_array};
 pub use common::{
@@ -22,6 +23,7 @@ pub use common::{
 };
 pub use file::*;
 pub use ns::*;
+pub use xattr::*;
 
 /// A type with an XDR form: [`Xdr::encode`] writes it, [`Xdr::decode`]
 /// reads it back.
