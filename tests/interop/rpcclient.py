@@ -1292,12 +1292,12 @@ class Client:
         highest = max([slot, *self.next_seq.keys()])
         return op_sequence(sessionid or self.sessionid, seqid, slot, highest, cachethis)
 
-    def compound(self, ops, slot: int = 0, cachethis: bool = False, seqid: int | None = None, cred: bytes | None = None, sessionid: bytes | None = None) -> StateReply:
+    def compound(self, ops, slot: int = 0, cachethis: bool = False, seqid: int | None = None, cred: bytes | None = None, sessionid: bytes | None = None, minor: int = 1) -> StateReply:
         """SEQUENCE (this session, `slot`, its next sequence id unless
-        `seqid` is given) + ops."""
+        `seqid` is given) + ops, in a COMPOUND of minor version `minor`."""
         seq = self.seq_op(slot, cachethis, seqid, sessionid)
         used = Unpacker(seq[1][16:20]).u32()
-        r = self.call([seq] + list(ops), cred)
+        r = self.call([seq] + list(ops), cred, minor=minor)
         if sessionid is None and r.results and r[0].opnum == Op.SEQUENCE and r[0].status == St.OK:
             self.next_seq[slot] = used + 1
         return r

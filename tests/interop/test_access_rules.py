@@ -358,10 +358,11 @@ class Reply:
         return f"Reply(status={self.status}, results={self.results})"
 
 
-def compound(s: Session, ops, uid: int = 0, gid: int = 0) -> Reply:
-    """SEQUENCE + ops on s's slot 0, as AUTH_SYS uid/gid."""
+def compound(s: Session, ops, uid: int = 0, gid: int = 0, minor: int = 1) -> Reply:
+    """SEQUENCE + ops on s's slot 0, as AUTH_SYS uid/gid, in a COMPOUND of
+    minor version `minor`."""
     cred = rc.auth_sys(uid=uid, gid=gid, gids=[gid])
-    r = s.conn.call(rc.PROC_COMPOUND, rc.compound_args([s.seq_op()] + list(ops)), cred_body=cred)
+    r = s.conn.call(rc.PROC_COMPOUND, rc.compound_args([s.seq_op()] + list(ops), minor), cred_body=cred)
     assert (r.reply_stat, r.accept_stat) == (MSG_ACCEPTED, SUCCESS), r
     return Reply(r.body)
 
@@ -507,9 +508,9 @@ def test_read_only_export_refuses_changes(serve):
         expect_rofs(r, OP_SETATTR, "SETATTR mode 0600 on victim")
         r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), op_write(rc.ANONYMOUS_STATEID, 0, b"overwrite")])
         expect_rofs(r, OP_WRITE, "WRITE (anonymous stateid) to victim")
-        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_setxattr(b"x", b"1")])
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_setxattr(b"x", b"1")], minor=2)
         expect_rofs(r, rc.Op.SETXATTR, "SETXATTR on victim")
-        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_removexattr(b"x")])
+        r = compound(s, [rc.op_putfh(root), rc.op_lookup("victim"), rc.op_removexattr(b"x")], minor=2)
         expect_rofs(r, rc.Op.REMOVEXATTR, "REMOVEXATTR on victim")
 
         # Reading works: OPEN for read, READ, CLOSE.

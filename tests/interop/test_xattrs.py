@@ -32,9 +32,9 @@ def srv(sluice_factory):
     return sluice_factory("--grace-time", 0, root_squash=False)
 
 
-def on(c: Client, name: str, *ops):
-    """PUTROOTFH, LOOKUP name, ops."""
-    return c.compound([rc.op_putrootfh(), rc.op_lookup(name), *ops])
+def on(c: Client, name: str, *ops, minor: int = 2):
+    """PUTROOTFH, LOOKUP name, ops, in an NFSv4.2 COMPOUND."""
+    return c.compound([rc.op_putrootfh(), rc.op_lookup(name), *ops], minor=minor)
 
 
 def make(srv, name: str = "f", data: bytes = b"data\n"):
@@ -113,6 +113,8 @@ def test_list_with_cookies_and_maxcount(srv):
     assert sorted(got) == names and calls == 3
     expect(on(c, "f", rc.op_listxattrs(0, 16 + 11)), St.TOOSMALL, "maxcount too small for one name")
     expect(on(c, "f", rc.op_listxattrs(6, 4096)), St.BAD_COOKIE, "a cookie past the end")
+    # The cookie of the last page (the number of names) is one the server
+    # gave out: an empty last page (the Linux server: BAD_COOKIE).
     r = expect_ok(on(c, "f", rc.op_listxattrs(5, 4096)), "a cookie at the end")
     assert r[3].names == [] and r[3].eof
 
@@ -128,7 +130,8 @@ def test_directories_have_them_symlinks_do_not(srv):
     r = expect_ok(on(c, "l", rc.op_listxattrs()), "LISTXATTRS on a symlink")
     assert r[3].names == [] and r[3].eof
     # The export root is a directory like any other.
-    expect(c.compound([rc.op_putrootfh(), rc.op_setxattr(b"x", b"1")]), St.OK, "SETXATTR on the export root")
+    expect(c.compound([rc.op_putrootfh(), rc.op_setxattr(b"x", b"1")], minor=2), St.OK, "SETXATTR on the export root")
+    expect(on(c, "l", rc.op_removexattr(b"x")), St.PERM, "REMOVEXATTR on a symlink")
 
 
 def test_permissions_and_access_bits(srv):
@@ -147,6 +150,7 @@ def test_permissions_and_access_bits(srv):
     expect(on(other, "f", rc.op_removexattr(b"a")), St.ACCESS, "REMOVEXATTR without write permission")
     os.chmod(path, 0o600)
     expect(on(other, "f", rc.op_getxattr(b"a")), St.ACCESS, "GETXATTR without read permission")
+    expect(on(other, "f", rc.op_listxattrs()), St.ACCESS, "LISTXATTRS without read permission")
     assert os.getxattr(path, "user.a") == b"1"
 
 
@@ -160,3 +164,20 @@ def test_xattr_support_attribute(srv):
     vals = r[3].attrvals
     words = [int.from_bytes(vals[4 + 4 * i: 8 + 4 * i], "big") for i in range(int.from_bytes(vals[:4], "big"))]
     assert len(words) == 3 and words[2] & (1 << (82 - 64)), words
+
+
+def test_an_nfsv41_compound_has_no_extended_attributes(srv):
+    """RFC 8276 extends NFSv4.2 only: in a 4.1 COMPOUND the ops are
+    illegal, xattr_support is not supported and ACCESS leaves the bits
+    out (as on the Linux server)."""
+    make(srv)
+    c = Client(srv.port).establish()
+    for op in (rc.op_getxattr(b"a"), rc.op_setxattr(b"a", b"1"), rc.op_listxattrs(), rc.op_removexattr(b"a")):
+        r = on(c, "f", op, minor=1)
+        assert r.status == St.OP_ILLEGAL and r.results[-1].opnum == 10044, r
+    r = expect_ok(on(c, "f", rc.op_getattr((1, 0, 0)), minor=1), "GETATTR supported_attrs in 4.1")
+    vals = r[3].attrvals
+    words = [int.from_bytes(vals[4 + 4 * i: 8 + 4 * i], "big") for i in range(int.from_bytes(vals[:4], "big"))]
+    assert len(words) < 3 or not words[2] & (1 << (82 - 64)), words
+    r = expect_ok(on(c, "f", rc.op_access(0x1FF), minor=1), "ACCESS in 4.1")
+    assert r[3].supported == 0x3F, hex(r[3].supported)

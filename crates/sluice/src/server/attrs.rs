@@ -71,6 +71,16 @@ pub fn supported() -> [u32; 3] {
     ])
 }
 
+/// The attributes this server supports in minor version `minor`:
+/// xattr_support is an NFSv4.2 extension (RFC 8276), not in 4.1.
+pub fn supported_in(minor: u32) -> [u32; 3] {
+    let mut sup = supported();
+    if minor < 2 {
+        sup[(attr::XATTR_SUPPORT / 32) as usize] &= !(1 << (attr::XATTR_SUPPORT % 32));
+    }
+    sup
+}
+
 /// Attributes that can be set with SETATTR.
 pub fn writable() -> [u32; 3] {
     use attr::*;
@@ -135,6 +145,8 @@ pub struct AttrSource<'a> {
     pub max_read: u32,
     /// Largest WRITE payload of the export.
     pub max_write: u32,
+    /// The COMPOUND's minor version: NFSv4.2 attributes only in 2.
+    pub minor: u32,
 }
 
 /// NFS file type of a mode.
@@ -158,7 +170,7 @@ fn time(e: &mut Encoder, t: Time) {
 
 /// Encodes the requested and supported attributes as a fattr4.
 pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
-    let sup = supported();
+    let sup = supported_in(src.minor);
     let mut out = [0u32; 3];
     let mut v = Encoder::with_capacity(256);
     let st = src.st;
@@ -416,6 +428,7 @@ mod tests {
             lease_secs: 90,
             max_read: MAX_IO,
             max_write: MAX_IO,
+            minor: 2,
         };
         let mut req = [0u32; 3];
         for b in [attr::SIZE, attr::TYPE, attr::MODE, attr::FILEHANDLE] {

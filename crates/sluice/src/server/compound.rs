@@ -239,7 +239,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
     };
 
     if first != op::SEQUENCE {
-        let Some(desc) = optable::desc(first) else {
+        let Some(desc) = optable::desc(first, minor) else {
             res.u32(op::ILLEGAL);
             res.status(status::OP_ILLEGAL);
             return done(status::OP_ILLEGAL, 1, res);
@@ -338,7 +338,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
         if nops == 1 {
             return done(status::OK, 1, res);
         }
-        let (opnum, st) = match d.u32().map(|n| (n, optable::desc(n))) {
+        let (opnum, st) = match d.u32().map(|n| (n, optable::desc(n, minor))) {
             Err(_) => (op::ILLEGAL, status::BADXDR),
             Ok((_, None)) => (op::ILLEGAL, status::OP_ILLEGAL),
             Ok((n, Some(desc))) if desc.has(flags::V40_ONLY) => (n, status::NOTSUPP),
@@ -427,7 +427,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                 last = status::BADXDR;
                 break;
             };
-            let Some(desc) = optable::desc(opnum) else {
+            let Some(desc) = optable::desc(opnum, cx.minor) else {
                 res.u32(op::ILLEGAL);
                 res.status(status::OP_ILLEGAL);
                 *count += 1;

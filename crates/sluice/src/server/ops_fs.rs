@@ -210,6 +210,7 @@ pub(super) fn put_fattr(
         lease_secs: cx.srv.config.lease.as_secs() as u32,
         max_read,
         max_write,
+        minor: cx.minor,
     };
     attrs::encode_fattr(e, req, &src);
 }
@@ -419,7 +420,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
     st
 }
 
-fn may(st: &Stat, cx: &Ctx<'_>, bit: u32) -> bool {
+pub(super) fn may(st: &Stat, cx: &Ctx<'_>, bit: u32) -> bool {
     let id = &cx.id;
     if id.uid == 0 {
         // Root may do anything but execute files no one may execute.
@@ -443,9 +444,11 @@ pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         let st = stat_any(cx, fh)?;
         let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
         let mut granted = 0;
-        let supported = want & 0x1ff;
-        // Extended attributes (RFC 8276): of regular files and
-        // directories, read with read permission, changed with write.
+        // The extended attribute bits (RFC 8276) are NFSv4.2's; in 4.1
+        // they are not supported (left out of `supported`).
+        let supported = want & if cx.minor >= 2 { 0x1ff } else { 0x3f };
+        // Extended attributes: of regular files and directories, read
+        // with read permission, changed with write.
         let xattrs = st.is_file() || st.is_dir();
         if r {
             granted |= access::READ;
@@ -805,7 +808,7 @@ fn compare(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, same: bool) 
             mask: Bitmap4(bm),
             vals,
         } = x(Fattr4::decode(d))?;
-        let sup = attrs::supported();
+        let sup = attrs::supported_in(cx.minor);
         for n in 0..(bm.len() as u32 * 32) {
             if attrs::has(&bm, n) {
                 if !attrs::has(&sup, n) {

@@ -5,7 +5,7 @@
 //! and take none (as the Linux file systems' own rule for user.*).
 
 use super::context::{Ctx, OpStatus};
-use super::ops_fs::{cinfo, deleg_conflicts, io, run, stat_of, x};
+use super::ops_fs::{cinfo, deleg_conflicts, io, may, run, stat_of, x};
 use crate::engine::fs::{self, Stat};
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
@@ -108,7 +108,8 @@ pub(super) fn removexattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder
     run(|| {
         let args = x(RemovexattrArgs::decode(d))?;
         let name = full_name(&args.name)?;
-        let (fh, before) = cur_object(cx, status::NOXATTR)?;
+        // Others take none, so none can be removed (as SETXATTR).
+        let (fh, before) = cur_object(cx, status::PERM)?;
         deleg_conflicts(cx, (before.dev, before.ino), true)?;
         fs::removexattr(fh.fd.as_fd(), &name).map_err(xerr)?;
         let after = stat_of(&fh)?;
@@ -125,11 +126,18 @@ pub(super) fn listxattrs(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder)
     run(|| {
         let args = x(ListxattrsArgs::decode(d))?;
         let names: Vec<Vec<u8>> = match cur_object(cx, status::NOXATTR) {
-            Ok((fh, _)) => io(fs::listxattr(fh.fd.as_fd()))?
-                .into_iter()
-                .filter_map(|n| n.strip_prefix(PREFIX).map(<[u8]>::to_vec))
-                .filter(|n| !n.is_empty())
-                .collect(),
+            Ok((fh, st)) => {
+                // Listing needs read permission (ACCESS4_XALIST), which
+                // listxattr(2) itself does not ask for.
+                if !may(&st, cx, 0o4) {
+                    return Err(status::ACCESS);
+                }
+                let all = io(fs::listxattr(fh.fd.as_fd()))?;
+                all.into_iter()
+                    .filter_map(|n| n.strip_prefix(PREFIX).map(<[u8]>::to_vec))
+                    .filter(|n| !n.is_empty())
+                    .collect()
+            }
             // Other objects have none.
             Err(status::NOXATTR) => Vec::new(),
             Err(st) => return Err(st),

@@ -64,6 +64,9 @@ pub(super) mod flags {
     /// Renames or links between the saved and the current filehandle:
     /// both must be in one export.
     pub(crate) const TWO_OBJECTS: u16 = 1 << 8;
+    /// An NFSv4.2 extension (RFC 8276 extended attributes): illegal in an
+    /// NFSv4.1 COMPOUND.
+    pub(crate) const V42_ONLY: u16 = 1 << 9;
 }
 
 /// One row of the op table.
@@ -409,28 +412,28 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "GETXATTR",
         ops_xattr::getxattr,
         OnPseudo::Fail(status::NOXATTR),
-        0,
+        V42_ONLY,
         4 + ops_xattr::MAX_VALUE as u32,
     ),
     row(
         "SETXATTR",
         ops_xattr::setxattr,
         ROFS,
-        CHANGES_FS | MODIFIES,
+        CHANGES_FS | MODIFIES | V42_ONLY,
         CINFO,
     ),
     row(
         "LISTXATTRS",
         ops_xattr::listxattrs,
         OnPseudo::Fail(status::NOXATTR),
-        0,
+        V42_ONLY,
         0,
     ),
     row(
         "REMOVEXATTR",
         ops_xattr::removexattr,
         ROFS,
-        CHANGES_FS | MODIFIES,
+        CHANGES_FS | MODIFIES | V42_ONLY,
         CINFO,
     ),
 ];
@@ -442,11 +445,14 @@ fn sequence_not_first(_: &mut Ctx<'_>, _: &mut Decoder<'_>, _: &mut Encoder) -> 
 
 /// The row of op `opnum`, or None for numbers that are not NFSv4.1/4.2
 /// ops (NFS4ERR_OP_ILLEGAL).
-pub(super) fn desc(opnum: u32) -> Option<&'static OpDesc> {
+pub(super) fn desc(opnum: u32, minor: u32) -> Option<&'static OpDesc> {
     if opnum < op::ACCESS {
         return None;
     }
+    // An op a later minor version added does not exist in an earlier one
+    // (RFC 8178 section 4.4.3): NFS4ERR_OP_ILLEGAL.
     OPS.get(opnum as usize)
+        .filter(|d| minor >= 2 || !d.has(V42_ONLY))
 }
 
 #[cfg(test)]
@@ -467,9 +473,10 @@ mod tests {
             (op::SEEK, "SEEK"),
             (op::REMOVEXATTR, "REMOVEXATTR"),
         ] {
-            assert_eq!(Some(name), desc(n).map(|d| d.name), "op {n}");
+            assert_eq!(Some(name), desc(n, 2).map(|d| d.name), "op {n}");
         }
-        assert!(desc(0).is_none() && desc(2).is_none() && desc(op::LAST_KNOWN + 1).is_none());
+        assert!(desc(0, 2).is_none() && desc(2, 2).is_none() && desc(op::LAST_KNOWN + 1, 2).is_none());
+        assert!(desc(op::GETXATTR, 1).is_none() && desc(op::SEEK, 1).is_some());
     }
 
     #[test]
