@@ -1569,6 +1569,16 @@ fn msg_seeds() -> Vec<(String, Vec<u8>)> {
         },
     );
     seeds.add(
+        "clone-args",
+        &CloneArgs {
+            src_stateid: sid,
+            dst_stateid: sid,
+            src_offset: 4096,
+            dst_offset: 8192,
+            count: 0,
+        },
+    );
+    seeds.add(
         "cb-getattr-res",
         &CbGetattrResOk {
             obj_attributes: fattr(&[attr::CHANGE, attr::SIZE], |v| {

@@ -134,6 +134,7 @@ pub const MESSAGES: &[Message] = messages![
     ListxattrsResOk,
     RemovexattrArgs,
     XattrChangeRes,
+    CloneArgs,
 ];
 
 /// Runs one `msg` input.

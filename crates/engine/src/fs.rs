@@ -453,6 +453,40 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
+/// FICLONERANGE: _IOW(0x94, 13, struct file_clone_range).
+const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+
+/// struct file_clone_range.
+#[repr(C)]
+struct FileCloneRange {
+    src_fd: i64,
+    src_offset: u64,
+    src_length: u64,
+    dest_offset: u64,
+}
+
+/// Makes `[dst_offset, dst_offset + len)` of the file open for writing on
+/// `dst` share the extents of `[src_offset, src_offset + len)` of `src`
+/// (ioctl FICLONERANGE; `len` 0 is to the end of the source). Fails with
+/// EOPNOTSUPP where the file system has no shared extents, EXDEV across
+/// file systems, EINVAL for ranges not aligned to its block size.
+pub fn clone_range(
+    src: BorrowedFd<'_>,
+    src_offset: u64,
+    len: u64,
+    dst: BorrowedFd<'_>,
+    dst_offset: u64,
+) -> io::Result<()> {
+    let arg = FileCloneRange {
+        src_fd: i64::from(src.as_raw_fd()),
+        src_offset,
+        src_length: len,
+        dest_offset: dst_offset,
+    };
+    // SAFETY: valid descriptors; the argument is a file_clone_range.
+    cvt(unsafe { libc::ioctl(dst.as_raw_fd(), FICLONERANGE as _, &arg) }).map(drop)
+}
+
 /// How to set one timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetTime {
@@ -504,6 +538,8 @@ pub struct FsStat {
     pub files_free: u64,
     /// Inodes in total.
     pub files_total: u64,
+    /// The block size it allocates (and clones) in.
+    pub block_size: u32,
 }
 
 /// Space and inode counts of the file system holding `fd`.
@@ -521,6 +557,7 @@ pub fn statfs(fd: BorrowedFd<'_>) -> io::Result<FsStat> {
         files_avail: s.f_ffree,
         files_free: s.f_ffree,
         files_total: s.f_files,
+        block_size: u32::try_from(s.f_bsize).unwrap_or(0),
     })
 }
 

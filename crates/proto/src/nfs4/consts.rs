@@ -415,6 +415,8 @@ pub mod attr {
     pub const TIME_MODIFY_SET: u32 = 54;
     pub const MOUNTED_ON_FILEID: u32 = 55;
     pub const SUPPATTR_EXCLCREAT: u32 = 75;
+    /// clone_blksize (RFC 7862): the granularity of CLONE ranges.
+    pub const CLONE_BLKSIZE: u32 = 77;
     /// xattr_support (RFC 8276): whether the object has extended
     /// attributes.
     pub const XATTR_SUPPORT: u32 = 82;

@@ -67,6 +67,7 @@ pub fn supported() -> [u32; 3] {
         TIME_MODIFY_SET,
         MOUNTED_ON_FILEID,
         SUPPATTR_EXCLCREAT,
+        CLONE_BLKSIZE,
         XATTR_SUPPORT,
     ])
 }
@@ -120,6 +121,7 @@ pub fn wants_fs_stat(bm: &[u32]) -> bool {
         SPACE_AVAIL,
         SPACE_FREE,
         SPACE_TOTAL,
+        CLONE_BLKSIZE,
     ]
     .iter()
     .any(|&b| has(bm, b))
@@ -224,6 +226,7 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
             attr::SPACE_AVAIL => v.u64(fs.bytes_avail),
             attr::SPACE_FREE => v.u64(fs.bytes_free),
             attr::SPACE_TOTAL => v.u64(fs.bytes_total),
+            attr::CLONE_BLKSIZE => v.u32(fs.block_size),
             attr::SPACE_USED => v.u64(st.blocks.saturating_mul(512)),
             attr::TIME_ACCESS => time(&mut v, st.atime),
             attr::TIME_DELTA => time(&mut v, Time { sec: 0, nsec: 1 }),

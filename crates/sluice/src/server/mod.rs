@@ -8,6 +8,7 @@ mod context;
 pub mod counters;
 pub mod exports;
 pub mod leases;
+mod ops_copy;
 mod ops_file;
 mod ops_fs;
 mod ops_pseudo;

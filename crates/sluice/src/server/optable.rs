@@ -4,7 +4,7 @@
 //! and one handler.
 
 use super::context::{Ctx, OpStatus, Outcome};
-use super::{ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, ops_xattr};
+use super::{ops_copy, ops_file, ops_fs, ops_pseudo, ops_session, ops_sparse, ops_xattr};
 use crate::nfs4::consts::{op, status};
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder};
@@ -407,7 +407,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     },
     row("SEEK", ops_sparse::seek, ISDIR, 0, 0),
     unsupported("WRITE_SAME", 0),
-    unsupported("CLONE", 0),
+    row(
+        "CLONE",
+        ops_copy::clone,
+        ISDIR,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        0,
+    ),
     row(
         "GETXATTR",
         ops_xattr::getxattr,
@@ -475,7 +481,9 @@ mod tests {
         ] {
             assert_eq!(Some(name), desc(n, 2).map(|d| d.name), "op {n}");
         }
-        assert!(desc(0, 2).is_none() && desc(2, 2).is_none() && desc(op::LAST_KNOWN + 1, 2).is_none());
+        assert!(
+            desc(0, 2).is_none() && desc(2, 2).is_none() && desc(op::LAST_KNOWN + 1, 2).is_none()
+        );
         assert!(desc(op::GETXATTR, 1).is_none() && desc(op::SEEK, 1).is_some());
     }
 

@@ -621,6 +621,23 @@ xdr_struct! {
     }
 }
 
+xdr_struct! {
+    /// CLONE4args (RFC 7862 section 15.13): the saved filehandle is the
+    /// source, the current one the destination.
+    pub struct CloneArgs {
+        /// A stateid of the source that reads.
+        pub src_stateid: Stateid4,
+        /// A stateid of the destination that writes.
+        pub dst_stateid: Stateid4,
+        /// Where the range starts in the source.
+        pub src_offset: u64,
+        /// Where it goes in the destination.
+        pub dst_offset: u64,
+        /// Its length; 0 to the end of the source.
+        pub count: u64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::{bytes, roundtrip, stateid};
