@@ -410,6 +410,15 @@ pub fn compound(
     r
 }
 
+/// The first of a client's sessions whose back channel can carry a call.
+fn working(sessions: &[Arc<Session>]) -> Option<&Arc<Session>> {
+    sessions.iter().find(|s| {
+        s.back_channel()
+            .as_ref()
+            .is_some_and(|b| b.wanted && b.usable())
+    })
+}
+
 /// What the holder of a write delegation says of its file (CB_GETATTR):
 /// its change attribute and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -430,12 +439,7 @@ pub fn getattr(
 ) -> Result<HolderAttrs, CbError> {
     use crate::nfs4::consts::attr;
     let started = Instant::now();
-    let session = sessions.iter().find(|s| {
-        s.back_channel()
-            .as_ref()
-            .is_some_and(|b| b.wanted && b.usable())
-    });
-    let result = match session {
+    let result = match working(sessions) {
         Some(s) => compound(s, 1, |e| {
             e.u32(cb_op::GETATTR);
             CbGetattrArgs {
@@ -493,12 +497,7 @@ pub fn start_recalls(
             .name("sluice-recall".into())
             .spawn(move || {
                 let started = Instant::now();
-                let session = sessions.iter().find(|s| {
-                    s.back_channel()
-                        .as_ref()
-                        .is_some_and(|b| b.wanted && b.usable())
-                });
-                let result = match session {
+                let result = match working(&sessions) {
                     Some(s) => compound(s, 1, |e| {
                         e.u32(cb_op::RECALL);
                         CbRecallArgs {

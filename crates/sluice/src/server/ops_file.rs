@@ -321,8 +321,15 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 }
             },
         })?;
-        let delegation = match args.claim {
-            OpenClaim4::Null(_) | OpenClaim4::Fh => delegate(
+        // A new open may get a delegation; a reclaim gets back the one it
+        // names.
+        let reclaimed = match args.claim {
+            OpenClaim4::Null(_) | OpenClaim4::Fh => Some(None),
+            OpenClaim4::Previous(t) if t != deleg::NONE => Some(Some(t)),
+            _ => None,
+        };
+        let delegation = match reclaimed {
+            Some(reclaim) => delegate(
                 cx,
                 args.share_access,
                 access,
@@ -330,19 +337,9 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 &sid,
                 &fh,
                 &st,
-                None,
+                reclaim,
             ),
-            OpenClaim4::Previous(t) if t != deleg::NONE => delegate(
-                cx,
-                args.share_access,
-                access,
-                clientid,
-                &sid,
-                &fh,
-                &st,
-                Some(t),
-            ),
-            _ => OpenDelegation4::None,
+            None => OpenDelegation4::None,
         };
         OpenResOk {
             stateid: sid,

@@ -255,40 +255,32 @@ impl Stateids {
         out
     }
 
-    /// Whether a client other than `clientid` has `file` open at all.
-    pub(super) fn file_has_open_other_than(&self, file: FileKey, clientid: u64) -> bool {
+    /// The opens of `file`.
+    fn opens_of(&self, file: FileKey) -> impl Iterator<Item = &OpenState> {
         self.opens_by_file
             .get(&file)
             .into_iter()
             .flatten()
-            .any(|other| {
-                matches!(self.states.get(other),
-                    Some(StateEntry::Open(o)) if o.clientid != clientid)
-            })
-    }
-
-    /// An open descriptor of `file`, from any client's open.
-    pub(super) fn any_fd(&self, file: FileKey) -> Option<Arc<OwnedFd>> {
-        self.opens_by_file
-            .get(&file)
-            .into_iter()
-            .flatten()
-            .find_map(|other| match self.states.get(other) {
-                Some(StateEntry::Open(o)) => Some(o.fd.clone()),
+            .filter_map(|other| match self.states.get(other) {
+                Some(StateEntry::Open(o)) => Some(o),
                 _ => None,
             })
     }
 
+    /// Whether a client other than `clientid` has `file` open at all.
+    pub(super) fn file_has_open_other_than(&self, file: FileKey, clientid: u64) -> bool {
+        self.opens_of(file).any(|o| o.clientid != clientid)
+    }
+
+    /// An open descriptor of `file`, from any client's open.
+    pub(super) fn any_fd(&self, file: FileKey) -> Option<Arc<OwnedFd>> {
+        self.opens_of(file).next().map(|o| o.fd.clone())
+    }
+
     /// Whether a client other than `clientid` has `file` open for writing.
     pub(super) fn file_has_writer_other_than(&self, file: FileKey, clientid: u64) -> bool {
-        self.opens_by_file
-            .get(&file)
-            .into_iter()
-            .flatten()
-            .any(|other| {
-                matches!(self.states.get(other),
-                    Some(StateEntry::Open(o)) if o.clientid != clientid && o.access & 2 != 0)
-            })
+        self.opens_of(file)
+            .any(|o| o.clientid != clientid && o.access & 2 != 0)
     }
 
     /// Locks of other owners that conflict with [start, end).
