@@ -321,8 +321,8 @@ pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
     })
 }
 
-/// Applies settable attributes to the object behind `fh`. `open_fd` is an
-/// open descriptor to truncate through, when the client gave a stateid.
+/// Applies settable attributes to the object behind `fh` (a size by
+/// path).
 pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), Nfsstat4> {
     apply_attrs_through(fh, st, a, None)
 }
