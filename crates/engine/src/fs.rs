@@ -371,21 +371,23 @@ pub fn ftruncate(fd: BorrowedFd<'_>, size: u64) -> io::Result<()> {
 /// file or directory `fd` (an O_PATH descriptor is enough).
 pub fn getxattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     let p = proc_path(fd);
+    // SAFETY: valid C strings; `sized` passes a buffer of `len` bytes
+    // (null with 0 to ask for the size).
+    sized(|buf, len| unsafe { libc::getxattr(p.as_ptr(), name.as_ptr(), buf, len) })
+}
+
+/// What a call that fills a buffer gives (getxattr, listxattr): first
+/// asked for the size with a null buffer, then for the bytes, again if
+/// they grew in between (ERANGE).
+fn sized(call: impl Fn(*mut libc::c_void, usize) -> libc::ssize_t) -> io::Result<Vec<u8>> {
     loop {
-        // SAFETY: valid C strings; a null buffer asks for the size.
-        let n = cvt_size(unsafe {
-            libc::getxattr(p.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0)
-        })?;
+        let n = cvt_size(call(std::ptr::null_mut(), 0))?;
         let mut buf = vec![0u8; n];
-        // SAFETY: the buffer has `n` bytes.
-        match cvt_size(unsafe {
-            libc::getxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), n)
-        }) {
+        match cvt_size(call(buf.as_mut_ptr().cast(), n)) {
             Ok(got) => {
                 buf.truncate(got);
                 return Ok(buf);
             }
-            // It grew between the two calls.
             Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
             Err(e) => return Err(e),
         }
@@ -425,24 +427,13 @@ pub fn removexattr(fd: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
 /// see), in the file system's order.
 pub fn listxattr(fd: BorrowedFd<'_>) -> io::Result<Vec<Vec<u8>>> {
     let p = proc_path(fd);
-    loop {
-        // SAFETY: valid C string; a null buffer asks for the size.
-        let n = cvt_size(unsafe { libc::listxattr(p.as_ptr(), std::ptr::null_mut(), 0) })?;
-        let mut buf = vec![0u8; n];
-        // SAFETY: the buffer has `n` bytes.
-        match cvt_size(unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), n) }) {
-            Ok(got) => {
-                buf.truncate(got);
-                return Ok(buf
-                    .split(|&b| b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(<[u8]>::to_vec)
-                    .collect());
-            }
-            Err(e) if e.raw_os_error() == Some(libc::ERANGE) => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    // SAFETY: valid C string; `sized` passes a buffer of `len` bytes.
+    let buf = sized(|buf, len| unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) })?;
+    Ok(buf
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
 }
 
 fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
@@ -951,11 +942,6 @@ pub fn take_lease(fd: BorrowedFd<'_>, write: bool) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Takes a read lease: [`take_lease`] with `write` false.
-pub fn take_read_lease(fd: BorrowedFd<'_>) -> io::Result<()> {
-    take_lease(fd, false)
 }
 
 /// Releases a lease taken with [`take_lease`].

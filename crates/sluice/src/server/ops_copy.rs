@@ -2,8 +2,8 @@
 //! destination share the source's extents (FICLONERANGE), on file
 //! systems that have shared extents (xfs with reflink, btrfs).
 
-use super::context::{Ctx, OpStatus, Stop};
-use super::ops_file::{file_key, io_fd, read_lock};
+use super::context::{Ctx, OpStatus};
+use super::ops_file::{file_key, io_fd};
 use super::ops_fs::{run, stat_of, x};
 use crate::engine::fs;
 use crate::nfs4::consts::status;
@@ -67,19 +67,16 @@ pub(super) fn clone(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
             // Overlapping ranges of one file.
             return Err(status::INVAL);
         }
-        let stop = |s: Stop| match s {
-            Stop::Status(st) => st,
-            Stop::WouldBlock => status::DELAY,
-        };
         // Both ranges locked in one order (file, then offset), so two
         // clones the other way round cannot wait for each other.
+        let locks = &cx.srv.locks;
         let (_read, _write);
         if (skey, a.src_offset) <= (dkey, a.dst_offset) {
-            _read = read_lock(cx, skey, a.src_offset, send).map_err(stop)?;
-            _write = cx.srv.locks.write(dkey, a.dst_offset, dend);
+            _read = locks.read(skey, a.src_offset, send);
+            _write = locks.write(dkey, a.dst_offset, dend);
         } else {
-            _write = cx.srv.locks.write(dkey, a.dst_offset, dend);
-            _read = read_lock(cx, skey, a.src_offset, send).map_err(stop)?;
+            _write = locks.write(dkey, a.dst_offset, dend);
+            _read = locks.read(skey, a.src_offset, send);
         }
         fs::clone_range(sfd.as_fd(), a.src_offset, count, dfd.as_fd(), a.dst_offset)
             .map_err(clone_err)?;

@@ -4,7 +4,7 @@
 //! seen. Regular files and directories have them; other objects have none
 //! and take none (as the Linux file systems' own rule for user.*).
 
-use super::context::{Ctx, OpStatus};
+use super::context::{Ctx, Fh, OpStatus};
 use super::ops_fs::{cinfo, deleg_conflicts, io, may, run, stat_of, x};
 use crate::engine::fs::{self, Stat};
 use crate::nfs4::consts::status;
@@ -51,7 +51,7 @@ fn xerr(e: std::io::Error) -> Nfsstat4 {
 
 /// The current object, which must have extended attributes: a regular
 /// file or a directory (others answer `otherwise`).
-fn cur_object(cx: &Ctx<'_>, otherwise: Nfsstat4) -> Result<(super::context::Fh, Stat), Nfsstat4> {
+fn cur_object(cx: &Ctx<'_>, otherwise: Nfsstat4) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
     if st.is_file() || st.is_dir() {
@@ -87,20 +87,33 @@ pub(super) fn setxattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -
         if args.value.0.len() > MAX_VALUE {
             return Err(status::XATTR2BIG);
         }
-        let (fh, before) = cur_object(cx, status::PERM)?;
-        // Holders of delegations cache the change attribute.
-        deleg_conflicts(cx, (before.dev, before.ino), true)?;
-        fs::setxattr(fh.fd.as_fd(), &name, &args.value.0, flags).map_err(|e| {
-            match e.raw_os_error() {
-                // The RFC's answers to create and replace conflicts.
-                Some(libc::EEXIST) => status::EXIST,
-                _ => xerr(e),
-            }
-        })?;
-        let after = stat_of(&fh)?;
-        cinfo(&before, &after).encode(e);
-        Ok(())
+        changing(cx, e, |fh| {
+            fs::setxattr(fh.fd.as_fd(), &name, &args.value.0, flags).map_err(|e| {
+                match e.raw_os_error() {
+                    // The RFC's answers to create and replace conflicts.
+                    Some(libc::EEXIST) => status::EXIST,
+                    _ => xerr(e),
+                }
+            })
+        })
     })
+}
+
+/// SETXATTR's and REMOVEXATTR's frame: the current object must take
+/// extended attributes (NFS4ERR_PERM otherwise, as the kernel's rule for
+/// user.*), other clients' delegations of it are recalled (holders cache
+/// its change attribute), `change` runs, and the change info is written.
+fn changing(
+    cx: &Ctx<'_>,
+    e: &mut Encoder,
+    change: impl FnOnce(&Fh) -> Result<(), Nfsstat4>,
+) -> Result<(), Nfsstat4> {
+    let (fh, before) = cur_object(cx, status::PERM)?;
+    deleg_conflicts(cx, (before.dev, before.ino), true)?;
+    change(&fh)?;
+    let after = stat_of(&fh)?;
+    cinfo(&before, &after).encode(e);
+    Ok(())
 }
 
 /// REMOVEXATTR (section 8.4.5).
@@ -108,13 +121,9 @@ pub(super) fn removexattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder
     run(|| {
         let args = x(RemovexattrArgs::decode(d))?;
         let name = full_name(&args.name)?;
-        // Others take none, so none can be removed (as SETXATTR).
-        let (fh, before) = cur_object(cx, status::PERM)?;
-        deleg_conflicts(cx, (before.dev, before.ino), true)?;
-        fs::removexattr(fh.fd.as_fd(), &name).map_err(xerr)?;
-        let after = stat_of(&fh)?;
-        cinfo(&before, &after).encode(e);
-        Ok(())
+        changing(cx, e, |fh| {
+            fs::removexattr(fh.fd.as_fd(), &name).map_err(xerr)
+        })
     })
 }
 
