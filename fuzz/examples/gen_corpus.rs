@@ -400,6 +400,30 @@ fn compound_seeds() -> Vec<Seed> {
             status::OK,
         ),
         session_seed(
+            "seq-copy-file-into-empty",
+            s,
+            lookup(
+                lookup(in_session(1, ""), "file")
+                    .bare(op::SAVEFH)
+                    .bare(op::PUTROOTFH),
+                "empty",
+            )
+            .op_args(
+                op::COPY,
+                &CopyArgs {
+                    src_stateid: ANONYMOUS,
+                    dst_stateid: ANONYMOUS,
+                    src_offset: 0,
+                    dst_offset: 0,
+                    count: 0,
+                    consecutive: true,
+                    synchronous: false,
+                    source_server: Vec::new(),
+                },
+            ),
+            status::OK,
+        ),
+        session_seed(
             "seq-allocate-deallocate",
             s,
             close(seek(
@@ -1576,6 +1600,68 @@ fn msg_seeds() -> Vec<(String, Vec<u8>)> {
             src_offset: 4096,
             dst_offset: 8192,
             count: 0,
+        },
+    );
+    let response = WriteResponse4 {
+        callback_id: Some(sid),
+        count: 1 << 30,
+        committed: 0,
+        verifier: [7; 8],
+    };
+    seeds.add(
+        "copy-args",
+        &CopyArgs {
+            src_stateid: sid,
+            dst_stateid: sid,
+            src_offset: 0,
+            dst_offset: 4096,
+            count: 1 << 30,
+            consecutive: true,
+            synchronous: false,
+            source_server: vec![
+                Netloc4::Name(b"server".to_vec()),
+                Netloc4::Addr {
+                    netid: b"tcp".to_vec(),
+                    addr: b"127.0.0.1.8.1".to_vec(),
+                },
+            ],
+        },
+    );
+    seeds.add(
+        "copy-res",
+        &CopyResOk {
+            response,
+            requirements: CopyRequirements4 {
+                consecutive: true,
+                synchronous: false,
+            },
+        },
+    );
+    seeds.add("offload-args", &OffloadArgs { stateid: sid });
+    seeds.add(
+        "offload-status-res",
+        &OffloadStatusResOk {
+            count: 4096,
+            complete: Some(status::OK),
+        },
+    );
+    seeds.add(
+        "cb-offload-args",
+        &CbOffloadArgs {
+            fh: NfsFh4(vec![1; 28]),
+            stateid: sid,
+            info: OffloadInfo4::Done(WriteResponse4 {
+                callback_id: None,
+                ..response
+            }),
+        },
+    );
+    seeds.add(
+        "cb-offload-failed",
+        &CbOffloadArgs {
+            fh: NfsFh4(vec![1; 28]),
+            stateid: sid,
+            info: OffloadInfo4::Failed(status::NOSPC, 8192),
         },
     );
     seeds.add(

@@ -135,6 +135,15 @@ pub const MESSAGES: &[Message] = messages![
     RemovexattrArgs,
     XattrChangeRes,
     CloneArgs,
+    Netloc4,
+    CopyArgs,
+    WriteResponse4,
+    CopyRequirements4,
+    CopyResOk,
+    OffloadArgs,
+    OffloadStatusResOk,
+    OffloadInfo4,
+    CbOffloadArgs,
 ];
 
 /// Runs one `msg` input.

@@ -93,6 +93,9 @@ class Op:
     DESTROY_CLIENTID = 57
     RECLAIM_COMPLETE = 58
     COPY = 60
+    COPY_NOTIFY = 61
+    OFFLOAD_CANCEL = 66
+    OFFLOAD_STATUS = 67
     READ_PLUS = 68
     GETXATTR = 72
     SETXATTR = 73
@@ -110,6 +113,8 @@ class St:
     ACCESS = 13
     EXIST = 17
     INVAL = 22
+    FBIG = 27
+    ISDIR = 21
     ROFS = 30
     NAMETOOLONG = 63
     NOSPC = 28
@@ -158,6 +163,8 @@ class St:
     ENCR_ALG_UNSUPP = 10079
     NOXATTR = 10095
     XATTR2BIG = 10096
+    OFFLOAD_DENIED = 10091
+    OFFLOAD_NO_REQS = 10094
     NOT_ONLY_OP = 10081
 
 
@@ -616,6 +623,26 @@ def op_removexattr(name: bytes):
     return (Op.REMOVEXATTR, Packer().opaque(name).bytes())
 
 
+def op_copy(src_sid: bytes, dst_sid: bytes, src_off: int, dst_off: int, count: int,
+            synchronous: bool = True, consecutive: bool = True, source_servers: list[bytes] | None = None):
+    """COPY (RFC 7862) from the saved filehandle's file to the current
+    one's; `source_servers` are netloc4 values (a copy from another
+    server)."""
+    p = Packer().fixed(src_sid).fixed(dst_sid).u64(src_off).u64(dst_off).u64(count)
+    p.bool(consecutive).bool(synchronous).u32(len(source_servers or []))
+    for s in source_servers or []:
+        p.raw(s)
+    return (Op.COPY, p.bytes())
+
+
+def op_offload_status(stateid: bytes):
+    return (Op.OFFLOAD_STATUS, Packer().fixed(stateid).bytes())
+
+
+def op_offload_cancel(stateid: bytes):
+    return (Op.OFFLOAD_CANCEL, Packer().fixed(stateid).bytes())
+
+
 def op_commit(offset: int = 0, count: int = 0):
     """COMMIT of [offset, offset + count), count 0 to the end."""
     return (Op.COMMIT, Packer().u64(offset).u32(count).bytes())
@@ -744,6 +771,22 @@ def _decode_ok(opnum: int, u: Unpacker) -> dict | None:
         return {"count": u.u32(), "committed": u.u32(), "verifier": u.fixed(8)}
     if opnum == Op.COMMIT:
         return {"verifier": u.fixed(8)}
+    if opnum == Op.COPY:
+        callback_id = u.fixed(16) if u.u32() else None
+        return {
+            "callback_id": callback_id,
+            "count": u.u64(),
+            "committed": u.u32(),
+            "verifier": u.fixed(8),
+            "consecutive": u.bool(),
+            "synchronous": u.bool(),
+        }
+    if opnum == Op.OFFLOAD_STATUS:
+        count = u.u64()
+        complete = u.u32() if u.u32() else None
+        return {"count": count, "complete": complete}
+    if opnum == Op.OFFLOAD_CANCEL:
+        return {}
     if opnum == Op.SEQUENCE:
         return {
             "sessionid": u.fixed(16),

@@ -6,6 +6,7 @@
 
 pub mod ahead;
 pub mod bufcache;
+pub mod copy;
 pub mod cred;
 pub mod export;
 pub mod extents;

@@ -280,8 +280,9 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
     }
     let local_leases = config.local_leases;
-    let srv =
-        Arc::new(Server::with_exports(exports, config).map_err(|e| format!("cannot start: {e}"))?);
+    let srv = Server::with_exports(exports, config)
+        .map_err(|e| format!("cannot start: {e}"))?
+        .shared();
     if local_leases {
         sluice::server::leases::watch(srv.clone())
             .map_err(|e| format!("cannot start the lease watcher: {e}"))?;

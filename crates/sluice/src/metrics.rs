@@ -61,7 +61,17 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 19] = [
+        let counters: [(&str, &str, u64); 21] = [
+            (
+                "sluice_copies",
+                "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
+                load(&m.copies),
+            ),
+            (
+                "sluice_copy_bytes",
+                "Bytes of source ranges copied on the server by COPY (data, and holes kept as holes).",
+                load(&m.copy_bytes),
+            ),
             (
                 "sluice_delegations_granted",
                 "Delegations granted on OPEN.",
@@ -159,7 +169,12 @@ impl Collector for Collect {
         }
         let u = srv.state.usage();
         let g = srv.state.grace_status();
-        let gauges: [(&str, &str, u64); 12] = [
+        let gauges: [(&str, &str, u64); 13] = [
+            (
+                "sluice_async_copies",
+                "Asynchronous COPY operations running now.",
+                srv.copies.running() as u64,
+            ),
             (
                 "sluice_delegations",
                 "Delegations held by clients now.",
@@ -299,7 +314,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let key = crate::engine::handle::HandleKey::new([1; 32]);
         let export = crate::engine::export::Export::open(&dir, 0, key.clone()).unwrap();
-        Arc::new(Server::new(export, key, Default::default()).unwrap())
+        Server::new(export, key, Default::default())
+            .unwrap()
+            .shared()
     }
 
     #[test]

@@ -87,7 +87,13 @@ pub mod status {
     pub const NOT_ONLY_OP: Nfsstat4 = Nfsstat4(10081);
     pub const WRONG_CRED: Nfsstat4 = Nfsstat4(10082);
     pub const WRONG_TYPE: Nfsstat4 = Nfsstat4(10083);
+    pub const PARTNER_NOTSUPP: Nfsstat4 = Nfsstat4(10088);
     pub const UNION_NOTSUPP: Nfsstat4 = Nfsstat4(10090);
+    /// The server will not do this copy asynchronously, or at all now
+    /// (RFC 7862).
+    pub const OFFLOAD_DENIED: Nfsstat4 = Nfsstat4(10091);
+    /// The server cannot meet the copy's requirements (RFC 7862).
+    pub const OFFLOAD_NO_REQS: Nfsstat4 = Nfsstat4(10094);
     /// No such extended attribute (RFC 8276).
     pub const NOXATTR: Nfsstat4 = Nfsstat4(10095);
     /// An extended attribute value too large (RFC 8276).
@@ -121,6 +127,9 @@ pub mod status {
             TOOSMALL => "NFS4ERR_TOOSMALL",
             NOXATTR => "NFS4ERR_NOXATTR",
             XATTR2BIG => "NFS4ERR_XATTR2BIG",
+            PARTNER_NOTSUPP => "NFS4ERR_PARTNER_NOTSUPP",
+            OFFLOAD_DENIED => "NFS4ERR_OFFLOAD_DENIED",
+            OFFLOAD_NO_REQS => "NFS4ERR_OFFLOAD_NO_REQS",
             SERVERFAULT => "NFS4ERR_SERVERFAULT",
             BADTYPE => "NFS4ERR_BADTYPE",
             DELAY => "NFS4ERR_DELAY",

@@ -13,7 +13,8 @@ use super::counters::Metrics;
 use super::state::{Recall, Session};
 use crate::nfs4::msg::{
     cb_op, cb_proc, Bitmap4, CallbackSec, CbCompoundHeader, CbCompoundResHeader, CbGetattrArgs,
-    CbGetattrResOk, CbRecallArgs, CbSequenceArgs, CbSequenceResOk, NfsFh4, Xdr,
+    CbGetattrResOk, CbOffloadArgs, CbRecallArgs, CbSequenceArgs, CbSequenceResOk, NfsFh4,
+    OffloadInfo4, Stateid4, Xdr,
 };
 use crate::nfs4::Nfsstat4;
 use crate::rpc::{self, CallCred, ReplyError};
@@ -521,6 +522,46 @@ pub fn start_recalls(
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start a recall thread");
+        }
+    }
+}
+
+/// Tells the client (over a working back channel of one of `sessions`)
+/// that its asynchronous copy `stateid` into the file `fh` ended, and how
+/// (CB_OFFLOAD, RFC 7862 section 16.1). A client that answers
+/// NFS4ERR_DELAY is asked again, a few times.
+pub fn offload(
+    sessions: &[Arc<Session>],
+    fh: &[u8],
+    stateid: Stateid4,
+    info: OffloadInfo4,
+    metrics: &Arc<Metrics>,
+) -> Result<(), CbError> {
+    let mut pause = Duration::from_millis(50);
+    let mut tries = 0;
+    loop {
+        let started = Instant::now();
+        let result = match working(sessions) {
+            Some(s) => compound(s, 1, |e| {
+                e.u32(cb_op::OFFLOAD);
+                CbOffloadArgs {
+                    fh: NfsFh4(fh.to_vec()),
+                    stateid,
+                    info,
+                }
+                .encode(e);
+            })
+            .map(drop),
+            None => Err(CbError::NoConnection),
+        };
+        metrics.callback(result.is_ok(), started.elapsed());
+        tries += 1;
+        match result {
+            Err(CbError::Status(st)) if st == crate::nfs4::consts::status::DELAY && tries < 8 => {
+                std::thread::sleep(pause);
+                pause *= 2;
+            }
+            r => return r,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! caller, current and saved filehandles and stateids), its outcome type,
 //! and whether it may wait ([`must_not_wait`]).
 
-use super::callback::CbConn;
+use super::callback::{CbConn, CbState};
 use super::exports::{Exported, Loc};
 use super::state::{Session, Stateid};
 use super::Server;
@@ -114,6 +114,16 @@ impl<'a> Ctx<'a> {
         } else {
             Ok(sid)
         }
+    }
+
+    /// Whether the session's back channel is bound and answered its last
+    /// call (what delegations and asynchronous copies need).
+    pub(super) fn back_channel_up(&self) -> bool {
+        self.session.is_some_and(|s| {
+            s.back_channel()
+                .as_ref()
+                .is_some_and(|b| b.wanted && b.usable() && b.state == CbState::Up)
+        })
     }
 
     /// The client id of the session or NFS4ERR_OP_NOT_IN_SESSION.

@@ -45,6 +45,12 @@ pub struct Metrics {
     pub callback_failures: AtomicU64,
     /// Time from sending a callback to its answer or failure.
     pub callback_latency: Histogram,
+    /// COPY ops that copied (synchronously) or started copying
+    /// (asynchronously).
+    pub copies: AtomicU64,
+    /// Bytes of source ranges COPY covered on the server (data copied and
+    /// holes kept).
+    pub copy_bytes: AtomicU64,
 }
 
 impl Metrics {

@@ -5,6 +5,7 @@ pub mod attrs;
 pub mod callback;
 mod compound;
 mod context;
+pub mod copies;
 pub mod counters;
 pub mod exports;
 pub mod leases;
@@ -121,6 +122,11 @@ pub struct Server {
     pub read: crate::engine::read::ReadPath,
     /// Counters for the metrics endpoint.
     pub metrics: Arc<counters::Metrics>,
+    /// Asynchronous copies, running and finished.
+    pub copies: copies::Copies,
+    /// This server, once [`Server::shared`] made it shared: what work
+    /// that goes on after a reply (asynchronous copies) holds on to.
+    me: std::sync::Weak<Server>,
 }
 
 impl Server {
@@ -164,10 +170,26 @@ impl Server {
             owner: format!("sluice:{}", host.trim()).into_bytes(),
             locks,
             read,
+            copies: copies::Copies::new(config.lease * 2),
             config,
             extents: Default::default(),
             metrics: Default::default(),
+            me: std::sync::Weak::new(),
         })
+    }
+
+    /// The server, shared with the threads that serve it. Only a shared
+    /// server runs copies asynchronously.
+    pub fn shared(mut self) -> Arc<Self> {
+        Arc::new_cyclic(|me| {
+            self.me = me.clone();
+            self
+        })
+    }
+
+    /// This server as a shared reference, when it is one.
+    pub(crate) fn me(&self) -> Option<Arc<Server>> {
+        self.me.upgrade()
     }
 
     /// Forgets what is cached of a file (its data/hole map and data) after

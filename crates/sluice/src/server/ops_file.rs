@@ -2,7 +2,6 @@
 //! COMMIT, LOCK, LOCKT, LOCKU, TEST_STATEID, FREE_STATEID, DELEGRETURN.
 
 use super::attrs::{self, MAX_IO};
-use super::callback::CbState;
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
     apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, io, put_stateid, run, run_or_block,
@@ -391,11 +390,7 @@ fn delegate(
             OpenDelegation4::None
         }
     };
-    let back_channel_up = cx.session.is_some_and(|s| {
-        s.back_channel()
-            .as_ref()
-            .is_some_and(|b| b.wanted && b.usable() && b.state == CbState::Up)
-    });
+    let back_channel_up = cx.back_channel_up();
     let write = match reclaim {
         Some(deleg::READ) => false,
         Some(deleg::WRITE) if access & SHARE_ACCESS_WRITE != 0 => true,

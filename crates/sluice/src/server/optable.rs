@@ -384,7 +384,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         CHANGES_FS | MODIFIES,
         0,
     ),
-    unsupported("COPY", 0),
+    row(
+        "COPY",
+        ops_copy::copy,
+        ISDIR,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        4 + SID + 8 + 4 + 8 + 8,
+    ),
     unsupported("COPY_NOTIFY", 0),
     row(
         "DEALLOCATE",
@@ -396,8 +402,20 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     unsupported("IO_ADVISE", 0),
     unsupported("LAYOUTERROR", 0),
     unsupported("LAYOUTSTATS", 0),
-    unsupported("OFFLOAD_CANCEL", 0),
-    unsupported("OFFLOAD_STATUS", 0),
+    row(
+        "OFFLOAD_CANCEL",
+        ops_copy::offload_cancel,
+        SAME,
+        NO_OBJECT | MODIFIES,
+        0,
+    ),
+    row(
+        "OFFLOAD_STATUS",
+        ops_copy::offload_status,
+        SAME,
+        NO_OBJECT,
+        8 + 4 + 4,
+    ),
     OpDesc {
         name: "READ_PLUS",
         run: Some(Handler::MayBlock(ops_sparse::read_plus)),

@@ -239,7 +239,7 @@ fn sessionless_and_unknown_ops() {
         pc(
             &srv,
             &root(),
-            &compound(2, &[sequence(&sid, 1, 0, false), (op::COPY, vec![])]),
+            &compound(2, &[sequence(&sid, 1, 0, false), (op::COPY_NOTIFY, vec![])]),
         )
         .unwrap(),
     );
@@ -528,7 +528,7 @@ proptest! {
 thread_local! {
     static SHARED: (std::sync::Arc<Server>, PathBuf) = {
         let (s, d) = server("prop");
-        (std::sync::Arc::new(s), d)
+        (s.shared(), d)
     };
 }
 

@@ -12,6 +12,7 @@ use crate::xdr::{Decoder, Encoder, XdrError, XdrResult};
 
 mod cb;
 mod common;
+mod copy;
 mod file;
 mod ns;
 mod xattr;
@@ -21,6 +22,7 @@ pub use common::{
     Bitmap4, ChangeInfo4, Component4, Fattr4, Nfsace4, StateOwner4, MAX_ATTR_VALS,
     MAX_BITMAP_WORDS, MAX_COMPONENT,
 };
+pub use copy::*;
 pub use file::*;
 pub use ns::*;
 pub use xattr::*;

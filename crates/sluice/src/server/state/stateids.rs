@@ -484,7 +484,18 @@ impl StateTable {
         }
     }
 
-    pub(super) fn check_stale(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
+    /// A new stateid for state kept outside this table (an asynchronous
+    /// copy): unique, and of this server instance.
+    pub fn new_stateid(&self) -> Stateid {
+        let mut inner = self.lock();
+        Stateid {
+            seqid: 1,
+            other: self.new_other(&mut inner),
+        }
+    }
+
+    /// NFS4ERR_STALE_STATEID for a stateid of an earlier server instance.
+    pub fn check_stale(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
         if sid.other[..4] != self.boot.to_be_bytes() {
             return Err(status::STALE_STATEID);
         }
