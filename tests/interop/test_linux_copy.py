@@ -1,13 +1,22 @@
-"""CLONE with the Linux kernel NFS client (6.12, NFS 4.2), in a QEMU guest.
+"""CLONE and COPY with the Linux kernel NFS client (6.12, NFS 4.2), in a
+QEMU guest.
 
 The server exports an xfs file system made with reflink on a loop device
 as /x and an ext4 directory as /e (one `sluice serve --config`). The
-guest runs tests/vm/guest/clone.sh: `cp --reflink=always` of a 64 MiB
-file on /x sends CLONE and no READ or WRITE, and the host checks that
-the copy shares the source's extents on the server (filefrag) and has its
-bytes; on /e it fails with "Operation not supported".
+guest runs tests/vm/guest/copy.sh:
+
+- `cp --reflink=always` of a 64 MiB file on /x sends CLONE and no READ or
+  WRITE, and the host checks that the copy shares the source's extents on
+  the server (filefrag) and has its bytes; on /e it fails with "Operation
+  not supported".
+- `cp` of a 256 MiB file on /e sends COPY and no READ or WRITE (the
+  client lets it run asynchronously: CB_OFFLOAD ends it), and the host
+  checks the bytes.
+- One copy_file_range of a sparse file, and `cp` of it: the host checks
+  that the copies have the source's data and holes.
 """
 
+import hashlib
 import os
 import re
 import shutil
@@ -19,7 +28,7 @@ import pytest
 from conftest import REPO
 from test_linux_client import GUEST_EXIT, ControlServer, boot_guest, failure_context
 
-GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "clone.sh"
+GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "copy.sh"
 MiB = 1 << 20
 
 pytestmark = [
@@ -80,17 +89,58 @@ class TwoExports:
             self.proc.wait(timeout=30)
 
 
-class CloneControl(ControlServer):
-    """"shared PATH": the server's file x/PATH shares extents (filefrag -v
-    marks some "shared") and has the bytes of x/src; "ok"."""
+def data_map(path) -> list[tuple[int, int]]:
+    """The file's data extents by SEEK_DATA/SEEK_HOLE."""
+    out = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size, at = os.fstat(fd).st_size, 0
+        while at < size:
+            try:
+                data = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError:
+                break
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+            out.append((data, hole))
+            at = hole
+    finally:
+        os.close(fd)
+    return out
 
-    def __init__(self, server, xfs):
-        self.xfs = xfs
+
+def sha(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(8 * MiB):
+            h.update(b)
+    return h.hexdigest()
+
+
+class CopyControl(ControlServer):
+    """Checks of the server's files; each answers "ok":
+    "shared x/PATH": x/PATH shares extents (filefrag -v marks some
+    "shared") and has the bytes of x/src;
+    "same e/PATH e/SRC": e/PATH has the bytes of e/SRC;
+    "holes e/PATH e/SRC": e/PATH has the bytes of e/SRC, and its data and
+    holes."""
+
+    def __init__(self, server, xfs, ext4):
+        self.xfs, self.ext4 = xfs, ext4
         self.report = ""
+        self.maps = []
         super().__init__(server)
 
     def _handle(self, line):
         cmd, _, arg = line.partition(" ")
+        if cmd in ("same", "holes"):
+            a, _, b = arg.partition(" ")
+            path, src = self.ext4 / a.removeprefix("e/"), self.ext4 / b.removeprefix("e/")
+            assert sha(path) == sha(src), f"{a} on the server differs from {b}"
+            if cmd == "holes":
+                got, want = data_map(path), data_map(src)
+                self.maps.append(f"{a}: {got}")
+                assert got == want, f"{a} on the server has data at {got}, {b} at {want}"
+            return "ok"
         if cmd != "shared":
             return f"error: unknown request {line!r}"
         rel = arg.removeprefix("x/")
@@ -104,7 +154,17 @@ class CloneControl(ControlServer):
         return "ok"
 
 
-def test_linux_clone(sluice_binary, tmp_path, capsys):
+def sparse_file(path):
+    """30 MiB: 1 MiB of data at 0, 8 and 20 MiB, holes between."""
+    with open(path, "wb") as f:
+        for at in (0, 8 * MiB, 20 * MiB):
+            f.seek(at)
+            f.write(os.urandom(MiB))
+        f.truncate(30 * MiB)
+    assert len(data_map(path)) == 3, "the ext4 directory does not keep holes"
+
+
+def test_linux_clone_and_copy(sluice_binary, tmp_path, capsys):
     assert shutil.which("mkfs.xfs"), "mkfs.xfs is missing (xfsprogs; scripts/setup installs it)"
     image, mnt, ext4 = tmp_path / "xfs.img", tmp_path / "xfs", tmp_path / "ext4"
     with open(image, "wb") as f:
@@ -117,12 +177,17 @@ def test_linux_clone(sluice_binary, tmp_path, capsys):
     try:
         (mnt / "src").write_bytes(os.urandom(64 * MiB))
         (ext4 / "src").write_bytes(os.urandom(MiB))
+        with open(ext4 / "big", "wb") as f:
+            block = os.urandom(MiB)
+            for i in range(256):
+                f.write(i.to_bytes(8, "big") + block[8:])
+        sparse_file(ext4 / "sparse")
         server = TwoExports(sluice_binary, tmp_path, mnt, ext4)
         server.start()
-        ctl = CloneControl(server, mnt)
+        ctl = CopyControl(server, mnt, ext4)
         console = tmp_path / "guest-console.log"
         started = time.monotonic()
-        rc = boot_guest("6.12", server, ctl, GUEST_SCRIPT, console, bins=("cp",))
+        rc = boot_guest("6.12", server, ctl, GUEST_SCRIPT, console, bins=("cp", "perl"))
         took = time.monotonic() - started
         out = console.read_text(errors="replace")
         print(out)
@@ -138,11 +203,14 @@ def test_linux_clone(sluice_binary, tmp_path, capsys):
         return failure_context(out, console, server, 60)
 
     calls = re.findall(r"^CLONE_CALLS (.*)$", out, re.M)
+    copies = re.findall(r"^COPY_CALLS (.*)$", out, re.M)
     with capsys.disabled():
         print(f"\nCLONE linux 6.12: cp --reflink=always of 64 MiB: {calls}; {ctl.report}; boot {took:.0f} s")
+        print(f"COPY linux 6.12: cp of 256 MiB: {copies}; sparse copies: {ctl.maps}")
     assert alive, "sluice died during the test" + context()
     assert rc == 0, (f"guest script failed: exit {rc} {GUEST_EXIT.get(rc, '')}\n"
                      + "\n".join(re.findall(r"^FAIL in step .*$", out, re.M)) + context())
     assert "ALL STEPS PASSED" in out, "guest exited 0 without finishing" + context()
     assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
-    assert ctl.requests == ["shared x/dst"], ctl.requests
+    assert ctl.requests == ["shared x/dst", "same e/big.copy e/big", "holes e/sparse.copy e/sparse",
+                            "holes e/sparse.cp e/sparse"], ctl.requests
