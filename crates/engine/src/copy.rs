@@ -61,6 +61,22 @@ pub fn step(
     }
 }
 
+/// Asks the kernel to start reading `[offset, offset + len)` of the
+/// source into the page cache without waiting (POSIX_FADV_WILLNEED), so
+/// that the next piece's reads overlap this piece's copy.
+pub fn prefetch(src: BorrowedFd<'_>, offset: u64, len: u64) {
+    // SAFETY: valid descriptor; fadvise has no memory arguments. Only a
+    // hint: its failure changes nothing.
+    unsafe {
+        libc::posix_fadvise(
+            src.as_raw_fd(),
+            offset as i64,
+            len as i64,
+            libc::POSIX_FADV_WILLNEED,
+        )
+    };
+}
+
 /// Makes `[d, d + n)` of the destination a hole: punched where the
 /// destination has bytes there, and the size raised to its end.
 fn keep_hole(dst: BorrowedFd<'_>, d: u64, n: u64) -> io::Result<()> {
