@@ -34,6 +34,7 @@ from rpcclient import (
     expect_ok,
 )
 from test_delegations import CB_COMPOUND, CB_SEQUENCE, PROGRAM, cb_reply, counter, holder
+from test_sparse import data_map
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root")
 
@@ -89,25 +90,6 @@ def sha(path) -> str:
         while b := f.read(8 * MiB):
             h.update(b)
     return h.hexdigest()
-
-
-def data_map(path) -> list[tuple[int, int]]:
-    """The file's data extents by SEEK_DATA/SEEK_HOLE."""
-    out = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size, at = os.fstat(fd).st_size, 0
-        while at < size:
-            try:
-                data = os.lseek(fd, at, os.SEEK_DATA)
-            except OSError:
-                break
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-            out.append((data, hole))
-            at = hole
-    finally:
-        os.close(fd)
-    return out
 
 
 def offload_of(call: rc.RpcCall) -> dict:

@@ -16,7 +16,6 @@ guest runs tests/vm/guest/copy.sh:
   that the copies have the source's data and holes.
 """
 
-import hashlib
 import os
 import re
 import shutil
@@ -26,7 +25,9 @@ import time
 import pytest
 
 from conftest import REPO
+from test_copy import sha
 from test_linux_client import GUEST_EXIT, ControlServer, boot_guest, failure_context
+from test_sparse import data_map
 
 GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "copy.sh"
 MiB = 1 << 20
@@ -87,33 +88,6 @@ class TwoExports:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=30)
-
-
-def data_map(path) -> list[tuple[int, int]]:
-    """The file's data extents by SEEK_DATA/SEEK_HOLE."""
-    out = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size, at = os.fstat(fd).st_size, 0
-        while at < size:
-            try:
-                data = os.lseek(fd, at, os.SEEK_DATA)
-            except OSError:
-                break
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-            out.append((data, hole))
-            at = hole
-    finally:
-        os.close(fd)
-    return out
-
-
-def sha(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(8 * MiB):
-            h.update(b)
-    return h.hexdigest()
 
 
 class CopyControl(ControlServer):
