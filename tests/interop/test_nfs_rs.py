@@ -823,3 +823,25 @@ def test_file_handles_survive_restart(sluice_server):
         assert again.fh == handle
     finally:
         c.close()
+
+
+# ----------------------------------------------------------------------------
+# extended attributes
+
+
+def test_xattr_calls_fail_in_the_client_not_the_server(sluice_server, client):
+    """nfs-rs 0.8.7 does setxattr and friends with NFSv4 named attributes
+    and sends op 20 (OPEN_CONFIRM, not allowed in NFSv4.1) where OPENATTR
+    (19) belongs, so every server answers NFS4ERR_NOTSUPP (docs/xattrs.md).
+    The calls fail cleanly, change nothing, and the client goes on. When a
+    later nfs-rs gets this right, this test fails: then test its calls."""
+    nfs_write(client, "xa", b"data")
+    os.setxattr(sluice_server.export / "xa", "user.color", b"red")
+    for call in (lambda: client.setxattr("xa", "user.color", b"blue"),
+                 lambda: client.getxattr("xa", "user.color"),
+                 lambda: client.listxattr("xa"),
+                 lambda: client.removexattr("xa", "user.color")):
+        with pytest.raises(nfs_rs.NfsUnsupportedError):
+            call()
+    assert os.getxattr(sluice_server.export / "xa", "user.color") == b"red"
+    assert nfs_read(client, "xa") == b"data"
