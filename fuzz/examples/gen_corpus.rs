@@ -403,7 +403,7 @@ fn compound_seeds() -> Vec<Seed> {
             "seq-copy-file-into-empty",
             s,
             lookup(
-                lookup(in_session(1, ""), "file")
+                lookup(in_session(2, ""), "file")
                     .bare(op::SAVEFH)
                     .bare(op::PUTROOTFH),
                 "empty",

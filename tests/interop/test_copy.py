@@ -62,6 +62,12 @@ def copy(c: Client, src, dst, src_off=0, dst_off=0, count=0, synchronous=True, *
                        rc.op_copy(src[0], dst[0], src_off, dst_off, count, synchronous=synchronous, **kw)], minor=2)
 
 
+def offload(c: Client, op, fh: bytes):
+    """OFFLOAD_STATUS or OFFLOAD_CANCEL on the destination `fh` (a copy is
+    known by its stateid and its destination); its result is r[2]."""
+    return c.compound([rc.op_putfh(fh), op], minor=2)
+
+
 def write_verifier(c: Client, dst) -> bytes:
     r = c.compound([rc.op_putfh(dst[1]), rc.op_write(0, b"", stateid=dst[0])])
     expect_ok(r, "WRITE")
@@ -193,10 +199,18 @@ def test_copy_errors(srv):
     expect(r, St.NOTSUPP, "COPY_NOTIFY")
     # Unknown copy stateids.
     bogus = bytes(4) + bytes(srv_boot_of(src[0])) + b"\x7f" * 8
-    expect(c.compound([rc.op_offload_status(bogus)], minor=2), St.BAD_STATEID, "OFFLOAD_STATUS of no copy")
-    expect(c.compound([rc.op_offload_cancel(bogus)], minor=2), St.BAD_STATEID, "OFFLOAD_CANCEL of no copy")
+    expect(offload(c, rc.op_offload_status(bogus), dst[1]), St.BAD_STATEID, "OFFLOAD_STATUS of no copy")
+    expect(offload(c, rc.op_offload_cancel(bogus), dst[1]), St.BAD_STATEID, "OFFLOAD_CANCEL of no copy")
+    expect(offload(c, rc.op_offload_status(ANONYMOUS_STATEID), dst[1]), St.BAD_STATEID, "OFFLOAD_STATUS of a special stateid")
     old = bytes(4) + b"\x00\x00\x00\x09" + b"\x7f" * 8
-    expect(c.compound([rc.op_offload_status(old)], minor=2), St.STALE_STATEID, "OFFLOAD_STATUS of an earlier server's copy")
+    expect(offload(c, rc.op_offload_status(old), dst[1]), St.STALE_STATEID, "OFFLOAD_STATUS of an earlier server's copy")
+    expect(c.compound([rc.op_offload_status(bogus)], minor=2), St.NOFILEHANDLE, "OFFLOAD_STATUS without a filehandle")
+    # The copy ops are NFSv4.2's: an NFSv4.1 COMPOUND cannot carry them
+    # (as on the Linux server).
+    r = c.compound([rc.op_putfh(src[1]), rc.op_savefh(), rc.op_putfh(dst[1]), rc.op_copy(src[0], dst[0], 0, 0, 0)], minor=1)
+    expect(r, St.OP_ILLEGAL, "COPY in an NFSv4.1 COMPOUND")
+    r = c.compound([rc.op_putfh(dst[1]), rc.op_offload_status(bogus)], minor=1)
+    expect(r, St.OP_ILLEGAL, "OFFLOAD_STATUS in an NFSv4.1 COMPOUND")
 
 
 def srv_boot_of(sid: bytes) -> bytes:
@@ -244,11 +258,11 @@ def test_async_copy_ends_with_cb_offload(srv):
     # Answered CB_OFFLOAD gave the stateid back (RFC 7862 section 4.8).
     deadline = time.monotonic() + 10
     while True:
-        r = c.compound([rc.op_offload_status(res.callback_id)], minor=2)
+        r = offload(c, rc.op_offload_status(res.callback_id), dst[1])
         if r.status == St.BAD_STATEID:
             break
         expect_ok(r, "OFFLOAD_STATUS before the CB_OFFLOAD answer is taken")
-        assert r[1].complete == St.OK and r[1].count == size
+        assert r[2].complete == St.OK and r[2].count == size
         assert time.monotonic() < deadline, "the copy's stateid outlived the CB_OFFLOAD answer"
         time.sleep(0.05)
     assert counter(srv, "sluice_async_copies") == 0
@@ -265,12 +279,13 @@ def test_offload_status_reports_a_finished_copy_until_cb_offload_is_answered(srv
     call = c.conn.next_call(timeout=60)
     assert offload_of(call)["count"] == size
     # Not answered yet: the copy is finished and known.
-    r = c.compound([rc.op_offload_status(sid)], minor=2)
+    r = offload(c, rc.op_offload_status(sid), dst[1])
     expect_ok(r, "OFFLOAD_STATUS")
-    assert (r[1].count, r[1].complete) == (size, St.OK)
-    # Another client cannot see it.
+    assert (r[2].count, r[2].complete) == (size, St.OK)
+    # Not with another file as the current one, nor for another client.
+    expect(offload(c, rc.op_offload_status(sid), src[1]), St.BAD_STATEID, "OFFLOAD_STATUS on the source")
     o = Client(srv.port).establish()
-    expect(o.compound([rc.op_offload_status(sid)], minor=2), St.BAD_STATEID, "another client's copy")
+    expect(offload(o, rc.op_offload_status(sid), dst[1]), St.BAD_STATEID, "another client's copy")
     c.conn.answer(call, cb_reply(call) + Packer().u32(CB_OFFLOAD).u32(St.OK).bytes())
 
 
@@ -283,10 +298,10 @@ def test_offload_cancel_stops_the_copy_at_a_prefix(srv):
     r = copy(c, src, dst, synchronous=False)
     expect_ok(r, "COPY")
     sid = r[4].callback_id
-    r = c.compound([rc.op_offload_status(sid)], minor=2)
+    r = offload(c, rc.op_offload_status(sid), dst[1])
     expect_ok(r, "OFFLOAD_STATUS")
-    assert r[1].complete is None, "the 1 GiB copy ended before OFFLOAD_STATUS could ask"
-    expect_ok(c.compound([rc.op_offload_cancel(sid)], minor=2), "OFFLOAD_CANCEL")
+    assert r[2].complete is None, "the 1 GiB copy ended before OFFLOAD_STATUS could ask"
+    expect_ok(offload(c, rc.op_offload_cancel(sid), dst[1]), "OFFLOAD_CANCEL")
     # Once OFFLOAD_CANCEL is answered, the copy has stopped: the
     # destination is a prefix of the source, and stays as it is.
     n = os.path.getsize(srv.export / "dst")
@@ -294,7 +309,7 @@ def test_offload_cancel_stops_the_copy_at_a_prefix(srv):
     with open(srv.export / "src", "rb") as a, open(srv.export / "dst", "rb") as b:
         assert a.read(n) == b.read(n), "the destination is not a prefix of the source"
     # The stateid went back with the cancel; no CB_OFFLOAD comes for it.
-    expect(c.compound([rc.op_offload_status(sid)], minor=2), St.BAD_STATEID, "OFFLOAD_STATUS after OFFLOAD_CANCEL")
+    expect(offload(c, rc.op_offload_status(sid), dst[1]), St.BAD_STATEID, "OFFLOAD_STATUS after OFFLOAD_CANCEL")
     r = c.compound([rc.op_putfh(dst[1]), rc.op_getattr([1 << 4])])
     expect_ok(r, "GETATTR")
     assert int.from_bytes(r[2].attrvals[:8], "big") == n, "the destination changed after OFFLOAD_CANCEL"

@@ -413,18 +413,24 @@ fn run_async(srv: &Arc<Server>, f: &TwoFiles, job: &Job) {
     }
 }
 
-/// The caller's asynchronous copy with stateid `sid`.
+/// The caller's asynchronous copy with stateid `sid` into the current
+/// file: a copy is known by both (RFC 7862 sections 15.8.3 and 15.9.3).
 fn job_of(cx: &Ctx<'_>, sid: Stateid) -> Result<Arc<Job>, Nfsstat4> {
     let clientid = cx.clientid()?;
+    let cur = cx.cur()?;
+    if sid.is_special_io() {
+        return Err(status::BAD_STATEID);
+    }
     cx.srv.state.check_stale(&sid)?;
     cx.srv
         .copies
         .get(clientid, &sid.other)
+        .filter(|j| j.dst_fh == cur.wire)
         .ok_or(status::BAD_STATEID)
 }
 
-/// OFFLOAD_STATUS (RFC 7862 section 15.9): bytes copied so far, and how
-/// the copy ended once it has.
+/// OFFLOAD_STATUS (RFC 7862 section 15.9): bytes copied so far (counted
+/// a piece at a time), and how the copy ended once it has.
 pub(super) fn offload_status(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let a = x(OffloadArgs::decode(d))?;

@@ -64,8 +64,11 @@ pub(super) mod flags {
     /// Renames or links between the saved and the current filehandle:
     /// both must be in one export.
     pub(crate) const TWO_OBJECTS: u16 = 1 << 8;
-    /// An NFSv4.2 extension (RFC 8276 extended attributes): illegal in an
-    /// NFSv4.1 COMPOUND.
+    /// An NFSv4.2 op that an NFSv4.1 COMPOUND may not carry
+    /// (NFS4ERR_OP_ILLEGAL, as from the Linux server): the extended
+    /// attribute ops (RFC 8276) and the copy ops. The NFSv4.2 ops sluice
+    /// had before those (SEEK, READ_PLUS, ALLOCATE, DEALLOCATE, CLONE)
+    /// stay allowed in 4.1 for the clients that use them there.
     pub(crate) const V42_ONLY: u16 = 1 << 9;
 }
 
@@ -388,7 +391,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "COPY",
         ops_copy::copy,
         ISDIR,
-        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS | V42_ONLY,
         4 + SID + 8 + 4 + 8 + 8,
     ),
     unsupported("COPY_NOTIFY", 0),
@@ -406,14 +409,14 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "OFFLOAD_CANCEL",
         ops_copy::offload_cancel,
         SAME,
-        NO_OBJECT | MODIFIES,
+        MODIFIES | V42_ONLY,
         0,
     ),
     row(
         "OFFLOAD_STATUS",
         ops_copy::offload_status,
         SAME,
-        NO_OBJECT,
+        V42_ONLY,
         8 + 4 + 4,
     ),
     OpDesc {
