@@ -337,11 +337,9 @@ def _layoutget_args():
     return p.bytes()
 
 
-def _copy_args():
-    p = Packer().fixed(rc.ANONYMOUS_STATEID).fixed(rc.ANONYMOUS_STATEID)
-    p.u64(0).u64(0).u64(0)  # src_offset, dst_offset, count
-    p.bool(False).bool(True)  # consecutive, synchronous
-    p.u32(0)  # source_servers<>
+def _copy_notify_args():
+    p = Packer().fixed(rc.ANONYMOUS_STATEID)
+    p.u32(3).opaque(b"tcp").opaque(b"127.0.0.1.8.1")  # netloc4 NL4_NETADDR
     return p.bytes()
 
 
@@ -349,9 +347,9 @@ def _copy_args():
     "minor,ops,opnum",
     [
         (1, [rc.op_putrootfh(), (Op.LAYOUTGET, _layoutget_args())], Op.LAYOUTGET),
-        (2, [rc.op_putrootfh(), (Op.SAVEFH, b""), rc.op_putrootfh(), (Op.COPY, _copy_args())], Op.COPY),
+        (2, [rc.op_putrootfh(), (Op.COPY_NOTIFY, _copy_notify_args())], Op.COPY_NOTIFY),
     ],
-    ids=["LAYOUTGET", "COPY"],
+    ids=["LAYOUTGET", "COPY_NOTIFY"],
 )
 def test_known_unimplemented_op_is_notsupp(sluice_server, minor, ops, opnum):
     """An OPTIONAL op the server does not implement is NFS4ERR_NOTSUPP with
