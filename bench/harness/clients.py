@@ -1,6 +1,7 @@
 """The clients that produce figures: sluice-load (the project's own load
 generator), nfs-rs (an independent NFSv4.1 client, for cross-checks) and
-`dd iflag=direct` on the local file system (the device's read limit)."""
+`dd` with direct I/O on the local file system (the device's read and
+write limits)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class LoadSpec:
     duration: float = SEQ_PASS_LIMIT
     write_pct: int = 50
     minor: int = 2
+    stable: str = "unstable"  # WRITEs: unstable (COMMIT at the end) or file-sync
+    size: int | None = None  # the byte range used (default: the file's size)
 
     def describe(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if not (k == "duration" and self.pattern == "seq")}
@@ -42,8 +45,8 @@ def sluice_load(binary: Path, address: str, path: str, spec: LoadSpec) -> dict:
         "--mode", spec.mode, "--pattern", spec.pattern,
         "--bs", str(spec.bs), "--inflight", str(spec.inflight), "--streams", str(spec.streams),
         "--duration", str(spec.duration), "--write-pct", str(spec.write_pct),
-        "--minor", str(spec.minor), "--json",
-    ]  # fmt: skip
+        "--minor", str(spec.minor), "--stable", spec.stable, "--json",
+    ] + (["--size", str(spec.size)] if spec.size else [])  # fmt: skip
     timeout = spec.duration + 120
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -74,6 +77,19 @@ def nfsrs_read(host: str, port: int, path: str, timeout: float = SEQ_PASS_LIMIT)
         return {"error": (p.stderr.strip() or f"nfs-rs reader exited {p.returncode}")[-1000:]}
 
 
+def dd_direct_write(path: Path, size: int, bs: int = 1 << 20) -> dict:
+    """`dd if=/dev/zero of=FILE bs=1M oflag=direct conv=fsync`: the device's
+    sequential write rate through the local file system, past the page
+    cache, on a new file."""
+    path.unlink(missing_ok=True)
+    cmd = ["dd", "if=/dev/zero", f"of={path}", f"bs={bs}", f"count={max(size // bs, 1)}", "oflag=direct",
+           "conv=fsync"]  # fmt: skip
+    try:
+        return _dd_figures(cmd)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 _DD_SUMMARY = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)
 
 
@@ -83,6 +99,10 @@ def dd_direct(path: Path, bs: int = 1 << 20, direct: bool = True) -> dict:
     `direct` false, a plain buffered read: what the kernel's own readahead
     gives a local reader."""
     cmd = ["dd", f"if={path}", "of=/dev/null", f"bs={bs}"] + (["iflag=direct"] if direct else [])
+    return _dd_figures(cmd)
+
+
+def _dd_figures(cmd: list[str]) -> dict:
     started = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
     wall = time.monotonic() - started

@@ -11,6 +11,9 @@ stream  sequential streaming (1 and 4 streams) and random 8 KiB reads
         server read from storage.
 mix     16 threads of 8 KiB random reads and writes, 50/50, on one
         preallocated file, and a readers-only baseline (seed 002).
+write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
+        FILE_SYNC; 1 and 4 streams) and random 8 KiB writes, each on a new
+        file, against the device's direct write rate.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from .layouts import LAYOUTS, Layout
 from .servers import Server
 from .util import MiB, Progress, log
 
-EXPERIMENTS = ["sparse", "stream", "mix"]
+EXPERIMENTS = ["sparse", "stream", "mix", "write"]
 # sluice with --readahead-max 0 (server readahead off).
 RA_OFF = "sluice-ra-off"
 # sluice with --read-plus-min-hole 4K (every hole the file system reports).
@@ -167,8 +170,10 @@ def _nfsrs(server: str, path: str) -> Callable[[Context], dict]:
 def _check_whole_file(ctx: Context, path: str, result: dict) -> dict:
     """A sequential pass must cover the file exactly once; anything else (a
     pass cut short, a reply claiming more than was asked) is no figure."""
+    if "error" in result:
+        return result
     size = ctx.local(path.lstrip("/")).stat().st_size
-    if "error" not in result and result.get("bytes") != size:
+    if result.get("bytes") != size:
         result["error"] = f"the pass covered {result.get('bytes')} bytes of a {size}-byte file"
     return result
 
@@ -337,7 +342,55 @@ def plan_mix(cfg: Config) -> list[Round]:
     return _rounds("mix", cfg, cases, MIX_CACHES, cfg.mix_size)
 
 
-PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix}
+# --- write ------------------------------------------------------------------
+
+WRITE_FILE = "wfile"
+WRITE_CACHES = ["cold"]
+
+
+def _write_variant(server: str, spec: LoadSpec, cfg: Config) -> Variant:
+    """sluice-load writes `spec` into a new file, of a name never used
+    before (nfs-ganesha caches names: a file removed behind its back and
+    made again under the same name would be written to the old one), and
+    the file is removed afterwards on the server's file system."""
+
+    def measure(ctx: Context) -> dict:
+        name = f"{WRITE_FILE}-{len(ctx.records)}"
+        try:
+            return _load(server, "/" + name, spec)(ctx)
+        finally:
+            ctx.local(name).unlink(missing_ok=True)
+
+    seconds = cfg.pass_seconds(cfg.size) if spec.pattern == "seq" else spec.duration
+    return Variant(server, "sluice-load", "write", measure, None, seconds)
+
+
+def plan_write(cfg: Config) -> list[Round]:
+    seq = dict(mode="write", pattern="seq", bs=MiB, inflight=8, size=cfg.size)
+    specs = {
+        "seq-1-stream-unstable": LoadSpec(stable="unstable", **seq),
+        "seq-1-stream-filesync": LoadSpec(stable="file-sync", **seq),
+        "seq-4-streams-unstable": LoadSpec(stable="unstable", streams=4, **seq),
+        "random-8k-unstable": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
+                                       duration=cfg.duration),
+    }  # fmt: skip
+    direct = Variant(
+        "local",
+        "dd",
+        "direct_write",
+        lambda ctx: clients.dd_direct_write(ctx.local(WRITE_FILE), cfg.size),
+        None,
+        cfg.pass_seconds(cfg.size),
+    )
+    cases = {
+        case: ([direct] if case.startswith("seq-1-stream") else [])
+        + [_write_variant(s, spec, cfg) for s in ("sluice", "ganesha")]
+        for case, spec in specs.items()
+    }
+    return _rounds("write", cfg, cases, WRITE_CACHES, cfg.size)
+
+
+PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix, "write": plan_write}
 
 
 def plan(experiment: str, cfg: Config, servers: list[str]) -> list[Round]:

@@ -26,6 +26,9 @@ GANESHA_MIX = ("ganesha", "sluice-load", "mix")
 SLUICE_NFSRS = ("sluice", "nfs-rs", "read")
 GANESHA_NFSRS = ("ganesha", "nfs-rs", "read")
 DIRECT_READ = ("local", "dd", "direct_read")
+DIRECT_WRITE = ("local", "dd", "direct_write")
+SLUICE_WRITE = ("sluice", "sluice-load", "write")
+GANESHA_WRITE = ("ganesha", "sluice-load", "write")
 BUFFERED_READ = ("local", "dd", "buffered_read")
 
 LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
@@ -101,6 +104,12 @@ RATIOS = {
         ("read p99 sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "read_p99_us"),
         ("read p99 sluice/ganesha", SLUICE_READ, GANESHA_READ, "read_p99_us"),
         ("write p99 sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "write_p99_us"),
+    ],
+    "write": [
+        ("sluice/ganesha", SLUICE_WRITE, GANESHA_WRITE, "mb_per_s"),
+        ("sluice/direct write", SLUICE_WRITE, DIRECT_WRITE, "mb_per_s"),
+        ("ganesha/direct write", GANESHA_WRITE, DIRECT_WRITE, "mb_per_s"),
+        ("write p99 sluice/ganesha", SLUICE_WRITE, GANESHA_WRITE, "write_p99_us"),
     ],
 }
 
@@ -181,6 +190,7 @@ def file_systems(results: dict, experiment: str) -> list[str]:
 
 STREAM_CASES = ["seq-1-stream", "seq-4-streams", "random-8k", "nfs-rs-seq-1-stream"]
 MIX_CASES = [("randrw-50", SLUICE_MIX, GANESHA_MIX), ("randread-only", SLUICE_READ, GANESHA_READ)]
+WRITE_CASES = ["seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable", "random-8k-unstable"]
 
 
 def _num(v: float) -> str:
@@ -353,6 +363,32 @@ def _mix_tables(ix: Index, fs: str) -> list[str]:
     return _table(header, rows) + _table(["case", "ratio", "value"], ratio_rows)
 
 
+def _write_tables(ix: Index, fs: str) -> list[str]:
+    rows = []
+    for case in WRITE_CASES:
+        at = (fs, "write", case, "cold")
+        if ix.metric(at, SLUICE_WRITE) is None and ix.metric(at, GANESHA_WRITE) is None:
+            continue
+        direct = ix.metric(at, DIRECT_WRITE)
+        rows.append(
+            [
+                case,
+                cell(ix.metric(at, SLUICE_WRITE)),
+                cell(ix.metric(at, GANESHA_WRITE)),
+                ratio_cell(ix.ratio(at, "sluice/ganesha")),
+                cell(direct) if direct else "",
+                ratio_cell(ix.ratio(at, "sluice/direct write")) if direct else "",
+                ratio_cell(ix.ratio(at, "ganesha/direct write")) if direct else "",
+                cell(ix.metric(at, SLUICE_WRITE, "iops")),
+                cell(ix.metric(at, SLUICE_WRITE, "write_p99_us")),
+                cell(ix.metric(at, GANESHA_WRITE, "write_p99_us")),
+            ]
+        )
+    header = ["case", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct write MB/s", "sluice/direct",
+              "ganesha/direct", "sluice IOPS", "sluice write p99 us", "ganesha write p99 us"]  # fmt: skip
+    return _table(header, rows)
+
+
 # (experiment, heading, introduction, tables per file system, summary over
 # all file systems or None)
 SECTIONS = [
@@ -395,6 +431,19 @@ SECTIONS = [
         _mix_tables,
         None,
     ),
+    (
+        "write",
+        "### write: WRITE streams and random writes against the device's write rate",
+        "Each measurement writes a new file of the configured size: `seq-1-stream-unstable` one "
+        "sequential pass of 1 MiB UNSTABLE WRITEs, 8 in flight, then COMMIT (timed with the pass); "
+        "`seq-1-stream-filesync` the same with FILE_SYNC WRITEs; `seq-4-streams-unstable` four "
+        "connections each writing a quarter; `random-8k-unstable` 8 KiB UNSTABLE WRITEs at random "
+        "offsets, 8 in flight, for the configured duration, then COMMIT. Direct write: `dd "
+        "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "
+        "the same rounds.",
+        _write_tables,
+        None,
+    ),
 ]
 
 
@@ -434,7 +483,8 @@ def markdown_results(results: dict, image_prefix: str) -> str:
         out += _table(["fs", "experiment", "case", "cache", "server", "op", "run", "error"], rows)
     if results.get("failures"):
         out += ["### Aborted file systems", ""]
-        out += [f"- {f['fs']}: {f['error'].splitlines()[0][:300]}" for f in results["failures"]] + [""]
+        out += [f"- {f['fs']}: {(f['error'].splitlines() or ['(no message)'])[0][:300]}" for f in results["failures"]]
+        out += [""]
     if results.get("notes"):
         out += ["### Notes", ""] + [f"- {n}" for n in results["notes"]] + [""]
     return "\n".join(out)
@@ -522,7 +572,7 @@ bench/run --experiments sparse --servers sluice --wire 1gbit   # over a 1 Gbit/s
 bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds (the test suite does this)
 ```
 
-Options: `--fs`, `--experiments sparse,stream,mix`, `--servers
+Options: `--fs`, `--experiments sparse,stream,mix,write`, `--servers
 sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
 others' variants are left out), `--runs N` (at least 3 for published
 figures), `--size` (per test file), `--mixed-layout-size` (the sparse
@@ -723,6 +773,22 @@ def _median_count(records: list[dict], at: tuple, variant: tuple, kind: str) -> 
     return s["median"] if s else None
 
 
+def _plot_write(plt, ix: Index, fs: str):
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    at = [(fs, "write", case, "cold") for case in WRITE_CASES]
+    bars = {
+        "sluice": [ix.metric(a, SLUICE_WRITE) for a in at],
+        "ganesha": [ix.metric(a, GANESHA_WRITE) for a in at],
+    }
+    _bars(ax, WRITE_CASES, bars, "MB/s written")
+    direct = ix.metric(at[0], DIRECT_WRITE)
+    if direct:
+        ax.axhline(direct["median"], color="k", linestyle="--", linewidth=1, label="direct write (dd)")
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"{fs}: WRITE streams and random writes (median, min–max)")
+    return fig
+
+
 def plot_all(results: dict, out: Path) -> list[str]:
     """Writes the PNG plots into `out` (replacing an earlier run's) and
     returns their file names."""
@@ -731,7 +797,8 @@ def plot_all(results: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for old in [*out.glob("sparse-*.png"), *out.glob("stream-*.png"), *out.glob("mix-*.png")]:
+    for old in [*out.glob("sparse-*.png"), *out.glob("stream-*.png"), *out.glob("mix-*.png"),
+                *out.glob("write-*.png")]:
         old.unlink()
     ix = Index(results)
     written = []
@@ -739,6 +806,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
         ("sparse", lambda fs: _plot_sparse(plt, ix, fs)),
         ("stream", lambda fs: _plot_stream(plt, ix, fs)),
         ("mix", lambda fs: _plot_mix(plt, ix, fs, results["records"])),
+        ("write", lambda fs: _plot_write(plt, ix, fs)),
     ):
         for fs in file_systems(results, experiment):
             fig = draw(fs)

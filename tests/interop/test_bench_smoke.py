@@ -89,7 +89,7 @@ def test_every_experiment_ran_without_errors(smoke):
     results, _, _ = smoke
     assert results["failures"] == []
     assert results["errors"] == []
-    assert {r["experiment"] for r in results["records"]} == {"sparse", "stream", "mix"}
+    assert {r["experiment"] for r in results["records"]} == {"sparse", "stream", "mix", "write"}
     for r in results["records"]:
         assert "error" not in r["result"], r
         assert r["result"]["mb_per_s"] > 0, r
@@ -139,6 +139,23 @@ def test_mix_reports_iops_and_latencies(smoke):
         assert readers["iops"] > 0 and readers["write"] is None
 
 
+def test_write_reports_both_servers_and_the_device(smoke):
+    results, _, _ = smoke
+    got = variants(results, "write")
+    for case in ("seq-1-stream-unstable", "seq-1-stream-filesync"):
+        assert got[(case, "cold", "local", "dd", "direct_write")]["mb_per_s"] > 0
+    for case in ("seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable"):
+        for server in ("sluice", "ganesha"):
+            r = got[(case, "cold", server, "sluice-load", "write")]
+            # A sequential pass writes the whole file, exactly once.
+            assert r["bytes"] == results["config"]["size"], (case, server, r["bytes"])
+            assert r["write"]["count"] > 0 and r["read"] is None
+    for server in ("sluice", "ganesha"):
+        assert got[("random-8k-unstable", "cold", server, "sluice-load", "write")]["iops"] > 0
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "write"}
+    assert {"sluice/ganesha", "sluice/direct write"} <= names
+
+
 def test_outputs_and_environment(smoke):
     results, out, stderr = smoke
     env = results["environment"]
@@ -150,12 +167,12 @@ def test_outputs_and_environment(smoke):
         if "loop_direct_io" in details:
             assert details["loop_direct_io"] is True
     md = (out / "results.md").read_text()
-    for heading in ("### sparse", "### stream", "### mix", "READ_PLUS/READ"):
+    for heading in ("### sparse", "### stream", "### mix", "### write", "READ_PLUS/READ"):
         assert heading in md
     for plot in results["plots"]:
         assert (out / plot).stat().st_size > 1000
         assert f"]({plot})" in md
-    assert len(results["plots"]) == 3 * len(fs)
+    assert len(results["plots"]) == 4 * len(fs)
     # Progress lines during the run.
     assert "(1/" in stderr and "tearing down" in stderr
 

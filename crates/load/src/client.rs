@@ -5,7 +5,7 @@
 use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{attr, op, status};
 use sluice_proto::nfs4::msg::{
-    Bitmap4, CallbackSec, ChannelAttrs4, Component4, CompoundHeader, CompoundResHeader,
+    Bitmap4, CallbackSec, ChannelAttrs4, CommitArgs, Component4, CompoundHeader, CompoundResHeader,
     CreateSessionArgs, CreateSessionResOk, Createhow4, ExchangeIdArgs, ExchangeIdResOk, Fattr4,
     NfsFh4, OpenArgs, OpenClaim4, OpenDelegation4, OpenResOk, Openflag4, ReadArgs, SequenceArgs,
     SequenceResOk, SessionId, StateOwner4, Stateid4, WriteArgs, WriteResOk, Xdr, SHARE_ACCESS_BOTH,
@@ -541,6 +541,22 @@ impl Client {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// COMMIT of the whole file.
+    pub async fn commit(&self, f: &OpenFile) -> Result<()> {
+        self.compound(2, |e| {
+            e.u32(op::PUTFH);
+            f.fh.encode(e);
+            e.u32(op::COMMIT);
+            CommitArgs {
+                offset: 0,
+                count: 0,
+            }
+            .encode(e);
+        })
+        .await?;
+        Ok(())
     }
 
     /// WRITE (FILE_SYNC when `sync`, else UNSTABLE).

@@ -65,9 +65,21 @@ struct Args {
     /// NFSv4 minor version.
     #[arg(long, default_value_t = 2)]
     minor: u32,
+    /// How WRITEs ask for their data to be kept: `unstable` (then one
+    /// COMMIT per stream at the end, timed with the run) or `file-sync`.
+    #[arg(long, value_enum, default_value = "unstable")]
+    stable: Stable,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Stable {
+    /// UNSTABLE4, and COMMIT at the end.
+    Unstable,
+    /// FILE_SYNC4 on every WRITE.
+    FileSync,
 }
 
 struct Stats {
@@ -150,9 +162,14 @@ async fn worker(s: Arc<Stream>, seed: u64) {
         };
         let t = Instant::now();
         let r = if write {
-            c.write(f, off, &data[..count as usize], false)
-                .await
-                .map(|n| (n as u64, n as u64))
+            c.write(
+                f,
+                off,
+                &data[..count as usize],
+                a.stable == Stable::FileSync,
+            )
+            .await
+            .map(|n| (n as u64, n as u64))
         } else {
             c.read(f, off, count, a.mode == Mode::ReadPlus)
                 .await
@@ -238,15 +255,27 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     for t in tasks {
         let _ = t.await;
     }
+    let mut commit_errors = 0;
+    if write && a.stable == Stable::Unstable {
+        // What was written UNSTABLE is not kept until COMMIT: part of the
+        // run.
+        for (c, f) in &clients {
+            if let Err(e) = c.commit(f).await {
+                eprintln!("sluice-load: COMMIT failed: {e}");
+                commit_errors += 1;
+            }
+        }
+    }
     let secs = start.elapsed().as_secs_f64();
-    let s = stats
+    let mut s = stats
         .lock()
         .map_err(|_| "stats lock poisoned".to_string())?;
+    s.errors += commit_errors;
     let ops = s.read.len() + s.write.len();
     Ok(serde_json::json!({
         "server": a.server, "file": a.file, "mode": format!("{:?}", a.mode).to_lowercase(),
         "pattern": format!("{:?}", a.pattern).to_lowercase(), "bs": a.bs, "inflight": a.inflight,
-        "streams": a.streams, "minor": a.minor, "seconds": secs, "ops": ops, "errors": s.errors,
+        "streams": a.streams, "minor": a.minor, "stable": format!("{:?}", a.stable).to_lowercase(), "seconds": secs, "ops": ops, "errors": s.errors,
         "bytes": s.covered, "wire_data_bytes": s.wire,
         "mb_per_s": s.covered as f64 / secs / 1e6, "iops": ops as f64 / secs,
         "read": summary(&s.read), "write": summary(&s.write),
