@@ -19,6 +19,7 @@ write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
 from __future__ import annotations
 
 import math
+import os
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -352,14 +353,19 @@ def _write_variant(server: str, spec: LoadSpec, cfg: Config) -> Variant:
     """sluice-load writes `spec` into a new file, of a name never used
     before (nfs-ganesha caches names: a file removed behind its back and
     made again under the same name would be written to the old one), and
-    the file is removed afterwards on the server's file system."""
+    the file is emptied and removed afterwards on the server's file
+    system (emptied first: a server that still has it open would keep its
+    blocks)."""
 
     def measure(ctx: Context) -> dict:
         name = f"{WRITE_FILE}-{len(ctx.records)}"
         try:
             return _load(server, "/" + name, spec)(ctx)
         finally:
-            ctx.local(name).unlink(missing_ok=True)
+            path = ctx.local(name)
+            if path.exists():
+                os.truncate(path, 0)
+                path.unlink()
 
     seconds = cfg.pass_seconds(cfg.size) if spec.pattern == "seq" else spec.duration
     return Variant(server, "sluice-load", "write", measure, None, seconds)

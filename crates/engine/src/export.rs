@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 
 /// Descriptors kept open for recently used handles.
 const CACHE_LIMIT: usize = 8192;
+/// How often, at most, the cache is swept of objects removed behind the
+/// server's back (see [`Export::sweep`]).
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One exported directory.
 pub struct Export {
@@ -26,6 +29,7 @@ pub struct Export {
     key: HandleKey,
     id: u8,
     cache: Mutex<HashMap<Vec<u8>, Arc<OwnedFd>>>,
+    last_sweep: Mutex<std::time::Instant>,
 }
 
 impl std::fmt::Debug for Export {
@@ -72,6 +76,7 @@ impl Export {
             key,
             id,
             cache: Mutex::new(HashMap::new()),
+            last_sweep: Mutex::new(std::time::Instant::now()),
         })
     }
 
@@ -147,6 +152,16 @@ impl Export {
             return Err(HandleError::Stale);
         }
         let fd = Arc::new(fd);
+        let due = self.last_sweep.lock().is_ok_and(|mut t| {
+            let due = t.elapsed() >= SWEEP_EVERY;
+            if due {
+                *t = std::time::Instant::now();
+            }
+            due
+        });
+        if due {
+            self.sweep();
+        }
         if let Ok(mut c) = self.cache.lock() {
             if c.len() >= CACHE_LIMIT {
                 c.clear();
@@ -154,6 +169,21 @@ impl Export {
             c.insert(wire.to_vec(), fd.clone());
         }
         Ok(fd)
+    }
+
+    /// Drops the cached descriptors of objects that have no name left
+    /// (removed by a local process, not through the server): a cached
+    /// descriptor would keep a removed file's blocks allocated. Runs at
+    /// most every [`SWEEP_EVERY`], when a handle is opened.
+    pub fn sweep(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.retain(|_, fd| fs::stat(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
+        }
+    }
+
+    /// Handles with a cached descriptor (for tests).
+    pub fn cached(&self) -> usize {
+        self.cache.lock().map_or(0, |c| c.len())
     }
 
     /// Opens the object a wire handle names even when it has no name left

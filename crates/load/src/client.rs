@@ -5,11 +5,11 @@
 use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{attr, op, status};
 use sluice_proto::nfs4::msg::{
-    Bitmap4, CallbackSec, ChannelAttrs4, CommitArgs, Component4, CompoundHeader, CompoundResHeader,
-    CreateSessionArgs, CreateSessionResOk, Createhow4, ExchangeIdArgs, ExchangeIdResOk, Fattr4,
-    NfsFh4, OpenArgs, OpenClaim4, OpenDelegation4, OpenResOk, Openflag4, ReadArgs, SequenceArgs,
-    SequenceResOk, SessionId, StateOwner4, Stateid4, WriteArgs, WriteResOk, Xdr, SHARE_ACCESS_BOTH,
-    SHARE_ACCESS_READ,
+    Bitmap4, CallbackSec, ChannelAttrs4, CloseArgs, CommitArgs, Component4, CompoundHeader,
+    CompoundResHeader, CreateSessionArgs, CreateSessionResOk, Createhow4, ExchangeIdArgs,
+    ExchangeIdResOk, Fattr4, NfsFh4, OpenArgs, OpenClaim4, OpenDelegation4, OpenResOk, Openflag4,
+    ReadArgs, SequenceArgs, SequenceResOk, SessionId, StateOwner4, Stateid4, WriteArgs, WriteResOk,
+    Xdr, SHARE_ACCESS_BOTH, SHARE_ACCESS_READ,
 };
 use sluice_proto::nfs4::Nfsstat4;
 use sluice_proto::rpc;
@@ -541,6 +541,22 @@ impl Client {
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// CLOSE of an open.
+    pub async fn close(&self, f: &OpenFile) -> Result<()> {
+        self.compound(2, |e| {
+            e.u32(op::PUTFH);
+            f.fh.encode(e);
+            e.u32(op::CLOSE);
+            CloseArgs {
+                seqid: 0,
+                stateid: f.sid,
+            }
+            .encode(e);
+        })
+        .await?;
+        Ok(())
     }
 
     /// COMMIT of the whole file.

@@ -696,3 +696,28 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
     assert!(got.unwrap() == data[..100]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn handles_of_files_removed_locally_let_go_of_their_blocks() {
+    // A cached O_PATH descriptor keeps a removed file's inode, and so its
+    // blocks: the sweep drops descriptors of objects with no name left.
+    let (srv, dir) = server("sweep");
+    std::fs::write(dir.join("gone"), vec![7u8; 1 << 20]).unwrap();
+    std::fs::write(dir.join("kept"), b"kept").unwrap();
+    let ex = &srv.exports.list()[0].fs;
+    let root = ex.root_fd();
+    for name in [c"gone", c"kept"] {
+        let wire = ex
+            .handle_in(std::os::fd::AsFd::as_fd(&*root), name)
+            .unwrap();
+        ex.resolve(&wire).unwrap();
+    }
+    let before = ex.cached();
+    std::fs::remove_file(dir.join("gone")).unwrap();
+    ex.sweep();
+    assert_eq!(
+        ex.cached(),
+        before - 1,
+        "the removed file's descriptor stays cached"
+    );
+}
