@@ -130,8 +130,9 @@ impl Export {
         let cached = self.cache.lock().ok().and_then(|c| c.get(wire).cloned());
         if let Some(fd) = cached {
             // A descriptor stays valid after its object is removed; a
-            // removed object's handle is stale.
-            match fs::stat(fd.as_fd()) {
+            // removed object's handle is stale. (Not a full stat: asking
+            // for the times would make the next write take a new one.)
+            match fs::identity(fd.as_fd()) {
                 Ok(st) if st.nlink > 0 => return Ok(fd),
                 _ => {
                     if let Ok(mut c) = self.cache.lock() {
@@ -147,7 +148,7 @@ impl Export {
         }
         let fd = as_root(|| open_kernel_handle(self.mount.as_fd(), kind, bytes))
             .map_err(|_| HandleError::Stale)?;
-        let st = fs::stat(fd.as_fd()).map_err(|_| HandleError::Stale)?;
+        let st = fs::identity(fd.as_fd()).map_err(|_| HandleError::Stale)?;
         if st.dev != self.root_stat.dev || st.nlink == 0 {
             return Err(HandleError::Stale);
         }
@@ -177,7 +178,7 @@ impl Export {
     /// most every [`SWEEP_EVERY`], when a handle is opened.
     pub fn sweep(&self) {
         if let Ok(mut c) = self.cache.lock() {
-            c.retain(|_, fd| fs::stat(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
+            c.retain(|_, fd| fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
         }
     }
 

@@ -42,6 +42,19 @@ pub(super) fn file_key(st: &Stat) -> FileKey {
 pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
     let st = stat_of(&fh)?;
+    file_only(fh, st)
+}
+
+/// Like [`cur_file`], for ops that write: the type and the (device,
+/// inode) key only, without asking for the file's times (see
+/// [`fs::identity`]).
+pub(super) fn cur_file_to_write(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
+    let fh = cx.cur()?.clone();
+    let st = io(fs::identity(fh.fd.as_fd()))?;
+    file_only(fh, st)
+}
+
+fn file_only(fh: Fh, st: Stat) -> Result<(Fh, Stat), Nfsstat4> {
     if st.is_file() {
         Ok((fh, st))
     } else if st.is_dir() {
@@ -678,7 +691,7 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         {
             return Err(status::FBIG);
         }
-        let (fh, st) = cur_file(cx)?;
+        let (fh, st) = cur_file_to_write(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
         let n = {
             let _exclusive = cx
