@@ -8,7 +8,8 @@ their bytes on the device by the time they are answered; UNSTABLE WRITEs
 alone have not (the kernel writes dirty pages back after 30 s or under
 memory pressure, neither of which a few MiB cause). After a SIGKILL the
 restarted server has every acknowledged byte, and a new write verifier,
-so a client knows to send again what it had not committed.
+so a client knows to send again what it had not committed. The same holds
+for a synchronous COPY (UNSTABLE) and the COMMIT after it.
 """
 
 from __future__ import annotations
@@ -144,3 +145,28 @@ def test_acknowledged_data_survives_sigkill(disk_server):
     assert read_all(c2, "committed", len(committed)) == committed, "committed data lost by a SIGKILL"
     g = open_new(c2, "after")
     assert write_all(c2, g, b"x", UNSTABLE) != verf, "the write verifier did not change with the restart"
+
+
+def test_copy_is_on_the_device_after_commit_and_survives_sigkill(disk_server):
+    """A synchronous COPY is UNSTABLE: COMMIT on the destination puts the
+    copy on the device, and then it survives a SIGKILL."""
+    disk, srv = disk_server
+    c = Client(srv.port).establish()
+    data = os.urandom(4 * MiB)
+    src = open_new(c, "src")
+    write_all(c, src, data, FILE_SYNC)
+    dst = open_new(c, "dst")
+    before = disk.sectors_written()
+    r = c.compound([rc.op_putfh(src[1]), rc.op_savefh(), rc.op_putfh(dst[1]),
+                    rc.op_copy(src[0], dst[0], 0, 0, len(data))], minor=2)
+    expect_ok(r, "COPY")
+    assert (r[4].count, r[4].committed) == (len(data), UNSTABLE)
+    copied = (disk.sectors_written() - before) * 512
+    assert copied < len(data), f"the UNSTABLE copy already put {copied} bytes on the device: the probe cannot tell"
+    r = c.compound([rc.op_putfh(dst[1]), rc.op_commit()])
+    expect_ok(r, "COMMIT")
+    committed = (disk.sectors_written() - before) * 512
+    assert committed >= len(data), f"COMMIT of a {len(data)}-byte copy answered with {committed} on the device"
+    srv.restart(signal.SIGKILL)
+    c2 = Client(srv.port).establish()
+    assert read_all(c2, "dst", len(data)) == data, "the committed copy was lost by a SIGKILL"
