@@ -150,11 +150,10 @@ pub fn stat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 
 /// The type, mode, link count, device and inode of the object behind a
 /// descriptor, without asking for its times (the rest of the [`Stat`] is
-/// zero). Ops
-/// that change a file use this: since Linux 6.13 a stat that asks for the
-/// modification or change time makes the next write to the file take a
-/// new fine-grained timestamp, which on xfs logs the whole inode, extent
-/// list included, on every WRITE.
+/// zero). Ops that change a file use this: since Linux 6.13 a stat that
+/// asks for the modification or change time makes the next write to the
+/// file take a new fine-grained timestamp, which on xfs logs the whole
+/// inode, extent list included, on every WRITE.
 pub fn identity(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: valid fd and C string; the output buffer is a statx.
@@ -1171,10 +1170,6 @@ mod create_tests {
     }
 }
 
-/// An unnamed file holding `data`, open for reading, on the disk-backed
-/// file system next to the build, for tests that need page-cache eviction
-/// or O_DIRECT (the temp directory may be tmpfs, whose pages never leave
-/// memory).
 #[cfg(test)]
 #[test]
 fn identity_agrees_with_stat() {
@@ -1186,6 +1181,10 @@ fn identity_agrees_with_stat() {
     );
 }
 
+/// An unnamed file holding `data`, open for reading, on the disk-backed
+/// file system next to the build, for tests that need page-cache eviction
+/// or O_DIRECT (the temp directory may be tmpfs, whose pages never leave
+/// memory).
 #[cfg(test)]
 pub(crate) fn disk_file(tag: &str, data: &[u8]) -> std::fs::File {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -456,17 +456,30 @@ impl Client {
         Ok(f)
     }
 
-    async fn read_call(&self, f: &OpenFile, offset: u64, count: u32, opnum: u32) -> Result<Reply> {
+    /// PUTFH of `f`, then op `opnum` with the arguments `args` writes.
+    async fn on_file(
+        &self,
+        f: &OpenFile,
+        opnum: u32,
+        args: impl FnOnce(&mut Encoder),
+    ) -> Result<Reply> {
         self.compound(2, |e| {
             e.u32(op::PUTFH);
             f.fh.encode(e);
             e.u32(opnum);
+            args(e);
+        })
+        .await
+    }
+
+    async fn read_call(&self, f: &OpenFile, offset: u64, count: u32, opnum: u32) -> Result<Reply> {
+        self.on_file(f, opnum, |e| {
             ReadArgs {
                 stateid: f.sid,
                 offset,
                 count,
             }
-            .encode(e);
+            .encode(e)
         })
         .await
     }
@@ -545,50 +558,35 @@ impl Client {
 
     /// CLOSE of an open.
     pub async fn close(&self, f: &OpenFile) -> Result<()> {
-        self.compound(2, |e| {
-            e.u32(op::PUTFH);
-            f.fh.encode(e);
-            e.u32(op::CLOSE);
-            CloseArgs {
-                seqid: 0,
-                stateid: f.sid,
-            }
-            .encode(e);
-        })
-        .await?;
+        let args = CloseArgs {
+            seqid: 0,
+            stateid: f.sid,
+        };
+        self.on_file(f, op::CLOSE, |e| args.encode(e)).await?;
         Ok(())
     }
 
     /// COMMIT of the whole file.
     pub async fn commit(&self, f: &OpenFile) -> Result<()> {
-        self.compound(2, |e| {
-            e.u32(op::PUTFH);
-            f.fh.encode(e);
-            e.u32(op::COMMIT);
-            CommitArgs {
-                offset: 0,
-                count: 0,
-            }
-            .encode(e);
-        })
-        .await?;
+        let args = CommitArgs {
+            offset: 0,
+            count: 0,
+        };
+        self.on_file(f, op::COMMIT, |e| args.encode(e)).await?;
         Ok(())
     }
 
     /// WRITE (FILE_SYNC when `sync`, else UNSTABLE).
     pub async fn write(&self, f: &OpenFile, offset: u64, data: &[u8], sync: bool) -> Result<u32> {
         let r = self
-            .compound(2, |e| {
-                e.u32(op::PUTFH);
-                f.fh.encode(e);
-                e.u32(op::WRITE);
+            .on_file(f, op::WRITE, |e| {
                 WriteArgs {
                     stateid: f.sid,
                     offset,
                     stable: if sync { 2 } else { 0 },
                     data,
                 }
-                .encode(e);
+                .encode(e)
             })
             .await?;
         let mut n = 0;

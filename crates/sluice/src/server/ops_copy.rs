@@ -190,11 +190,9 @@ fn copy_pieces(srv: &Server, f: &TwoFiles, limit: u64, job: Option<&Job>) -> Res
     let r = f.range;
     let limit = limit.min(r.len);
     let mut done = 0u64;
+    copy::prefetch(f.sfd.as_fd(), r.src_offset, PIECE.min(limit));
     while done < limit && !job.is_some_and(|j| j.cancelled()) {
         let piece = PIECE.min(limit - done);
-        if done == 0 {
-            copy::prefetch(f.sfd.as_fd(), r.src_offset, piece);
-        }
         let next = done + piece;
         if next < limit {
             copy::prefetch(f.sfd.as_fd(), r.src_offset + next, PIECE.min(limit - next));
