@@ -599,6 +599,7 @@ pub struct DirReader {
     len: usize,
     pos: usize,
     done: bool,
+    dots: bool,
 }
 
 impl DirReader {
@@ -619,10 +620,19 @@ impl DirReader {
             len: 0,
             pos: 0,
             done: false,
+            dots: false,
         })
     }
 
-    /// The next entry other than "." and "..", or None at the end.
+    /// Makes [`DirReader::next_entry`] return "." and ".." too (NFSv3
+    /// lists them; NFSv4 must not).
+    pub fn with_dots(mut self) -> Self {
+        self.dots = true;
+        self
+    }
+
+    /// The next entry (other than "." and ".." unless
+    /// [`DirReader::with_dots`]), or None at the end.
     pub fn next_entry(&mut self) -> io::Result<Option<DirEntry>> {
         loop {
             if self.pos >= self.len {
@@ -667,7 +677,7 @@ impl DirReader {
                 .unwrap_or(name_raw.len());
             let name = name_raw[..end].to_vec();
             self.pos += reclen;
-            if name == b"." || name == b".." {
+            if !self.dots && (name == b"." || name == b"..") {
                 continue;
             }
             return Ok(Some(DirEntry {

@@ -14,6 +14,9 @@
 //! read_plus_min_hole = "32K"
 //! require_privileged_port = false
 //! max_connections = 1024
+//! portmap = false            # true: sluice's own portmapper on port 111
+//! portmap_listen = "0.0.0.0:111"
+//! v3_max_fh = 64             # 56 for VMware ESXi
 //!
 //! [[export]]
 //! path = "/srv/data"
@@ -81,6 +84,12 @@ pub struct ServerSection {
     pub require_privileged_port: Option<bool>,
     /// Connections served at once; more are closed on arrival.
     pub max_connections: Option<usize>,
+    /// Run sluice's own portmapper (for a machine without rpcbind).
+    pub portmap: Option<bool>,
+    /// Where that portmapper listens (TCP and UDP).
+    pub portmap_listen: Option<String>,
+    /// Longest file handle given to NFSv3 clients (32 to 64).
+    pub v3_max_fh: Option<usize>,
 }
 
 /// One `[[export]]`.

@@ -88,6 +88,19 @@ struct ServeCli {
     /// G); shorter holes are sent as data [default: 32K].
     #[arg(long, value_parser = sluice::config::parse_size)]
     read_plus_min_hole: Option<u64>,
+    /// Run sluice's own portmapper on port 111 (TCP and UDP), for
+    /// NFSv3 clients on a machine that runs no rpcbind. Without it,
+    /// sluice registers NFS and MOUNT with the machine's rpcbind when one
+    /// is running. Either way every program is on the NFS port.
+    #[arg(long)]
+    portmap: bool,
+    /// Where --portmap listens [default: 0.0.0.0:111].
+    #[arg(long, value_name = "ADDR:PORT")]
+    portmap_listen: Option<String>,
+    /// Longest file handle given to NFSv3 clients, 32 to 64 bytes; VMware
+    /// ESXi needs 56 [default: 64].
+    #[arg(long, value_name = "BYTES")]
+    v3_max_fh: Option<usize>,
     /// Test only: serve without byte-range locks around I/O, so reads can
     /// see half-done writes (used to show the torn-read detector works).
     #[arg(long, hide = true)]
@@ -141,6 +154,8 @@ struct ServeArgs {
     state_dir: PathBuf,
     metrics: Option<String>,
     policy: sluice::net::Policy,
+    /// Where sluice's own portmapper listens, when it runs one.
+    portmap: Option<String>,
     /// The server's settings: its defaults, overridden by the file, then
     /// by the command line.
     config: Config,
@@ -230,6 +245,17 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     {
         config.min_hole = hole.max(1);
     }
+    if let Some(n) = cli.v3_max_fh.or(srv.v3_max_fh) {
+        if !(32..=64).contains(&n) {
+            return Err(format!("v3_max_fh: {n} is not between 32 and 64 bytes"));
+        }
+        config.v3_max_fh = n;
+    }
+    let portmap = (cli.portmap || srv.portmap.unwrap_or(false)).then(|| {
+        cli.portmap_listen
+            .or(srv.portmap_listen)
+            .unwrap_or_else(|| "0.0.0.0:111".into())
+    });
     // A connection is taken from addresses that some export admits;
     // each export checks its own list again on every use.
     if exports.iter().all(|(_, _, r)| !r.clients.is_empty()) {
@@ -250,6 +276,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
             .unwrap_or_else(|| "/var/lib/sluice".into()),
         metrics: cli.metrics.or(srv.metrics),
         policy,
+        portmap,
         config,
     })
 }
@@ -261,6 +288,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         state_dir,
         metrics,
         policy,
+        portmap,
         config,
     } = a;
     let key = load_key(&state_dir)?;
@@ -279,6 +307,21 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     if !config.range_locks {
         tracing::warn!("byte-range locks are off: reads may see half-done writes (test mode)");
     }
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    config.port = addr.port();
+    for e in exports.list() {
+        if e.fs.root_fh().len() > config.v3_max_fh {
+            tracing::warn!(
+                export = %e.fs.path().display(),
+                len = e.fs.root_fh().len(),
+                max = config.v3_max_fh,
+                "file handles of this export are too long for NFSv3 clients (see --v3-max-fh); NFSv4 serves it"
+            );
+        }
+    }
     let local_leases = config.local_leases;
     let srv = Server::with_exports(exports, config)
         .map_err(|e| format!("cannot start: {e}"))?
@@ -287,11 +330,28 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         sluice::server::leases::watch(srv.clone())
             .map_err(|e| format!("cannot start the lease watcher: {e}"))?;
     }
-    let listener = tokio::net::TcpListener::bind(&listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(%addr, "serving");
+    let table = sluice::server::portmap::Table { port: addr.port() };
+    let portmap_tasks = match &portmap {
+        Some(at) => sluice::net::serve_portmap(at, table)
+            .await
+            .map_err(|e| format!("cannot run the portmapper on {at}: {e}; is rpcbind running? (stop it, or leave out --portmap to register with it)"))?,
+        None => {
+            let port = addr.port();
+            match tokio::task::spawn_blocking(move || sluice::server::portmap::register(port)).await {
+                Ok(Ok(n)) if n == sluice::server::portmap::PROGRAMS.len() => {
+                    tracing::info!("registered NFS and MOUNT with rpcbind")
+                }
+                Ok(Ok(n)) => tracing::warn!(
+                    registered = n,
+                    "rpcbind kept another server's NFS or MOUNT registration; NFSv3 clients may be sent there"
+                ),
+                Ok(Err(e)) => tracing::info!(error = %e, "no rpcbind to register with (NFSv3 clients need the port in their mount options, or --portmap)"),
+                Err(_) => {}
+            }
+            Vec::new()
+        }
+    };
     for e in srv.exports.list() {
         let r = &e.rules;
         let clients: Vec<String> = r.clients.iter().map(|c| c.to_string()).collect();
@@ -366,6 +426,9 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     // Take no new connections or requests; let those being processed
     // finish (writes applied), then flush to disk.
     server.abort();
+    for t in portmap_tasks {
+        t.abort();
+    }
     expiry.abort();
     drop_task.abort();
     if let Some(t) = metrics_task {
@@ -384,6 +447,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             "requests still running after {} s; stopping anyway",
             SHUTDOWN_GRACE.as_secs()
         );
+    }
+    if portmap.is_none() {
+        let port = addr.port();
+        let _ =
+            tokio::task::spawn_blocking(move || sluice::server::portmap::unregister(port)).await;
     }
     // Unstable writes live in the page cache: push them to disk.
     let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();

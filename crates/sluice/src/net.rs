@@ -223,6 +223,79 @@ pub async fn serve_with(
     }
 }
 
+/// Largest portmapper call taken (they are a few dozen bytes).
+const PORTMAP_MAX_RECORD: usize = 4096;
+
+/// Runs sluice's own portmapper at `at` over TCP and UDP (see
+/// [`crate::server::portmap`]) until the returned tasks are aborted.
+pub async fn serve_portmap(
+    at: &str,
+    table: crate::server::portmap::Table,
+) -> std::io::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use crate::server::portmap::answer;
+    let tcp = TcpListener::bind(at).await?;
+    let udp = tokio::net::UdpSocket::bind(tcp.local_addr()?).await?;
+    tracing::info!(addr = %tcp.local_addr()?, "portmapper (TCP and UDP)");
+    let tcp_task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = tcp.accept().await else {
+                tokio::task::yield_now().await;
+                continue;
+            };
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let local = stream.local_addr().ok().map(|a| a.ip());
+                let mut asm = rpc::RecordAssembler::new(PORTMAP_MAX_RECORD);
+                loop {
+                    let mut mark = [0u8; 4];
+                    if stream.read_exact(&mut mark).await.is_err() {
+                        return;
+                    }
+                    let h = rpc::FragmentHeader::parse(mark);
+                    if asm.admit(h).is_err() {
+                        return;
+                    }
+                    let mut body = vec![0u8; h.len];
+                    if stream.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let Ok(Some(record)) = asm.push(&body, h.last) else {
+                        continue;
+                    };
+                    if let Some(reply) = answer(&table, &record, local) {
+                        let mut out = rpc::record_mark(reply.len()).to_vec();
+                        out.extend_from_slice(&reply);
+                        if stream.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let udp_task = tokio::spawn(async move {
+        let mut buf = vec![0u8; PORTMAP_MAX_RECORD];
+        let local = udp
+            .local_addr()
+            .ok()
+            .map(|a| a.ip())
+            .filter(|ip| !ip.is_unspecified());
+        loop {
+            let Ok((n, from)) = udp.recv_from(&mut buf).await else {
+                continue;
+            };
+            // The address the caller reached: the socket's own when it is
+            // bound to one, else the loopback the caller came from or
+            // nothing (GETADDR then answers without an address).
+            let here = local.or_else(|| from.ip().is_loopback().then(|| from.ip()));
+            if let Some(reply) = answer(&table, &buf[..n], here) {
+                let _ = udp.send_to(&reply, from).await;
+            }
+        }
+    });
+    Ok(vec![tcp_task, udp_task])
+}
+
 /// Serves one connection: reads records, runs each request on a blocking
 /// worker, and writes each reply as it completes.
 ///

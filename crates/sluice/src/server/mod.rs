@@ -9,6 +9,8 @@ pub mod copies;
 pub mod counters;
 pub mod exports;
 pub mod leases;
+pub mod mount;
+mod nfs3;
 mod ops_copy;
 mod ops_file;
 mod ops_fs;
@@ -17,6 +19,7 @@ mod ops_session;
 mod ops_sparse;
 mod ops_xattr;
 mod optable;
+pub mod portmap;
 pub mod state;
 
 use crate::engine::export::Export;
@@ -57,6 +60,12 @@ pub struct Config {
     /// Delegations take kernel leases, so local writers wait for their
     /// recall; only for a process that runs [`leases::watch`].
     pub local_leases: bool,
+    /// Longest file handle given to NFSv3 clients (64, RFC 1813's limit;
+    /// VMware ESXi takes at most 56).
+    pub v3_max_fh: usize,
+    /// The NFS port, as the portmapper on the NFS port tells it (0 when
+    /// not known: in-process servers).
+    pub port: u16,
 }
 
 /// Which delegations the server grants.
@@ -97,6 +106,8 @@ impl Default for Config {
             read_cache: crate::engine::bufcache::default_limit(),
             delegations: Delegations::default(),
             local_leases: false,
+            v3_max_fh: crate::nfs3::FHSIZE,
+            port: 0,
         }
     }
 }
@@ -124,6 +135,8 @@ pub struct Server {
     pub metrics: Arc<counters::Metrics>,
     /// Asynchronous copies, running and finished.
     pub copies: copies::Copies,
+    /// What NFSv3 clients mounted (MOUNT's DUMP).
+    pub mounts: mount::MountList,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -171,6 +184,7 @@ impl Server {
             locks,
             read,
             copies: copies::Copies::new(config.lease * 2),
+            mounts: Default::default(),
             config,
             extents: Default::default(),
             metrics: Default::default(),
@@ -234,13 +248,46 @@ impl Server {
             Ok(c) => c,
             Err(e) => return Call::Done(rpc::error_reply(&e).map(Encoder::from)),
         };
-        if call.prog != rpc::NFS_PROGRAM {
-            return Call::Done(Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail)));
-        }
-        if call.vers != 4 {
-            return Call::Done(Some(Encoder::from(rpc::prog_mismatch(call.xid, 4, 4))));
-        }
         let xid = call.xid;
+        let args_at = call.args_at;
+        match (call.prog, call.vers) {
+            (rpc::NFS_PROGRAM, 4) => {}
+            (rpc::NFS_PROGRAM, 3) => {
+                if !nfs3::may_try(call.proc_) {
+                    return Call::Paused(Paused {
+                        xid,
+                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer),
+                    });
+                }
+                let _nowait = context::NoWaitGuard::new();
+                return match nfs3::call(self, call.proc_, &record[args_at..], &call.cred, peer) {
+                    nfs3::Done3::WouldBlock => Call::Paused(Paused {
+                        xid,
+                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer),
+                    }),
+                    done => Call::Done(v3_reply(xid, done)),
+                };
+            }
+            (rpc::NFS_PROGRAM, _) => {
+                return Call::Done(Some(Encoder::from(rpc::prog_mismatch(xid, 3, 4))))
+            }
+            (crate::mount::MOUNT_PROGRAM, 1 | 3) => {
+                return Call::Paused(Paused {
+                    xid,
+                    rest: Rest::Mount(record, call.vers, call.proc_, args_at, peer),
+                })
+            }
+            (crate::mount::MOUNT_PROGRAM, _) => {
+                return Call::Done(Some(Encoder::from(rpc::prog_mismatch(xid, 1, 3))))
+            }
+            (crate::mount::PMAP_PROGRAM, _) => {
+                let table = portmap::Table {
+                    port: self.config.port,
+                };
+                return Call::Done(portmap::answer_call(&table, &call, &record, None));
+            }
+            _ => return Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::ProgUnavail))),
+        }
         match call.proc_ {
             0 => {
                 if record.len() > call.args_at {
@@ -261,7 +308,10 @@ impl Server {
                 );
                 match step {
                     compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
-                    compound::Step::Paused(rest) => Call::Paused(Paused { xid, rest }),
+                    compound::Step::Paused(rest) => Call::Paused(Paused {
+                        xid,
+                        rest: Rest::Compound(rest),
+                    }),
                 }
             }
             _ => Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail))),
@@ -301,17 +351,68 @@ pub enum Call {
     Paused(Paused),
 }
 
-/// A COMPOUND call stopped before an op that may wait.
+/// A call stopped before it had to wait.
 pub struct Paused {
     xid: u32,
-    rest: compound::Paused,
+    rest: Rest,
+}
+
+/// What is left of a paused call.
+enum Rest {
+    /// A COMPOUND, stopped before an op that may wait.
+    Compound(compound::Paused),
+    /// An NFSv3 call not yet run (or that stopped to wait and changed
+    /// nothing): the record, procedure, where the arguments start, and
+    /// the caller.
+    V3(Vec<u8>, u32, usize, Cred, Option<IpAddr>),
+    /// A MOUNT call: the record, version, procedure, where the arguments
+    /// start, and the caller's address.
+    Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
 }
 
 impl Paused {
     /// Finishes the call on the calling thread, which may wait, and
     /// returns the reply record.
     pub fn resume(self, srv: &Server) -> Option<Encoder> {
-        compound_reply(self.xid, self.rest.resume(srv))
+        let xid = self.xid;
+        match self.rest {
+            Rest::Compound(rest) => compound_reply(xid, rest.resume(srv)),
+            Rest::V3(record, proc_, at, cred, peer) => {
+                v3_reply(xid, nfs3::call(srv, proc_, &record[at..], &cred, peer))
+            }
+            Rest::Mount(record, vers, proc_, at, peer) => {
+                let done = mount::call(srv, vers, proc_, &record[at..], peer);
+                match done {
+                    mount::DoneMnt::Reply(body) => {
+                        let mut reply = rpc::accepted_reply(xid, AcceptStat::Success);
+                        reply.append(body);
+                        Some(reply)
+                    }
+                    mount::DoneMnt::Garbage => {
+                        rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from)
+                    }
+                    mount::DoneMnt::NoProc => {
+                        Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The reply record of an NFSv3 call.
+fn v3_reply(xid: u32, done: nfs3::Done3) -> Option<Encoder> {
+    match done {
+        nfs3::Done3::Reply(body) => {
+            let mut reply = rpc::accepted_reply(xid, AcceptStat::Success);
+            reply.append(body);
+            Some(reply)
+        }
+        nfs3::Done3::Garbage => rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from),
+        nfs3::Done3::NoProc => Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail)),
+        nfs3::Done3::WouldBlock => {
+            unreachable!("an NFSv3 call stops to wait only where it must not")
+        }
     }
 }
 

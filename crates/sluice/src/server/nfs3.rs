@@ -1,0 +1,1101 @@
+//! NFSv3 (RFC 1813): the 22 procedures over the same engine, exports,
+//! access rules, range locks and read path as NFSv4.
+//!
+//! NFSv3 has no opens: READ and WRITE open the file for each call (as
+//! the Linux server does), with the owner allowed to read and write what
+//! its mode bits would refuse, since the client checked access when its
+//! application opened the file. A v3 change to a file recalls the NFSv4
+//! delegations it conflicts with (NFS3ERR_JUKEBOX until they are back),
+//! and v3 READ and WRITE take the same range locks as v4's.
+
+use super::attrs::SetAttrs;
+use super::context::{Ctx, Fh, Stop};
+use super::exports::Loc;
+use super::ops_fs::{apply_attrs, component_of, deleg_conflicts, may};
+use super::Server;
+use crate::engine::cred;
+use crate::engine::fs::{self, SetTime, Stat, Time};
+use crate::engine::read::{Mode, ReadAt, ReadError};
+use crate::nfs3::{
+    self, access3, ftype3, post_op_attr, post_op_fh, proc3, stable, status, wcc_data, Args3,
+    CreateHow3, DirOp, Fattr3, MknodData3, Nfsstat3, Sattr3, SetTime3, Time3, WccAttr,
+};
+use crate::nfs4::consts::status as v4;
+use crate::nfs4::msg::Component4;
+use crate::nfs4::Nfsstat4;
+use crate::rpc::Cred;
+use crate::xdr::{Decoder, Encoder};
+use std::ffi::CString;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// What became of an NFSv3 call.
+pub(super) enum Done3 {
+    /// The results (after the accepted reply header).
+    Reply(Encoder),
+    /// The arguments did not decode: GARBAGE_ARGS.
+    Garbage,
+    /// No such procedure: PROC_UNAVAIL.
+    NoProc,
+    /// It would have to wait where it must not (see
+    /// `context::must_not_wait`); nothing was changed.
+    WouldBlock,
+}
+
+/// Runs NFSv3 procedure `proc_` with the arguments in `args`.
+pub(super) fn call(
+    srv: &Server,
+    proc_: u32,
+    args: &[u8],
+    cred: &Cred,
+    peer: Option<IpAddr>,
+) -> Done3 {
+    let mut d = Decoder::new(args);
+    let a = match Args3::decode(proc_, &mut d) {
+        None => return Done3::NoProc,
+        Some(Err(_)) => return Done3::Garbage,
+        Some(Ok(a)) => a,
+    };
+    let mut cx = Ctx {
+        srv,
+        cred,
+        peer,
+        conn: None,
+        minor: 0,
+        id: Server::identity(cred, &srv.exports.list()[0].rules),
+        cur: None,
+        saved: None,
+        session: None,
+        cur_sid: None,
+        saved_sid: None,
+    };
+    let mut e = Encoder::with_capacity(256);
+    match run(&mut cx, a, &mut e) {
+        Ok(()) => Done3::Reply(e),
+        Err(Stop::WouldBlock) => Done3::WouldBlock,
+        Err(Stop::Status(_)) => unreachable!("statuses are encoded by the procedures"),
+    }
+}
+
+/// Whether procedure `proc_` may be tried on the connection's task: it
+/// touches only memory and cached data, or stops with WouldBlock.
+pub(super) fn may_try(proc_: u32) -> bool {
+    matches!(proc_, proc3::NULL | proc3::READ)
+}
+
+type R<T> = Result<T, Nfsstat3>;
+
+fn st3(st: Nfsstat4) -> Nfsstat3 {
+    Nfsstat3::from(st)
+}
+
+fn io3<T>(r: io::Result<T>) -> R<T> {
+    r.map_err(|e| st3(Nfsstat4::from(&e)))
+}
+
+fn time3(t: Time) -> Time3 {
+    Time3 {
+        sec: t.sec.clamp(0, u32::MAX as i64) as u32,
+        nsec: t.nsec,
+    }
+}
+
+fn ftype_of(mode: u32) -> u32 {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => ftype3::DIR,
+        libc::S_IFLNK => ftype3::LNK,
+        libc::S_IFBLK => ftype3::BLK,
+        libc::S_IFCHR => ftype3::CHR,
+        libc::S_IFSOCK => ftype3::SOCK,
+        libc::S_IFIFO => ftype3::FIFO,
+        _ => ftype3::REG,
+    }
+}
+
+/// The fattr3 of `st`, an object of export `loc`.
+fn fattr(cx: &Ctx<'_>, loc: Loc, st: &Stat) -> Fattr3 {
+    let fsid = match loc {
+        // Exports on one device are told apart by their number.
+        Loc::Export(i) => cx.srv.exports.list()[i].fs.dev() ^ ((i as u64) << 48),
+        Loc::Pseudo(_) => 0,
+    };
+    Fattr3 {
+        ftype: ftype_of(st.mode),
+        mode: st.mode & 0o7777,
+        nlink: st.nlink.min(u32::MAX as u64) as u32,
+        uid: st.uid,
+        gid: st.gid,
+        size: st.size,
+        used: st.blocks.saturating_mul(512),
+        rdev: (libc::major(st.rdev), libc::minor(st.rdev)),
+        fsid,
+        fileid: st.ino,
+        atime: time3(st.atime),
+        mtime: time3(st.mtime),
+        ctime: time3(st.ctime),
+    }
+}
+
+/// The attributes of `fh` now, if they can be had.
+fn attrs_of(cx: &Ctx<'_>, fh: &Fh) -> Option<Fattr3> {
+    fs::stat(fh.fd.as_fd())
+        .ok()
+        .map(|st| fattr(cx, fh.loc, &st))
+}
+
+fn wcc_of(cx: &Ctx<'_>, fh: &Fh, st: &Stat) -> WccAttr {
+    fattr(cx, fh.loc, st).wcc()
+}
+
+/// Resolves an NFSv3 handle and takes the caller's identity for its
+/// export (the caller keeps it while the returned guard lives).
+fn resolve(cx: &mut Ctx<'_>, wire: &[u8]) -> R<Fh> {
+    let fh = cx.resolve(wire).map_err(st3)?;
+    let Loc::Export(i) = fh.loc else {
+        // NFSv3 clients mount exports, never the NFSv4 pseudo root.
+        return Err(status::BADHANDLE);
+    };
+    cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
+    Ok(fh)
+}
+
+/// A handle as an NFSv3 reply carries it: within the configured size.
+fn fh_out<'b>(cx: &Ctx<'_>, wire: &'b [u8]) -> R<&'b [u8]> {
+    if wire.len() > cx.srv.config.v3_max_fh {
+        tracing::warn!(
+            len = wire.len(),
+            max = cx.srv.config.v3_max_fh,
+            "a file handle is longer than NFSv3 clients accept here (--v3-max-fh)"
+        );
+        return Err(status::SERVERFAULT);
+    }
+    Ok(wire)
+}
+
+fn read_only(cx: &Ctx<'_>, fh: &Fh) -> R<()> {
+    if cx.ex(fh).rules.read_only {
+        Err(status::ROFS)
+    } else {
+        Ok(())
+    }
+}
+
+fn is_dir(st: &Stat) -> R<()> {
+    if st.is_dir() {
+        Ok(())
+    } else {
+        Err(status::NOTDIR)
+    }
+}
+
+/// A name to create or remove: not empty, not "." or "..", no '/'.
+fn name(n: &[u8]) -> R<CString> {
+    component_of(&Component4(n.to_vec())).map_err(|st| match st {
+        v4::BADNAME if n == b"." || n == b".." => status::EXIST,
+        v4::BADNAME => status::ACCES,
+        st => st3(st),
+    })
+}
+
+fn settable(a: &Sattr3) -> SetAttrs {
+    let t = |t: SetTime3| match t {
+        SetTime3::Keep => SetTime::Keep,
+        SetTime3::Server => SetTime::Now,
+        SetTime3::Client(t) => SetTime::At(Time {
+            sec: t.sec as i64,
+            nsec: t.nsec.min(999_999_999),
+        }),
+    };
+    SetAttrs {
+        size: a.size,
+        mode: a.mode.map(|m| m & 0o7777),
+        uid: a.uid,
+        gid: a.gid,
+        atime: t(a.atime),
+        mtime: t(a.mtime),
+        mask: [0; 3],
+    }
+}
+
+/// Opens the file for I/O as the caller, or as root when the caller owns
+/// it (the owner may read and write its own file whatever the mode bits
+/// say: the client checked at open).
+fn open_io(cx: &Ctx<'_>, fh: &Fh, st: &Stat, write: bool) -> R<Arc<OwnedFd>> {
+    let flags = if write {
+        libc::O_WRONLY
+    } else {
+        libc::O_RDONLY
+    };
+    cx.srv.state.before_own_open((st.dev, st.ino));
+    match fs::reopen(fh.fd.as_fd(), flags) {
+        Ok(fd) => Ok(Arc::new(fd)),
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) && cx.id.uid == st.uid => {
+            io3(cred::as_root(|| fs::reopen(fh.fd.as_fd(), flags))).map(Arc::new)
+        }
+        Err(e) => io3(Err(e)),
+    }
+}
+
+/// The regular file behind `fh`.
+fn file(st: &Stat) -> R<()> {
+    if st.is_file() {
+        Ok(())
+    } else if st.is_dir() {
+        Err(status::ISDIR)
+    } else {
+        Err(status::INVAL)
+    }
+}
+
+fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
+    let started = e.len();
+    // Each procedure writes its status and results; `fail` (the status
+    // with the results a failure carries) runs when it returns an error.
+    let mut fail_attrs: Option<Fattr3> = None;
+    let mut fail_wcc: Vec<(Option<WccAttr>, Option<Fattr3>)> = Vec::new();
+    let shape = Shape::of(&a);
+    let r: Result<(), Stop> =
+        (|| {
+            match a {
+                Args3::Null => Ok(()),
+                Args3::Getattr(fh) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    e.u32(0);
+                    fattr(cx, fh.loc, &st).encode(e);
+                    Ok(())
+                }
+                Args3::Setattr(fh, sa, guard) => {
+                    let fh = resolve(cx, fh)?;
+                    let _as = cred::assume(&cx.id);
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let before = wcc_of(cx, &fh, &st);
+                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                    if let Some(g) = guard {
+                        if time3(st.ctime) != g {
+                            return Err(status::NOT_SYNC.into());
+                        }
+                    }
+                    read_only(cx, &fh)?;
+                    let set = settable(&sa);
+                    deleg_conflicts(
+                        cx,
+                        (st.dev, st.ino),
+                        set.size.is_some() || set.mode.is_some(),
+                    )
+                    .map_err(st3)?;
+                    if set.size.is_some() {
+                        cx.srv.state.before_own_open((st.dev, st.ino));
+                    }
+                    {
+                        let key = (st.dev, st.ino);
+                        let _exclusive = set
+                            .size
+                            .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
+                        let r = apply_attrs(&fh, &st, &set).map_err(st3);
+                        let r = match r {
+                            // The owner may truncate its own file (as with
+                            // WRITE, the client checked at open).
+                            Err(status::ACCES) if set.size.is_some() && cx.id.uid == st.uid => {
+                                cred::as_root(|| {
+                                    apply_attrs(
+                                        &fh,
+                                        &st,
+                                        &SetAttrs {
+                                            size: set.size,
+                                            ..Default::default()
+                                        },
+                                    )
+                                })
+                                .map_err(st3)
+                                .and_then(|()| {
+                                    apply_attrs(
+                                        &fh,
+                                        &st,
+                                        &SetAttrs {
+                                            size: None,
+                                            ..set.clone()
+                                        },
+                                    )
+                                    .map_err(st3)
+                                })
+                            }
+                            r => r,
+                        };
+                        cx.srv.file_changed(key);
+                        fail_wcc[0].1 = attrs_of(cx, &fh);
+                        r?;
+                    }
+                    e.u32(0);
+                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                    Ok(())
+                }
+                Args3::Lookup(DirOp { dir, name: n }) => {
+                    let dir = resolve(cx, dir)?;
+                    let _as = cred::assume(&cx.id);
+                    let dst = io3(fs::stat(dir.fd.as_fd()))?;
+                    fail_attrs = Some(fattr(cx, dir.loc, &dst));
+                    is_dir(&dst)?;
+                    let (fh, st) = lookup(cx, &dir, &dst, n)?;
+                    e.u32(0);
+                    e.opaque(fh_out(cx, &fh.wire)?);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    post_op_attr(e, Some(&fattr(cx, dir.loc, &dst)));
+                    Ok(())
+                }
+                Args3::Access(fh, want) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (r, w, x) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
+                    let ro = cx.ex(&fh).rules.read_only;
+                    let mut granted = 0;
+                    if r {
+                        granted |= access3::READ;
+                    }
+                    if w && !ro {
+                        granted |= access3::MODIFY | access3::EXTEND;
+                    }
+                    if st.is_dir() {
+                        if x {
+                            granted |= access3::LOOKUP;
+                            if w && !ro {
+                                granted |= access3::DELETE;
+                            }
+                        }
+                    } else if x {
+                        granted |= access3::EXECUTE;
+                    }
+                    e.u32(0);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    e.u32(granted & want);
+                    Ok(())
+                }
+                Args3::Readlink(fh) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    fail_attrs = Some(fattr(cx, fh.loc, &st));
+                    if !st.is_symlink() {
+                        return Err(status::INVAL.into());
+                    }
+                    let target = io3(fs::readlink(fh.fd.as_fd()))?;
+                    e.u32(0);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    e.opaque(&target);
+                    Ok(())
+                }
+                Args3::Read(fh, offset, count) => read(cx, fh, offset, count, e, &mut fail_attrs),
+                Args3::Write(fh, offset, how, data) => {
+                    let fh = resolve(cx, fh)?;
+                    let _as = cred::assume(&cx.id);
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let before = wcc_of(cx, &fh, &st);
+                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                    read_only(cx, &fh)?;
+                    file(&st)?;
+                    // Past the export's limit: a short write, which clients
+                    // resume.
+                    let data = &data[..data.len().min(cx.ex(&fh).rules.max_write as usize)];
+                    if offset
+                        .checked_add(data.len() as u64)
+                        .is_none_or(|end| end > i64::MAX as u64)
+                    {
+                        return Err(status::FBIG.into());
+                    }
+                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                    let fd = open_io(cx, &fh, &st, true)?;
+                    let key = (st.dev, st.ino);
+                    let n = {
+                        let _exclusive =
+                            cx.srv.locks.write(key, offset, offset + data.len() as u64);
+                        let n = io3(fs::write_at(fd.as_fd(), data, offset));
+                        cx.srv.file_changed(key);
+                        n?
+                    };
+                    match how {
+                        stable::DATA_SYNC => io3(fs::sync(fd.as_fd(), false))?,
+                        stable::FILE_SYNC => io3(fs::sync(fd.as_fd(), true))?,
+                        _ => {}
+                    }
+                    e.u32(0);
+                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                    e.u32(n as u32);
+                    e.u32(how);
+                    e.opaque_fixed(&cx.srv.write_verifier);
+                    Ok(())
+                }
+                Args3::Create(w, how) => {
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let n = name(w.name)?;
+                    let (fh, st) = create(cx, &dir, &n, &how)?;
+                    made(cx, e, &dir, &before, &fh, &st)
+                }
+                Args3::Mkdir(w, sa) => {
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let n = name(w.name)?;
+                    let set = settable(&sa);
+                    io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
+                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                    made(cx, e, &dir, &before, &fh, &st)
+                }
+                Args3::Symlink(w, sa, target) => {
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let n = name(w.name)?;
+                    if target.is_empty() {
+                        return Err(status::INVAL.into());
+                    }
+                    let t = CString::new(target).map_err(|_| status::INVAL)?;
+                    io3(fs::symlink_at(dir.fd.as_fd(), &n, &t))?;
+                    let set = SetAttrs {
+                        mode: None,
+                        size: None,
+                        ..settable(&sa)
+                    };
+                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                    made(cx, e, &dir, &before, &fh, &st)
+                }
+                Args3::Mknod(w, what) => {
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let n = name(w.name)?;
+                    let (kind, sa, rdev) = match what {
+                        MknodData3::Device(t, sa, major, minor) => {
+                            let k = if t == ftype3::CHR {
+                                libc::S_IFCHR
+                            } else {
+                                libc::S_IFBLK
+                            };
+                            (k, sa, libc::makedev(major, minor))
+                        }
+                        MknodData3::Pipe(t, sa) => {
+                            let k = if t == ftype3::FIFO {
+                                libc::S_IFIFO
+                            } else {
+                                libc::S_IFSOCK
+                            };
+                            (k, sa, 0)
+                        }
+                        MknodData3::Other(_) => return Err(status::BADTYPE.into()),
+                    };
+                    let set = settable(&sa);
+                    io3(fs::mknod_at(
+                        dir.fd.as_fd(),
+                        &n,
+                        kind | set.mode.unwrap_or(0o644),
+                        rdev,
+                    ))?;
+                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                    made(cx, e, &dir, &before, &fh, &st)
+                }
+                Args3::Remove(w) | Args3::Rmdir(w) => {
+                    let rmdir = shape == Shape::Rmdir;
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let n = match name(w.name) {
+                        Err(status::EXIST) if rmdir && w.name == b"." => Err(status::INVAL),
+                        Err(status::EXIST) if rmdir => Err(status::NOTEMPTY),
+                        r => r,
+                    }?;
+                    let st = io3(fs::stat_at(dir.fd.as_fd(), &n))?;
+                    if rmdir && !st.is_dir() {
+                        return Err(status::NOTDIR.into());
+                    }
+                    if !rmdir && st.is_dir() {
+                        return Err(status::ISDIR.into());
+                    }
+                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                    let ex = &cx.ex(&dir).fs;
+                    let wire = ex.handle_in(dir.fd.as_fd(), &n).ok();
+                    io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
+                    if let Some(w) = wire {
+                        if st.nlink <= 1 || st.is_dir() {
+                            ex.forget(&w);
+                        }
+                    }
+                    e.u32(0);
+                    wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
+                    Ok(())
+                }
+                Args3::Rename(from, to) => {
+                    let sdir = resolve(cx, from.dir)?;
+                    let tdir = resolve(cx, to.dir)?;
+                    let _as = cred::assume(&cx.id);
+                    let sst = io3(fs::stat(sdir.fd.as_fd()))?;
+                    let tst = io3(fs::stat(tdir.fd.as_fd()))?;
+                    let (sb, tb) = (wcc_of(cx, &sdir, &sst), wcc_of(cx, &tdir, &tst));
+                    fail_wcc.push((Some(sb), Some(fattr(cx, sdir.loc, &sst))));
+                    fail_wcc.push((Some(tb), Some(fattr(cx, tdir.loc, &tst))));
+                    is_dir(&sst)?;
+                    is_dir(&tst)?;
+                    read_only(cx, &tdir)?;
+                    if sdir.loc != tdir.loc {
+                        return Err(status::XDEV.into());
+                    }
+                    let f = name(from.name).map_err(|s| {
+                        if s == status::EXIST {
+                            status::INVAL
+                        } else {
+                            s
+                        }
+                    })?;
+                    let t = name(to.name)?;
+                    let moved = io3(fs::stat_at(sdir.fd.as_fd(), &f))?;
+                    deleg_conflicts(cx, (moved.dev, moved.ino), true).map_err(st3)?;
+                    if let Ok(gone) = fs::stat_at(tdir.fd.as_fd(), &t) {
+                        deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
+                    }
+                    let ex = &cx.ex(&tdir).fs;
+                    let replaced = ex.handle_in(tdir.fd.as_fd(), &t).ok();
+                    let r = io3(fs::rename_at(sdir.fd.as_fd(), &f, tdir.fd.as_fd(), &t));
+                    fail_wcc[0].1 = attrs_of(cx, &sdir);
+                    fail_wcc[1].1 = attrs_of(cx, &tdir);
+                    r?;
+                    if let Some(w) = replaced {
+                        if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
+                            ex.forget(&w);
+                        }
+                    }
+                    e.u32(0);
+                    wcc_data(e, Some(&sb), attrs_of(cx, &sdir).as_ref());
+                    wcc_data(e, Some(&tb), attrs_of(cx, &tdir).as_ref());
+                    Ok(())
+                }
+                Args3::Link(fh, w) => {
+                    let src = resolve(cx, fh)?;
+                    let _as = cred::assume(&cx.id);
+                    let st = io3(fs::stat(src.fd.as_fd()))?;
+                    fail_attrs = Some(fattr(cx, src.loc, &st));
+                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    if src.loc != dir.loc {
+                        return Err(status::XDEV.into());
+                    }
+                    if st.is_dir() {
+                        return Err(status::ISDIR.into());
+                    }
+                    let n = name(w.name)?;
+                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                    io3(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &n))?;
+                    e.u32(0);
+                    post_op_attr(e, attrs_of(cx, &src).as_ref());
+                    wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
+                    Ok(())
+                }
+                Args3::Readdir(dir, cookie, _verf, count) => {
+                    readdir(cx, dir, cookie, None, count, e, &mut fail_attrs)
+                }
+                Args3::Readdirplus(dir, cookie, _verf, dircount, maxcount) => readdir(
+                    cx,
+                    dir,
+                    cookie,
+                    Some(dircount),
+                    maxcount,
+                    e,
+                    &mut fail_attrs,
+                ),
+                Args3::Fsstat(fh) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    fail_attrs = Some(fattr(cx, fh.loc, &st));
+                    let s = io3(fs::statfs(fh.fd.as_fd()))?;
+                    e.u32(0);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    e.u64(s.bytes_total);
+                    e.u64(s.bytes_free);
+                    e.u64(s.bytes_avail);
+                    e.u64(s.files_total);
+                    e.u64(s.files_free);
+                    e.u64(s.files_avail);
+                    e.u32(0);
+                    Ok(())
+                }
+                Args3::Fsinfo(fh) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let rules = &cx.ex(&fh).rules;
+                    e.u32(0);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    e.u32(rules.max_read);
+                    e.u32(rules.max_read);
+                    e.u32(4096);
+                    e.u32(rules.max_write);
+                    e.u32(rules.max_write);
+                    e.u32(4096);
+                    e.u32(DTPREF);
+                    e.u64(i64::MAX as u64);
+                    e.u32(0);
+                    e.u32(1);
+                    e.u32(
+                        nfs3::fsf::LINK
+                            | nfs3::fsf::SYMLINK
+                            | nfs3::fsf::HOMOGENEOUS
+                            | nfs3::fsf::CANSETTIME,
+                    );
+                    Ok(())
+                }
+                Args3::Pathconf(fh) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    e.u32(0);
+                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                    e.u32(LINK_MAX);
+                    e.u32(255);
+                    e.bool(true); // no_trunc
+                    e.bool(true); // chown_restricted
+                    e.bool(false); // case_insensitive
+                    e.bool(true); // case_preserving
+                    Ok(())
+                }
+                Args3::Commit(fh, offset, count) => {
+                    let fh = resolve(cx, fh)?;
+                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let before = wcc_of(cx, &fh, &st);
+                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                    file(&st)?;
+                    if offset.checked_add(count as u64).is_none() {
+                        return Err(status::INVAL.into());
+                    }
+                    let key = (st.dev, st.ino);
+                    // Through an NFSv4 open's descriptor when there is one
+                    // (opening again would break a write delegation's lease).
+                    let fd = match cx.srv.state.any_fd(key) {
+                        Some(fd) => fd,
+                        None => Arc::new(io3(cred::as_root(|| {
+                            fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)
+                        }))?),
+                    };
+                    io3(fs::sync(fd.as_fd(), true))?;
+                    e.u32(0);
+                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                    e.opaque_fixed(&cx.srv.write_verifier);
+                    Ok(())
+                }
+            }
+        })()
+        .map_err(|s: Stop3| s.0);
+    match r {
+        Ok(()) => Ok(()),
+        Err(Stop::WouldBlock) => Err(Stop::WouldBlock),
+        Err(Stop::Status(st)) => {
+            e.truncate(started);
+            let st = Nfsstat3::from(st);
+            e.u32(st.0);
+            shape.failure(e, fail_attrs.as_ref(), &fail_wcc);
+            Ok(())
+        }
+    }
+}
+
+/// An NFSv3 status or WouldBlock, with `?` from both kinds.
+struct Stop3(Stop);
+
+impl From<Nfsstat3> for Stop3 {
+    fn from(st: Nfsstat3) -> Self {
+        Stop3(Stop::Status(Nfsstat4(st.0)))
+    }
+}
+
+impl From<Stop> for Stop3 {
+    fn from(s: Stop) -> Self {
+        match s {
+            Stop::Status(st) => Stop3(Stop::Status(Nfsstat4(Nfsstat3::from(st).0))),
+            Stop::WouldBlock => Stop3(Stop::WouldBlock),
+        }
+    }
+}
+
+/// The directory preferred size for READDIR (FSINFO dtpref).
+const DTPREF: u32 = 64 * 1024;
+/// Hard links per file reported by PATHCONF.
+const LINK_MAX: u32 = 65000;
+
+/// What a failed procedure's result carries after its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Nothing (NULL).
+    Nothing,
+    /// One post_op_attr (GETATTR's failure has none).
+    Attr,
+    /// No attributes at all (GETATTR).
+    None,
+    /// One wcc_data.
+    Wcc,
+    /// Two wcc_data (RENAME).
+    Wcc2,
+    /// post_op_attr and wcc_data (LINK).
+    AttrWcc,
+    /// RMDIR (a wcc_data), told apart from REMOVE.
+    Rmdir,
+    /// READDIR and READDIRPLUS: a post_op_attr.
+    Dir,
+}
+
+impl Shape {
+    fn of(a: &Args3<'_>) -> Self {
+        match a {
+            Args3::Null => Shape::Nothing,
+            Args3::Getattr(_) => Shape::None,
+            Args3::Setattr(..)
+            | Args3::Write(..)
+            | Args3::Create(..)
+            | Args3::Mkdir(..)
+            | Args3::Symlink(..)
+            | Args3::Mknod(..)
+            | Args3::Remove(_)
+            | Args3::Commit(..) => Shape::Wcc,
+            Args3::Rmdir(_) => Shape::Rmdir,
+            Args3::Rename(..) => Shape::Wcc2,
+            Args3::Link(..) => Shape::AttrWcc,
+            Args3::Readdir(..) | Args3::Readdirplus(..) => Shape::Dir,
+            Args3::Lookup(_)
+            | Args3::Access(..)
+            | Args3::Readlink(_)
+            | Args3::Read(..)
+            | Args3::Fsstat(_)
+            | Args3::Fsinfo(_)
+            | Args3::Pathconf(_) => Shape::Attr,
+        }
+    }
+
+    fn failure(
+        self,
+        e: &mut Encoder,
+        attrs: Option<&Fattr3>,
+        wcc: &[(Option<WccAttr>, Option<Fattr3>)],
+    ) {
+        let w = |e: &mut Encoder, i: usize| match wcc.get(i) {
+            Some((b, a)) => wcc_data(e, b.as_ref(), a.as_ref()),
+            None => wcc_data(e, None, None),
+        };
+        match self {
+            Shape::Nothing | Shape::None => {}
+            Shape::Attr | Shape::Dir => post_op_attr(e, attrs),
+            Shape::Wcc | Shape::Rmdir => w(e, 0),
+            Shape::Wcc2 => {
+                w(e, 0);
+                w(e, 1);
+            }
+            Shape::AttrWcc => {
+                post_op_attr(e, attrs);
+                w(e, 0);
+            }
+        }
+    }
+}
+
+/// The directory of a create or remove, resolved, checked writable and
+/// stated (its wcc_attr before the change, also recorded for failure).
+fn dir_to_change(
+    cx: &mut Ctx<'_>,
+    w: &DirOp<'_>,
+    fail_wcc: &mut Vec<(Option<WccAttr>, Option<Fattr3>)>,
+) -> R<(Fh, WccAttr)> {
+    let dir = resolve(cx, w.dir)?;
+    let st = io3(fs::stat(dir.fd.as_fd()))?;
+    let before = wcc_of(cx, &dir, &st);
+    fail_wcc.push((Some(before), Some(fattr(cx, dir.loc, &st))));
+    is_dir(&st)?;
+    read_only(cx, &dir)?;
+    Ok((dir, before))
+}
+
+/// Writes the success of CREATE, MKDIR, SYMLINK and MKNOD.
+fn made(
+    cx: &Ctx<'_>,
+    e: &mut Encoder,
+    dir: &Fh,
+    before: &WccAttr,
+    fh: &Fh,
+    st: &Stat,
+) -> Result<(), Stop3> {
+    let wire = fh_out(cx, &fh.wire)?;
+    e.u32(0);
+    post_op_fh(e, Some(wire));
+    post_op_attr(e, Some(&fattr(cx, fh.loc, st)));
+    wcc_data(e, Some(before), attrs_of(cx, dir).as_ref());
+    Ok(())
+}
+
+/// Opens what was just made as `n` in `dir` and applies the attributes
+/// not given to the call that made it (owner, group, times).
+fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Stat)> {
+    let (fh, st) = child(cx, dir, n)?;
+    let rest = SetAttrs {
+        mode: None,
+        size: None,
+        ..set.clone()
+    };
+    apply_attrs(&fh, &st, &rest).map_err(st3)?;
+    let st = io3(fs::stat(fh.fd.as_fd()))?;
+    Ok((fh, st))
+}
+
+/// Opens `name` in `dir` as a handle of the same export.
+fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> R<(Fh, Stat)> {
+    let ex = &cx.ex(dir).fs;
+    let fd = io3(fs::open_path_at(dir.fd.as_fd(), name))?;
+    let st = io3(fs::stat(fd.as_fd()))?;
+    if st.dev != ex.dev() {
+        // Another file system mounted inside the export is not exported.
+        return Err(status::NOENT);
+    }
+    let wire = io3(ex.handle_of(fd.as_fd()))?;
+    Ok((
+        Fh {
+            wire,
+            fd: Arc::new(fd),
+            loc: dir.loc,
+        },
+        st,
+    ))
+}
+
+/// LOOKUP of `n` in `dir`: "." is the directory, ".." its parent (the
+/// export root's is the root itself, as on the Linux server).
+fn lookup(cx: &Ctx<'_>, dir: &Fh, dst: &Stat, n: &[u8]) -> R<(Fh, Stat)> {
+    if n.is_empty() {
+        return Err(status::NOENT);
+    }
+    if n.len() > 255 {
+        return Err(status::NAMETOOLONG);
+    }
+    if n.contains(&b'/') || n.contains(&0) {
+        return Err(status::NOENT);
+    }
+    if n == b"." || (n == b".." && cx.ex(dir).fs.is_root(dst)) {
+        return Ok((dir.clone(), *dst));
+    }
+    child(cx, dir, &CString::new(n).map_err(|_| status::NOENT)?)
+}
+
+/// CREATE as `how` asks.
+fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)> {
+    let (set, exclusive) = match how {
+        CreateHow3::Unchecked(sa) => (settable(sa), false),
+        CreateHow3::Guarded(sa) => (settable(sa), true),
+        CreateHow3::Exclusive(_) => (SetAttrs::default(), true),
+    };
+    let mode = set.mode.unwrap_or(0o644);
+    match fs::create_file(dir.fd.as_fd(), n, mode, exclusive, libc::O_RDONLY) {
+        Ok((_fd, true)) => {
+            let set = match how {
+                // The verifier is kept in the times until the client sets
+                // them (RFC 1813 section 3.3.8).
+                CreateHow3::Exclusive(v) => {
+                    let (at, mt) = verifier_times(v);
+                    SetAttrs {
+                        atime: SetTime::At(at),
+                        mtime: SetTime::At(mt),
+                        ..Default::default()
+                    }
+                }
+                _ => SetAttrs {
+                    size: None,
+                    ..set.clone()
+                },
+            };
+            made_attrs(cx, dir, n, &set)
+        }
+        Ok((_fd, false)) => {
+            // UNCHECKED on an existing file: only the size is applied.
+            let (fh, st) = child(cx, dir, n)?;
+            if let Some(size) = set.size {
+                deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                cx.srv.state.before_own_open((st.dev, st.ino));
+                let key = (st.dev, st.ino);
+                let _exclusive = cx.srv.locks.write(key, size.min(st.size), u64::MAX);
+                let only = SetAttrs {
+                    size: Some(size),
+                    ..Default::default()
+                };
+                apply_attrs(&fh, &st, &only).map_err(st3)?;
+                cx.srv.file_changed(key);
+            }
+            let st = io3(fs::stat(fh.fd.as_fd()))?;
+            Ok((fh, st))
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let CreateHow3::Exclusive(v) = how else {
+                return Err(status::EXIST);
+            };
+            // A retransmitted exclusive create finds its own verifier.
+            let (fh, st) = child(cx, dir, n)?;
+            let (at, mt) = verifier_times(v);
+            if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
+                return Err(status::EXIST);
+            }
+            Ok((fh, st))
+        }
+        Err(e) => io3(Err(e)),
+    }
+}
+
+fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
+    let a = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
+    let m = u32::from_be_bytes([v[4], v[5], v[6], v[7]]);
+    (
+        Time {
+            sec: a as i64,
+            nsec: 0,
+        },
+        Time {
+            sec: m as i64,
+            nsec: 0,
+        },
+    )
+}
+
+/// The readahead stream of an NFSv3 reader: one per file handle, since
+/// NFSv3 has no opens to tell readers apart.
+fn stream_of(wire: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    wire.hash(&mut h);
+    h.finish() | 1
+}
+
+fn read(
+    cx: &mut Ctx<'_>,
+    fh: &[u8],
+    offset: u64,
+    count: u32,
+    e: &mut Encoder,
+    fail_attrs: &mut Option<Fattr3>,
+) -> Result<(), Stop3> {
+    let started = std::time::Instant::now();
+    let fh = resolve(cx, fh)?;
+    let _as = cred::assume(&cx.id);
+    let st = io3(fs::stat(fh.fd.as_fd()))?;
+    *fail_attrs = Some(fattr(cx, fh.loc, &st));
+    file(&st)?;
+    let count = count.min(cx.ex(&fh).rules.max_read) as u64;
+    deleg_conflicts(cx, (st.dev, st.ino), false).map_err(st3)?;
+    let mode = if super::context::must_not_wait() {
+        Mode::NoWait
+    } else {
+        Mode::Wait
+    };
+    let key = (st.dev, st.ino);
+    let stop = |e: ReadError| match e {
+        ReadError::WouldBlock => Stop3(Stop::WouldBlock),
+        ReadError::Io(e) => Stop3::from(st3(Nfsstat4::from(&e))),
+    };
+    let _shared = cx
+        .srv
+        .read
+        .lock(key, offset, offset.saturating_add(count), mode)
+        .map_err(stop)?;
+    let fd = open_io(cx, &fh, &st, false)?;
+    let at = ReadAt {
+        file: key,
+        st: &st,
+        fd: &fd,
+        path: fh.fd.as_fd(),
+        stream: stream_of(&fh.wire),
+        offset,
+        count: count as usize,
+        direct: !cx.srv.state.write_delegated(key),
+    };
+    let data = cx.srv.read.read(&at, mode).map_err(stop)?;
+    let after = io3(fs::stat(fd.as_fd()))?;
+    let eof = offset.saturating_add(data.len() as u64) >= after.size;
+    let m = &cx.srv.metrics;
+    m.reads.fetch_add(1, Ordering::Relaxed);
+    m.read_bytes_sent
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    e.u32(0);
+    post_op_attr(e, Some(&fattr(cx, fh.loc, &after)));
+    e.u32(data.len() as u32);
+    e.bool(eof);
+    e.opaque_shared(data);
+    m.read_latency.observe(started.elapsed());
+    Ok(())
+}
+
+/// READDIR (`plus` None) and READDIRPLUS (`plus` its dircount). Cookies
+/// are the file system's own directory offsets; the cookie verifier is
+/// always zero and never checked, as on the Linux server.
+fn readdir(
+    cx: &mut Ctx<'_>,
+    dir: &[u8],
+    cookie: u64,
+    plus: Option<u32>,
+    maxcount: u32,
+    e: &mut Encoder,
+    fail_attrs: &mut Option<Fattr3>,
+) -> Result<(), Stop3> {
+    let dir = resolve(cx, dir)?;
+    let _as = cred::assume(&cx.id);
+    let dst = io3(fs::stat(dir.fd.as_fd()))?;
+    *fail_attrs = Some(fattr(cx, dir.loc, &dst));
+    is_dir(&dst)?;
+    let mut reader = io3(fs::DirReader::open(dir.fd.as_fd(), cookie))?.with_dots();
+    let ex = &cx.ex(&dir).fs;
+    let dev = ex.dev();
+    let is_root = ex.is_root(&dst);
+    // The reply around the entries: status, post_op_attr, verifier,
+    // end-of-list and eof.
+    let budget = (maxcount as usize).saturating_sub(4 + 88 + 8 + 8);
+    let mut list = Encoder::with_capacity(budget.min(64 * 1024));
+    let mut names = 0usize;
+    let mut n = 0;
+    let mut eof = false;
+    loop {
+        let Some(ent) = io3(reader.next_entry())? else {
+            eof = true;
+            break;
+        };
+        // READDIRPLUS: the entry's attributes and handle. ".." of the
+        // export root is the root itself, as LOOKUP says.
+        let dots = ent.name == b"." || (ent.name == b".." && is_root);
+        let (fh, st) = match plus {
+            None => (None, None),
+            Some(_) if dots => (Some(dir.wire.clone()), Some(dst)),
+            Some(_) => match CString::new(ent.name.clone()) {
+                Ok(cname) => match fs::stat_at(dir.fd.as_fd(), &cname) {
+                    Ok(st) if st.dev == dev => {
+                        (ex.handle_in(dir.fd.as_fd(), &cname).ok(), Some(st))
+                    }
+                    // Removed meanwhile, or another file system mounted
+                    // here: listed without attributes or handle.
+                    _ => (None, None),
+                },
+                Err(_) => continue,
+            },
+        };
+        let fileid = match &st {
+            Some(st) => st.ino,
+            None if ent.name == b".." && is_root => dst.ino,
+            None => ent.ino,
+        };
+        let mark = list.len();
+        list.bool(true);
+        list.u64(fileid);
+        list.opaque(&ent.name);
+        list.u64(ent.next);
+        if let Some(dircount) = plus {
+            post_op_attr(&mut list, st.map(|s| fattr(cx, dir.loc, &s)).as_ref());
+            let fh = fh.filter(|w| w.len() <= cx.srv.config.v3_max_fh);
+            post_op_fh(&mut list, fh.as_deref());
+            names += 8 + 4 + ent.name.len().div_ceil(4) * 4 + 8;
+            if n > 0 && names > dircount as usize {
+                list.truncate(mark);
+                break;
+            }
+        }
+        if list.len() > budget {
+            list.truncate(mark);
+            break;
+        }
+        n += 1;
+    }
+    if n == 0 && !eof {
+        return Err(status::TOOSMALL.into());
+    }
+    e.u32(0);
+    post_op_attr(e, Some(&fattr(cx, dir.loc, &dst)));
+    e.opaque_fixed(&[0u8; 8]);
+    e.raw(list.as_slice());
+    e.bool(false);
+    e.bool(eof);
+    Ok(())
+}
