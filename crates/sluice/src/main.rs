@@ -111,8 +111,11 @@ struct ServeCli {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn load_key(state_dir: &Path) -> Result<HandleKey, String> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    std::fs::create_dir_all(state_dir)
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
         .map_err(|e| format!("cannot create state directory {}: {e}", state_dir.display()))?;
     let path = state_dir.join("handle.key");
     match std::fs::read(&path) {
@@ -492,6 +495,11 @@ fn raise_fd_limit() {
 fn main() {
     sluice::tune_allocator();
     raise_fd_limit();
+    // The modes clients ask for are the modes files get: clients apply
+    // their own umask before they send one (as the Linux server does,
+    // which has none). sluice's own files set their modes explicitly.
+    // SAFETY: umask only sets the process's file creation mask.
+    unsafe { libc::umask(0) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

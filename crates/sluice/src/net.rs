@@ -317,6 +317,7 @@ async fn connection(
     inflight: Arc<InFlight>,
 ) -> std::io::Result<()> {
     let peer = stream.peer_addr().ok();
+    let local = stream.local_addr().ok().map(|a| a.ip());
     // Exports check the address on every use; an unknown one (the socket
     // already broken) is admitted only where everyone is.
     let ip = Some(peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip()));
@@ -332,6 +333,9 @@ async fn connection(
         let outbox = Arc::downgrade(&outbox);
         CbConn::new(move |call| outbox.upgrade().is_some_and(|o| o.send_call(call)))
     };
+    if let Some(ip) = local {
+        cb.set_local(ip);
+    }
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
     let mut asm = RecordAssembler::new(MAX_RECORD);

@@ -63,6 +63,9 @@ pub struct CbConn {
     /// Whether `after_reply` holds anything: every reply asks, without
     /// taking the lock.
     queued: AtomicBool,
+    /// This server's address on the connection (what the portmapper on
+    /// the NFS port tells callers).
+    local: std::sync::OnceLock<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for CbConn {
@@ -88,7 +91,18 @@ impl CbConn {
             closed: AtomicBool::new(false),
             after_reply: Mutex::new(Vec::new()),
             queued: AtomicBool::new(false),
+            local: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Records this server's address on the connection.
+    pub fn set_local(&self, ip: std::net::IpAddr) {
+        let _ = self.local.set(ip);
+    }
+
+    /// This server's address on the connection, when recorded.
+    pub fn local(&self) -> Option<std::net::IpAddr> {
+        self.local.get().copied()
     }
 
     /// The connection ended: calls waiting for replies fail at once.

@@ -284,7 +284,8 @@ impl Server {
                 let table = portmap::Table {
                     port: self.config.port,
                 };
-                return Call::Done(portmap::answer_call(&table, &call, &record, None));
+                let local = conn.and_then(|c| c.local());
+                return Call::Done(portmap::answer_call(&table, &call, &record, local));
             }
             _ => return Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::ProgUnavail))),
         }

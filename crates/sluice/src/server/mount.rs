@@ -157,6 +157,8 @@ fn under<'p>(path: &'p str, base: &str) -> Option<Vec<&'p str>> {
 /// MNT: the handle of `path` for a client at `peer`, or a mountstat3.
 fn mnt(srv: &Server, path: &[u8], peer: Option<IpAddr>) -> Result<Vec<u8>, u32> {
     let path = std::str::from_utf8(path).map_err(|_| mntstat::NOENT)?;
+    // An empty path is the root (what nfs-rs sends for "nfs://HOST/").
+    let path = if path.is_empty() { "/" } else { path };
     if !path.starts_with('/') {
         return Err(mntstat::INVAL);
     }

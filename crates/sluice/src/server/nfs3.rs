@@ -81,9 +81,18 @@ pub(super) fn call(
 }
 
 /// Whether procedure `proc_` may be tried on the connection's task: it
-/// touches only memory and cached data, or stops with WouldBlock.
+/// only looks at an object's attributes (as NFSv4's GETATTR and ACCESS
+/// do there), or it reads and stops with WouldBlock where it would wait.
 pub(super) fn may_try(proc_: u32) -> bool {
-    matches!(proc_, proc3::NULL | proc3::READ)
+    matches!(
+        proc_,
+        proc3::NULL
+            | proc3::GETATTR
+            | proc3::ACCESS
+            | proc3::READ
+            | proc3::FSINFO
+            | proc3::PATHCONF
+    )
 }
 
 type R<T> = Result<T, Nfsstat3>;
@@ -428,12 +437,14 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 }
                 Args3::Create(w, how) => {
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let _as = cred::assume(&cx.id);
                     let n = name(w.name)?;
                     let (fh, st) = create(cx, &dir, &n, &how)?;
                     made(cx, e, &dir, &before, &fh, &st)
                 }
                 Args3::Mkdir(w, sa) => {
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let _as = cred::assume(&cx.id);
                     let n = name(w.name)?;
                     let set = settable(&sa);
                     io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
@@ -442,6 +453,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 }
                 Args3::Symlink(w, sa, target) => {
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let _as = cred::assume(&cx.id);
                     let n = name(w.name)?;
                     if target.is_empty() {
                         return Err(status::INVAL.into());
@@ -458,6 +470,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 }
                 Args3::Mknod(w, what) => {
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let _as = cred::assume(&cx.id);
                     let n = name(w.name)?;
                     let (kind, sa, rdev) = match what {
                         MknodData3::Device(t, sa, major, minor) => {
@@ -491,6 +504,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 Args3::Remove(w) | Args3::Rmdir(w) => {
                     let rmdir = shape == Shape::Rmdir;
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                    let _as = cred::assume(&cx.id);
                     let n = match name(w.name) {
                         Err(status::EXIST) if rmdir && w.name == b"." => Err(status::INVAL),
                         Err(status::EXIST) if rmdir => Err(status::NOTEMPTY),
@@ -816,12 +830,12 @@ fn made(
 }
 
 /// Opens what was just made as `n` in `dir` and applies the attributes
-/// not given to the call that made it (owner, group, times).
+/// not given to the call that made it (owner, group, times; the size of a
+/// new file).
 fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Stat)> {
     let (fh, st) = child(cx, dir, n)?;
     let rest = SetAttrs {
         mode: None,
-        size: None,
         ..set.clone()
     };
     apply_attrs(&fh, &st, &rest).map_err(st3)?;
@@ -888,10 +902,7 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
                         ..Default::default()
                     }
                 }
-                _ => SetAttrs {
-                    size: None,
-                    ..set.clone()
-                },
+                _ => set.clone(),
             };
             made_attrs(cx, dir, n, &set)
         }
