@@ -1747,5 +1747,124 @@ fn main() -> std::io::Result<()> {
     write_dir(&out.join("rpc_record"), &named(rpc_record_seeds()))?;
     write_dir(&out.join("xdr"), &named(xdr_seeds()))?;
     write_dir(&out.join("msg"), &msg_seeds())?;
+    write_dir(&out.join("nfs3"), &nfs3_seeds())?;
     Ok(())
+}
+
+/// `nfs3` seeds: one or more calls of every NFSv3 and MOUNT procedure
+/// (see `src/v3.rs` for the layout).
+fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
+    use sluice_fuzz::v3::input;
+    fn sattr(e: &mut Encoder, mode: Option<u32>, size: Option<u64>) {
+        match mode {
+            Some(m) => {
+                e.bool(true);
+                e.u32(m);
+            }
+            None => e.bool(false),
+        }
+        e.bool(false);
+        e.bool(false);
+        match size {
+            Some(n) => {
+                e.bool(true);
+                e.u64(n);
+            }
+            None => e.bool(false),
+        }
+        e.u32(1);
+        e.u32(2);
+        e.u32(1_000_000);
+        e.u32(0);
+    }
+    let mut v: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut add = |name, sel: u8, file: bool, f: &dyn Fn(&mut Encoder)| {
+        let mut e = Encoder::new();
+        f(&mut e);
+        v.push((name, input(sel, file, e.as_slice())));
+    };
+    add("null", 0, false, &|_| {});
+    add("getattr", 1, false, &|_| {});
+    add("setattr-guarded", 2, true, &|e| {
+        sattr(e, Some(0o640), Some(10));
+        e.bool(true);
+        e.u32(1);
+        e.u32(0);
+    });
+    add("lookup", 3, false, &|e| e.string("file"));
+    add("lookup-dotdot", 3, false, &|e| e.string(".."));
+    add("access", 4, true, &|e| e.u32(0x3f));
+    add("readlink", 5, false, &|_| {});
+    add("read", 6, true, &|e| {
+        e.u64(0);
+        e.u32(65536);
+    });
+    add("write-file-sync", 7, true, &|e| {
+        e.u64(4096);
+        e.u32(5);
+        e.u32(2);
+        e.opaque(b"hello");
+    });
+    add("create-unchecked", 8, false, &|e| {
+        e.string("new");
+        e.u32(0);
+        sattr(e, Some(0o644), Some(3));
+    });
+    add("create-exclusive", 8, false, &|e| {
+        e.string("excl");
+        e.u32(2);
+        e.opaque_fixed(b"verifier");
+    });
+    add("mkdir", 9, false, &|e| {
+        e.string("d2");
+        sattr(e, Some(0o755), None);
+    });
+    add("symlink", 10, false, &|e| {
+        e.string("s2");
+        sattr(e, None, None);
+        e.string("file");
+    });
+    add("mknod-fifo", 11, false, &|e| {
+        e.string("p2");
+        e.u32(7);
+        sattr(e, Some(0o600), None);
+    });
+    add("remove", 12, false, &|e| e.string("empty"));
+    add("rmdir-not-empty", 13, false, &|e| e.string("dir"));
+    add("rename", 14, false, &|e| {
+        e.string("empty");
+        e.opaque(b"not a handle");
+        e.string("moved");
+    });
+    add("link", 15, true, &|e| {
+        e.opaque(b"not a handle");
+        e.string("hard");
+    });
+    add("readdir", 16, false, &|e| {
+        e.u64(0);
+        e.opaque_fixed(&[0; 8]);
+        e.u32(4096);
+    });
+    add("readdirplus", 17, false, &|e| {
+        e.u64(0);
+        e.opaque_fixed(&[0; 8]);
+        e.u32(1024);
+        e.u32(8192);
+    });
+    add("fsstat", 18, false, &|_| {});
+    add("fsinfo", 19, false, &|_| {});
+    add("pathconf", 20, false, &|_| {});
+    add("commit", 21, true, &|e| {
+        e.u64(0);
+        e.u32(0);
+    });
+    add("mount-null", 22, false, &|_| {});
+    add("mount-mnt", 23, false, &|e| e.string("/"));
+    add("mount-dump", 24, false, &|_| {});
+    add("mount-umnt", 25, false, &|e| e.string("/"));
+    add("mount-umntall", 26, false, &|_| {});
+    add("mount-export", 27, false, &|_| {});
+    v.into_iter()
+        .map(|(n, d)| (format!("seed-{n}"), d))
+        .collect()
 }

@@ -467,12 +467,26 @@ impl Harness {
             }
             _ => self.run_in_session(ctl, auth, body),
         };
+        self.ran();
+        reply
+    }
+
+    /// Hands a whole RPC record to the server (as [`Harness::run`] does
+    /// in its raw mode) and returns the reply record.
+    pub fn run_record(&mut self, record: &[u8]) -> Option<Vec<u8>> {
+        let reply = self.server.handle_record(record);
+        self.ran();
+        reply
+    }
+
+    /// Counts a run, and resets every [`RESET_EVERY`] runs or when the
+    /// export has grown by [`RESET_BYTES`].
+    fn ran(&mut self) {
         self.runs += 1;
         let grown = self.free_at_reset.saturating_sub(free_bytes(&self.dir)) > RESET_BYTES;
         if self.runs.is_multiple_of(RESET_EVERY) || grown {
             self.reset();
         }
-        reply
     }
 
     fn run_in_session(&mut self, ctl: u8, auth: Auth, body: &[u8]) -> Option<Vec<u8>> {

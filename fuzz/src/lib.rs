@@ -7,9 +7,11 @@
 //!   the layout of `compound` inputs (first byte: mode and flags).
 //! - [`msg`]: the checks of the `msg` target on the typed NFSv4 messages,
 //!   and the layout of its inputs (first byte: the message type).
+//! - [`v3`]: the layout of `nfs3` inputs (NFSv3 and MOUNT calls).
 
 #![warn(missing_docs)]
 
 pub mod harness;
 pub mod msg;
+pub mod v3;
 pub mod wire;

@@ -24,10 +24,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ = REPO / "fuzz"
-TARGETS = ["rpc_record", "xdr", "compound", "msg"]
+TARGETS = ["rpc_record", "xdr", "compound", "msg", "nfs3"]
 SECONDS = int(os.environ.get("SLUICE_FUZZ_SECONDS", "30"))
 # The typed message decoders: a few seconds are hundreds of thousands of runs.
 MSG_SECONDS = min(SECONDS, 5)
+# NFSv3 and MOUNT calls: one procedure each, no sessions to get through.
+NFS3_SECONDS = min(SECONDS, 20)
 # A request that blocks this long counts as a hang.
 UNIT_TIMEOUT = 10
 ENV = {**os.environ, "RUSTC_BOOTSTRAP": "1"}
@@ -103,7 +105,7 @@ def test_fuzz_target_survives_bounded_run(target, fuzz_binaries, tmp_path):
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     log_path = tmp_path / "fuzz.log"
-    seconds = MSG_SECONDS if target == "msg" else SECONDS
+    seconds = MSG_SECONDS if target == "msg" else NFS3_SECONDS if target == "nfs3" else SECONDS
     with open(log_path, "wb") as log:
         p = subprocess.run(
             [
