@@ -16,6 +16,11 @@ the grace period has its reclaim refused (NFS4ERR_NO_GRACE) and loses its
 lock. The host-side checks run inside the control requests, right after
 the restart and before the guest is answered.
 
+Two boots (V3_BOOTS: one per kernel) then run the suite again over NFSv3
+(mounted with MOUNT on the NFS port and nolock, on the export's v3/
+directory, which mounts by its path), with its own files checked the same
+way on the host.
+
 Each boot takes a few minutes under software emulation.
 """
 
@@ -49,6 +54,20 @@ FIXED_MTIME = 981173106  # 2001-02-03 04:05:06 UTC, set by `touch -d` in the gue
 # boot runs the whole suite with write delegations too.
 DELEGATIONS = {("6.12", "4.2"): "all"}
 RECLAIM_BOOTS = {("6.1", "4.1"), ("6.12", "4.2")}
+# The boots that then run the suite over NFSv3 too (one per kernel, the
+# two without the crash recovery steps), and the files that run writes
+# (by kernel): 6.12 writes a 256 MiB file over NFSv3, 6.1 one of 64 MiB
+# (writing random data in the guest is slow; SLUICE_VM_ALL_SIZES=1 makes
+# both 256 MiB).
+V3_BOOTS = {("6.1", "4.2"), ("6.12", "4.1")}
+V3_SIZES = {"6.12": "tiny:1 page:4095 mib:1048583 m256:268435456",
+            "6.1": "tiny:1 page:4095 mib:1048583 m64:67108864"}
+
+
+def v3_sizes(kernel: str) -> str:
+    if os.environ.get("SLUICE_VM_ALL_SIZES") == "1":
+        return V3_SIZES["6.12"]
+    return V3_SIZES[kernel]
 # Control requests of the crash recovery steps, in the order the guest sends them.
 RECLAIM_REQUESTS = ["reclaim-restart", "reclaimed-denied", "restart-twice", "denied", "restart-past-grace", "refused-free"]
 # How long the host waits for the server to leave grace (the guest has
@@ -187,6 +206,8 @@ class ControlServer:
         self.sock.listen(4)
         self.port = self.sock.getsockname()[1]
         self.requests = []
+        # The server's metrics just before each plain "restart".
+        self.before_restart = []
         self.errors = []
         self.boot_log = 0  # where the server log of the latest start begins
         self.holder = None  # the host client of reclaim-restart and its open
@@ -217,6 +238,7 @@ class ControlServer:
     def _handle(self, line):
         cmd, _, arg = line.partition(" ")
         if cmd == "restart":
+            self.before_restart.append(self.server.metrics())
             self._restart()
             return "ok"
         if cmd == "mkfile":
@@ -453,12 +475,14 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
 @pytest.mark.parametrize("kernel", ["6.1", "6.12"], ids=lambda k: f"linux{k}")
 def test_linux_client(sluice_server, tmp_path, kernel, vers):
     reclaim = (kernel, vers) in RECLAIM_BOOTS
+    v3 = (kernel, vers) in V3_BOOTS
     export = sluice_server.export
-    big = export / "big"
-    big.mkdir()
-    for i in range(BIG_DIR_ENTRIES):
-        name = f"f{i:05d}"
-        (big / name).write_text(name + "\n")
+    for root in [export, *([export / "v3"] if v3 else [])]:
+        big = root / "big"
+        big.mkdir(parents=True)
+        for i in range(BIG_DIR_ENTRIES):
+            name = f"f{i:05d}"
+            (big / name).write_text(name + "\n")
 
     ctl = ControlServer(sluice_server, DELEGATIONS.get((kernel, vers)) == "all")
     console_path = tmp_path / "guest-console.log"
@@ -466,7 +490,8 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
         returncode = boot_guest(
             kernel, sluice_server, ctl, GUEST_SUITE, console_path,
             bins=("flock", "perl", "setfattr", "getfattr"),
-            env={"VERS": vers, "SIZES": guest_sizes(kernel, vers), "RECLAIM": int(reclaim)},
+            env={"VERS": vers, "SIZES": guest_sizes(kernel, vers), "RECLAIM": int(reclaim),
+                 "THEN_V3": int(v3), "V3_SIZES": v3_sizes(kernel)},
         )
     finally:
         ctl.close()
@@ -483,16 +508,19 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
         + "\n".join(failed_step or ["(no failing step reported)"])
         + context()
     )
-    assert "ALL STEPS PASSED" in out, "guest exited 0 without finishing" + context()
+    assert f"ALL STEPS PASSED (NFS {vers}," in out, "guest exited 0 without finishing" + context()
+    if v3:
+        assert "ALL STEPS PASSED (NFS 3," in out, "the NFSv3 run did not finish" + context()
     assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
-    assert ctl.requests.count("restart") == 1, ctl.requests
+    assert ctl.requests.count("restart") == (2 if v3 else 1), ctl.requests
     sent = [r.partition(" ")[0] for r in ctl.requests if r.partition(" ")[0] in RECLAIM_REQUESTS]
     assert sent == (RECLAIM_REQUESTS if reclaim else []), f"crash recovery requests: {ctl.requests}"
 
     # The guest's back channel (on its own connection, bound by
     # CREATE_SESSION) answered the server's CB_NULL probes since the last
-    # start, and no callback failed.
-    m = sluice_server.metrics()
+    # start, and no callback failed. (After an NFSv3 run, whose restart
+    # ended the NFSv4 run's counts, up to that restart.)
+    m = ctl.before_restart[-1] if v3 else sluice_server.metrics()
     answered, failed = m.get("sluice_callbacks_total", 0), m.get("sluice_callback_failures_total", 0)
     assert answered >= 1 and failed == 0, (
         f"back channel: {answered:g} callbacks answered, {failed:g} failed" + context())
@@ -506,9 +534,21 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
 
     # --- what the guest wrote, as seen on the host ---
     manifest = re.findall(r"^MANIFEST (\S+) ([0-9a-f]{32}) (\d+)$", out, re.M)
+    v4_files = [m for m in manifest if not m[0].startswith("v3/")]
+    check_tree(export, v4_files, guest_sizes(kernel, vers), reclaim)
+    if v3:
+        v3_files = [(m[0][3:], m[1], m[2]) for m in manifest if m[0].startswith("v3/")]
+        check_tree(export / "v3", v3_files, v3_sizes(kernel), False)
+
+
+def check_tree(export: Path, manifest, sizes_spec: str, reclaim: bool):
+    """Checks what one run of the guest suite left in `export` (the export,
+    or its v3/): the files of its manifest and what each step made."""
+    big = export / "big"
     names = {m[0] for m in manifest}
-    m256 = ["data/m256"] if "m256" in guest_sizes(kernel, vers) else []
-    for expected in ["data/tiny", "data/page", "data/mib", "data/m64", *m256,
+    m256 = ["data/m256"] if "m256" in sizes_spec else []
+    m64 = ["data/m64"] if "m64" in sizes_spec else []
+    for expected in ["data/tiny", "data/page", "data/mib", *m64, *m256,
                      "app/log", "trunc/f", "rs/before", "rs/after", "rs/open-across",
                      *(["recl/f"] if reclaim else [])]:
         assert expected in names, f"{expected} missing from the guest manifest"
@@ -521,6 +561,8 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
              "m64": 64 << 20, "m256": 256 << 20}
     if not m256:
         del sizes["m256"]
+    if not m64:
+        del sizes["m64"]
     for name, size in sizes.items():
         assert (export / "data" / name).stat().st_size == size
 

@@ -56,7 +56,7 @@ KERNELS = {
 
 # Modules the guest loads (with their dependencies); missing ones are
 # either built in or optional.
-WANTED_MODULES = ["virtio_pci", "virtio_net", "virtio_rng", "nfsv4"]
+WANTED_MODULES = ["virtio_pci", "virtio_net", "virtio_rng", "nfsv4", "nfsv3"]
 
 BANNER_BEGIN = "==== sluice-vm: script begin ===="
 BANNER_END_RE = re.compile(r"==== sluice-vm: script end, exit status (\d+) ====")

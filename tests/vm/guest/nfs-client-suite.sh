@@ -11,6 +11,7 @@
 #                    extended attribute user.NAME with VALUE, and give it
 #                    user.host = "from the host"; reply "ok"
 #   "no-xattr PATH NAME" -> check that the server's PATH has no user.NAME
+# (with CTL_PREFIX, the host's paths start with it)
 # and, with RECLAIM=1 (crash recovery steps), "reclaim-restart",
 # "reclaimed-denied", "restart-twice", "denied", "restart-past-grace" and
 # "refused-free" (see ControlServer in tests/interop/test_linux_client.py):
@@ -19,14 +20,29 @@
 # Every check that fails stops the script with a non-zero status and says
 # which step it was in. Lines "MANIFEST <path> <md5> <size>" at the end list
 # the files written here, for the host to compare with the export.
+#
+# VERS=3 mounts with NFSv3 (MOUNT on the NFS port, no locking: fcntl and
+# flock locks are then the guest's own) the export's directory $MNTPATH
+# on $M. With THEN_V3=1 an NFSv4 run ends by running this script again
+# that way: NFS 3 on /mnt3, the export's v3/ (made by the host, with its
+# own big/), files of $V3_SIZES, paths on the control port and in the
+# manifest under v3/.
 
 set -eu
 set -o pipefail
 
 : "${SERVER:?}" "${PORT:?}" "${CTL_PORT:?}" "${VERS:?}"
-M=/mnt
+M=${M:-/mnt}
+MNTPATH=${MNTPATH:-/}
+CTL_PREFIX=${CTL_PREFIX:-}
 OPTS="vers=$VERS,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
-SUMS=/tmp/sums            # "md5  path" of everything written, for md5sum -c
+if [ "$VERS" = 3 ]; then
+  OPTS="$OPTS,mountport=$PORT,mountproto=tcp,mountaddr=$SERVER,nolock"
+  FSTYPE=nfs
+else
+  FSTYPE=nfs4
+fi
+SUMS=/tmp/sums$VERS       # "md5  path" of everything written, for md5sum -c
 STEP=setup
 : > "$SUMS"
 umask 022
@@ -68,8 +84,9 @@ drop_caches() {
   echo 3 > /proc/sys/vm/drop_caches
 }
 do_mount() {
-  mount -t nfs4 -o "$OPTS" "$SERVER:/" "$M" || fail "mount -t nfs4 -o $OPTS $SERVER:/ $M"
-  grep " $M nfs4 " /proc/mounts > /tmp/mountline || fail "no nfs4 mount on $M after mount"
+  mkdir -p "$M"
+  mount -t $FSTYPE -o "$OPTS" "$SERVER:$MNTPATH" "$M" || fail "mount -t $FSTYPE -o $OPTS $SERVER:$MNTPATH $M"
+  grep " $M $FSTYPE " /proc/mounts > /tmp/mountline || fail "no $FSTYPE mount on $M after mount"
   grep -q "vers=$VERS" /tmp/mountline || fail "mounted, but not as NFS $VERS: $(cat /tmp/mountline)"
 }
 remount() {
@@ -171,6 +188,7 @@ holder_do() { # command: send it to the lock holder, its answer goes to $hr
 
 command -v perl > /dev/null || fail "perl is missing in the guest (--bin /usr/bin/perl)"
 command -v flock > /dev/null || fail "flock is missing in the guest (--bin /usr/bin/flock)"
+rm -f /tmp/ready /tmp/release /tmp/hcmd /tmp/hreply
 mkfifo /tmp/ready /tmp/release /tmp/hcmd /tmp/hreply
 
 step "mount (NFS $VERS, kernel $(uname -r))"
@@ -355,7 +373,7 @@ eq "$(cat "$M/excl/noclobber")" first "content after the refused overwrite"
 # creates it behind the client's back, so the O_EXCL open has to be refused
 # by the server.
 [ ! -e "$M/excl/hostmade" ] || fail "excl/hostmade exists before the host made it"
-ctl mkfile excl/hostmade
+ctl mkfile "${CTL_PREFIX}excl/hostmade"
 expect_rc 17 excl_create "$M/excl/hostmade"
 eq "$(cat "$M/excl/hostmade")" host "excl/hostmade after the refused O_EXCL open"
 
@@ -525,7 +543,11 @@ fi
 step "unmount"
 cd /
 while read -r sum path; do
-  echo "MANIFEST ${path#$M/} $sum $(fsize "$path")"
+  echo "MANIFEST $CTL_PREFIX${path#$M/} $sum $(fsize "$path")"
 done < "$SUMS"
 umount "$M" || fail "final umount"
 echo "ALL STEPS PASSED (NFS $VERS, kernel $(uname -r))"
+if [ "${THEN_V3:-0}" = 1 ]; then
+  trap - EXIT
+  VERS=3 M=/mnt3 MNTPATH=/v3 CTL_PREFIX=v3/ SIZES="$V3_SIZES" THEN_V3=0 RECLAIM=0 /bin/sh "$0"
+fi
