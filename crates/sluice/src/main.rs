@@ -335,24 +335,34 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     }
     tracing::info!(%addr, "serving");
     let table = sluice::server::portmap::Table { port: addr.port() };
-    let portmap_tasks = match &portmap {
-        Some(at) => sluice::net::serve_portmap(at, table)
-            .await
-            .map_err(|e| format!("cannot run the portmapper on {at}: {e}; is rpcbind running? (stop it, or leave out --portmap to register with it)"))?,
+    let (portmap_tasks, registered) = match &portmap {
+        Some(at) => (
+            sluice::net::serve_portmap(at, table)
+                .await
+                .map_err(|e| format!("cannot run the portmapper on {at}: {e}; is rpcbind running? (stop it, or leave out --portmap to register with it)"))?,
+            Vec::new(),
+        ),
         None => {
             let port = addr.port();
-            match tokio::task::spawn_blocking(move || sluice::server::portmap::register(port)).await {
-                Ok(Ok(n)) if n == sluice::server::portmap::PROGRAMS.len() => {
-                    tracing::info!("registered NFS and MOUNT with rpcbind")
+            let taken = match tokio::task::spawn_blocking(move || sluice::server::portmap::register(port)).await {
+                Ok(Ok(taken)) => {
+                    if taken.len() == sluice::server::portmap::PROGRAMS.len() {
+                        tracing::info!("registered NFS and MOUNT with rpcbind");
+                    } else {
+                        tracing::warn!(
+                            registered = ?taken,
+                            "rpcbind keeps another server's NFS or MOUNT registration; NFSv3 clients that ask it are sent there"
+                        );
+                    }
+                    taken
                 }
-                Ok(Ok(n)) => tracing::warn!(
-                    registered = n,
-                    "rpcbind kept another server's NFS or MOUNT registration; NFSv3 clients may be sent there"
-                ),
-                Ok(Err(e)) => tracing::info!(error = %e, "no rpcbind to register with (NFSv3 clients need the port in their mount options, or --portmap)"),
-                Err(_) => {}
-            }
-            Vec::new()
+                Ok(Err(e)) => {
+                    tracing::info!(error = %e, "no rpcbind to register with (NFSv3 clients need the port in their mount options, or --portmap)");
+                    Vec::new()
+                }
+                Err(_) => Vec::new(),
+            };
+            (Vec::new(), taken)
         }
     };
     for e in srv.exports.list() {
@@ -451,10 +461,12 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             SHUTDOWN_GRACE.as_secs()
         );
     }
-    if portmap.is_none() {
+    if !registered.is_empty() {
         let port = addr.port();
-        let _ =
-            tokio::task::spawn_blocking(move || sluice::server::portmap::unregister(port)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            sluice::server::portmap::unregister(port, &registered)
+        })
+        .await;
     }
     // Unstable writes live in the page cache: push them to disk.
     let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();

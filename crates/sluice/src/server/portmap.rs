@@ -6,7 +6,8 @@
 //! that ask the usual way and a machine that runs no rpcbind.
 //!
 //! Without `--portmap`, [`register`] tells a running rpcbind about the
-//! same programs (PMAPPROC_SET over loopback), when there is one.
+//! same programs (PMAPPROC_SET over loopback), when there is one, and
+//! [`unregister`] takes back what it took.
 
 use crate::mount::{pmapproc, Mapping, Rpcb, IPPROTO_TCP, MOUNT_PROGRAM, PMAP_PROGRAM};
 use crate::rpc::{self, AcceptStat, CallError};
@@ -160,25 +161,25 @@ pub(super) fn answer_call(
 }
 
 /// Registers sluice's programs on `port` with the rpcbind running on
-/// this machine, if one answers on 127.0.0.1:111 (PMAPPROC_UNSET of what
-/// an earlier instance left, then PMAPPROC_SET). Returns how many
-/// mappings rpcbind took; an error when there is no rpcbind.
-pub fn register(port: u16) -> std::io::Result<usize> {
-    let mut taken = 0;
+/// this machine, if one answers on 127.0.0.1:111 (PMAPPROC_SET). Returns
+/// the programs rpcbind took, for [`unregister`]; rpcbind refuses a
+/// program another server has registered, and that registration stays.
+/// An error when there is no rpcbind.
+pub fn register(port: u16) -> std::io::Result<Vec<(u32, u32)>> {
+    let mut taken = Vec::new();
     let mut s = rpcbind()?;
     for &(prog, vers) in PROGRAMS.iter() {
-        pmap_call(&mut s, pmapproc::UNSET, prog, vers, port)?;
         if pmap_call(&mut s, pmapproc::SET, prog, vers, port)? {
-            taken += 1;
+            taken.push((prog, vers));
         }
     }
     Ok(taken)
 }
 
-/// Takes back what [`register`] registered.
-pub fn unregister(port: u16) -> std::io::Result<()> {
+/// Takes back the programs [`register`] registered.
+pub fn unregister(port: u16, taken: &[(u32, u32)]) -> std::io::Result<()> {
     let mut s = rpcbind()?;
-    for &(prog, vers) in PROGRAMS.iter() {
+    for &(prog, vers) in taken {
         pmap_call(&mut s, pmapproc::UNSET, prog, vers, port)?;
     }
     Ok(())
