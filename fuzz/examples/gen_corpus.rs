@@ -1751,8 +1751,8 @@ fn main() -> std::io::Result<()> {
     Ok(())
 }
 
-/// `nfs3` seeds: one or more calls of every NFSv3 and MOUNT procedure
-/// (see `src/v3.rs` for the layout).
+/// `nfs3` seeds: one or more calls of every NFSv3 and MOUNT procedure,
+/// and of NLM's and NSM's (see `src/v3.rs` for the layout).
 fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     use sluice_fuzz::v3::input;
     fn sattr(e: &mut Encoder, mode: Option<u32>, size: Option<u64>) {
@@ -1864,6 +1864,58 @@ fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     add("mount-umnt", 25, false, &|e| e.string("/"));
     add("mount-umntall", 26, false, &|_| {});
     add("mount-export", 27, false, &|_| {});
+    // NLM and NSM: the whole arguments follow the selector. The file
+    // handle is not one of the export's, so these reach the handle check.
+    fn nlm_lock(e: &mut Encoder) {
+        e.string("fuzzhost");
+        e.opaque(&[1; 40]);
+        e.opaque(b"owner");
+        e.i32(1);
+        e.u64(0);
+        e.u64(100);
+    }
+    add("nlm-null", 28, false, &|_| {});
+    add("nlm-test", 29, false, &|e| {
+        e.opaque(b"c");
+        e.bool(true);
+        nlm_lock(e);
+    });
+    add("nlm-lock", 30, false, &|e| {
+        e.opaque(b"c");
+        e.bool(true);
+        e.bool(true);
+        nlm_lock(e);
+        e.bool(false);
+        e.i32(1);
+    });
+    add("nlm-cancel", 31, false, &|e| {
+        e.opaque(b"c");
+        e.bool(true);
+        e.bool(true);
+        nlm_lock(e);
+    });
+    add("nlm-unlock", 32, false, &|e| {
+        e.opaque(b"c");
+        nlm_lock(e);
+    });
+    add("nlm-share", 33, false, &|e| {
+        e.opaque(b"c");
+        e.string("fuzzhost");
+        e.opaque(&[1; 40]);
+        e.opaque(b"owner");
+        e.u32(1);
+        e.u32(3);
+        e.bool(false);
+    });
+    add("nlm-free-all", 36, false, &|e| {
+        e.string("fuzzhost");
+        e.i32(3);
+    });
+    add("nsm-stat", 38, false, &|e| e.string("fuzzhost"));
+    add("nsm-notify", 43, false, &|e| {
+        e.string("fuzzhost");
+        e.i32(5);
+    });
     v.into_iter()
         .map(|(n, d)| (format!("seed-{n}"), d))
         .collect()

@@ -1,24 +1,30 @@
-//! The layout of `nfs3` inputs: NFSv3 and MOUNT calls to the harness's
-//! server.
+//! The layout of `nfs3` inputs: NFSv3, MOUNT, NLM and NSM calls to the
+//! harness's server.
 //!
-//! The first byte picks the call: its low six bits modulo 28 are an
-//! NFSv3 procedure (0 to 21) or a MOUNT v3 procedure (22 to 27 are
-//! MOUNT's 0 to 5); bit 0x80 calls as uid and gid 1000 (else root). For
-//! an NFSv3 procedure other than NULL a handle is put first: the export
-//! root's, or with bit 0x40 the fixture file's. The rest of the input is
-//! what follows the first handle in the procedure's arguments (a name,
-//! offsets, attributes, data, a second handle).
+//! The first byte picks the call: its low six bits modulo [`CALLS`] are
+//! an NFSv3 procedure (0 to 21), a MOUNT v3 procedure (22 to 27 are
+//! MOUNT's 0 to 5), an NLM v4 procedure (28 to 36 are NULL, TEST, LOCK,
+//! CANCEL, UNLOCK, SHARE, UNSHARE, NM_LOCK and FREE_ALL) or an NSM
+//! procedure (37 to 43 are its 0 to 6); bit 0x80 calls as uid and gid
+//! 1000 (else root). For an NFSv3 procedure other than NULL a handle is
+//! put first: the export root's, or with bit 0x40 the fixture file's. The
+//! rest of the input is what follows the first handle in the procedure's
+//! arguments (a name, offsets, attributes, data, a second handle), or the
+//! whole arguments of the other programs.
 //! Every call must get a reply, and the server must go on serving.
 
 use crate::harness::Harness;
 use crate::wire::{self, Auth};
-use sluice::mount::MOUNT_PROGRAM;
+use sluice::mount::{MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM};
+use sluice::nlm::{NlmArgs, NsmArgs};
 use sluice::nfs3::{Args3, VERSION};
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
 
-/// Values of the first byte's low 7 bits (modulo this) that pick a call.
-pub const CALLS: u8 = 28;
+/// Values of the first byte's low 6 bits (modulo this) that pick a call.
+pub const CALLS: u8 = 44;
+/// The NLM procedures of selectors 28 to 36.
+const NLM_PROCS: [u32; 9] = [0, 1, 2, 3, 4, 20, 21, 22, 23];
 /// First byte bit: call as uid and gid 1000.
 pub const FLAG_USER: u8 = 0x80;
 /// First byte bit: the first handle is the fixture file's.
@@ -59,8 +65,18 @@ pub fn record(data: &[u8], root: &[u8], file: &[u8], xid: u32) -> Option<Vec<u8>
         // The decoder alone must not panic either.
         let _ = Args3::decode(proc_, &mut Decoder::new(args.as_slice()));
         e.raw(args.as_slice());
-    } else {
+    } else if sel < 28 {
         wire::call_header(&mut e, xid, MOUNT_PROGRAM, 3, (sel - 22) as u32, auth);
+        e.raw(rest);
+    } else if sel < 37 {
+        let proc_ = NLM_PROCS[(sel - 28) as usize];
+        let _ = NlmArgs::decode(proc_, &mut Decoder::new(rest));
+        wire::call_header(&mut e, xid, NLM_PROGRAM, 4, proc_, auth);
+        e.raw(rest);
+    } else {
+        let proc_ = (sel - 37) as u32;
+        let _ = NsmArgs::decode(proc_, &mut Decoder::new(rest));
+        wire::call_header(&mut e, xid, NSM_PROGRAM, 1, proc_, auth);
         e.raw(rest);
     }
     Some(e.into_inner())
@@ -78,5 +94,5 @@ pub fn run(h: &mut Harness, data: &[u8]) {
         return;
     };
     let reply = h.run_record(&rec);
-    assert!(reply.is_some(), "no reply to an NFSv3 or MOUNT call");
+    assert!(reply.is_some(), "no reply to an NFSv3, MOUNT, NLM or NSM call");
 }

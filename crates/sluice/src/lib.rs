@@ -19,4 +19,4 @@ pub mod server;
 
 pub use sluice_engine as engine;
 pub use sluice_engine::tune_allocator;
-pub use sluice_proto::{mount, nfs3, nfs4, rpc, xdr};
+pub use sluice_proto::{mount, nfs3, nfs4, nlm, rpc, xdr};

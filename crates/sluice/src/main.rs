@@ -101,6 +101,10 @@ struct ServeCli {
     /// ESXi needs 56 [default: 64].
     #[arg(long, value_name = "BYTES")]
     v3_max_fh: Option<usize>,
+    /// Test only: find clients' lock managers and status monitors through
+    /// the portmapper at this address instead of port 111 of each client.
+    #[arg(long, hide = true, value_name = "ADDR:PORT")]
+    nsm_portmap: Option<std::net::SocketAddr>,
     /// Test only: serve without byte-range locks around I/O, so reads can
     /// see half-done writes (used to show the torn-read detector works).
     #[arg(long, hide = true)]
@@ -222,6 +226,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     let mut config = Config {
         range_locks: !cli.unsafe_no_range_locks,
+        nsm_portmap: cli.nsm_portmap,
         ..Default::default()
     };
     if let Some(secs) = cli.lease_time.or(srv.lease_time) {
@@ -314,6 +319,10 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // MOUNT, NLM and NSM answer over UDP on the same port too.
+    let udp = tokio::net::UdpSocket::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} (UDP): {e}"))?;
     config.port = addr.port();
     for e in exports.list() {
         if e.fs.root_fh().len() > config.v3_max_fh {
@@ -411,12 +420,15 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         })
     };
     let inflight = Arc::new(sluice::net::InFlight::default());
+    let udp_task = tokio::spawn(sluice::net::serve_udp(udp, srv.clone(), policy.clone()));
     let server = tokio::spawn(sluice::net::serve_with(
         listener,
         srv.clone(),
         policy,
         inflight.clone(),
     ));
+    // NLM clients that held locks before this start are told to reclaim.
+    sluice::server::nlm::notify_hosts(&srv);
     // SIGUSR1 empties the read cache, as `echo 1 > /proc/sys/vm/drop_caches`
     // does the kernel's: what a cold-cache measurement needs.
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
@@ -439,6 +451,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     // Take no new connections or requests; let those being processed
     // finish (writes applied), then flush to disk.
     server.abort();
+    udp_task.abort();
     for t in portmap_tasks {
         t.abort();
     }

@@ -223,6 +223,42 @@ pub async fn serve_with(
     }
 }
 
+/// Serves the NFS port's UDP side (MOUNT, NLM, NSM and the portmapper;
+/// see [`Server::handle_datagram`]) until the task is dropped. Each call
+/// runs on a blocking worker.
+pub async fn serve_udp(socket: tokio::net::UdpSocket, srv: Arc<Server>, policy: Policy) {
+    let socket = Arc::new(socket);
+    let bound = socket
+        .local_addr()
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified());
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+            tokio::task::yield_now().await;
+            continue;
+        };
+        if policy.refuse(from).is_some() {
+            continue;
+        }
+        let record = buf[..n].to_vec();
+        let (srv, socket) = (srv.clone(), socket.clone());
+        // The address the caller reached: the socket's own when it is
+        // bound to one; a loopback caller reached loopback.
+        let local = bound.or_else(|| from.ip().is_loopback().then(|| from.ip()));
+        tokio::spawn(async move {
+            let reply = tokio::task::spawn_blocking(move || {
+                srv.handle_datagram(&record, Some(from.ip()), local)
+            })
+            .await;
+            if let Ok(Some(reply)) = reply {
+                let _ = socket.send_to(&reply, from).await;
+            }
+        });
+    }
+}
+
 /// Largest portmapper call taken (they are a few dozen bytes).
 const PORTMAP_MAX_RECORD: usize = 4096;
 

@@ -11,6 +11,7 @@ pub mod exports;
 pub mod leases;
 pub mod mount;
 mod nfs3;
+pub mod nlm;
 mod ops_copy;
 mod ops_file;
 mod ops_fs;
@@ -66,6 +67,9 @@ pub struct Config {
     /// The NFS port, as the portmapper on the NFS port tells it (0 when
     /// not known: in-process servers).
     pub port: u16,
+    /// Test only: the portmapper through which clients' lock managers and
+    /// status monitors are found (instead of each client's port 111).
+    pub nsm_portmap: Option<std::net::SocketAddr>,
 }
 
 /// Which delegations the server grants.
@@ -108,6 +112,7 @@ impl Default for Config {
             local_leases: false,
             v3_max_fh: crate::nfs3::FHSIZE,
             port: 0,
+            nsm_portmap: None,
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct Server {
     pub copies: copies::Copies,
     /// What NFSv3 clients mounted (MOUNT's DUMP).
     pub mounts: mount::MountList,
+    /// Blocked NLM locks, and how clients' services are found.
+    pub nlm: nlm::NlmServer,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -154,7 +161,10 @@ impl Server {
         getrandom::getrandom(&mut random).map_err(|e| io::Error::other(e.to_string()))?;
         // Random boot ids tell this instance's client, session and state ids
         // from those of earlier starts.
-        let boot_id = u32::from_be_bytes([random[0], random[1], random[2], random[3]]).max(1);
+        // (Never all ones: those client ids are NLM hosts', see
+        // `state::nlm::NLM_CLIENTS`.)
+        let boot_id =
+            u32::from_be_bytes([random[0], random[1], random[2], random[3]]).clamp(1, u32::MAX - 1);
         let mut write_verifier = [0u8; 8];
         write_verifier.copy_from_slice(&random[4..]);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -185,6 +195,7 @@ impl Server {
             read,
             copies: copies::Copies::new(config.lease * 2),
             mounts: Default::default(),
+            nlm: nlm::NlmServer::new(config.nsm_portmap),
             config,
             extents: Default::default(),
             metrics: Default::default(),
@@ -244,6 +255,41 @@ impl Server {
         peer: Option<IpAddr>,
         conn: Option<&Arc<callback::CbConn>>,
     ) -> Call {
+        let local = conn.and_then(|c| c.local());
+        self.try_call_with(record, peer, conn, local)
+    }
+
+    /// Answers one call that came in a UDP datagram from `peer` to this
+    /// server's address `local`: MOUNT, NLM, NSM and the portmapper are
+    /// served over UDP, NFS only over TCP (PROG_UNAVAIL). None: no reply.
+    pub fn handle_datagram(
+        &self,
+        record: &[u8],
+        peer: Option<IpAddr>,
+        local: Option<IpAddr>,
+    ) -> Option<Vec<u8>> {
+        let call = match rpc::parse_call(record) {
+            Ok(c) => c,
+            Err(e) => return rpc::error_reply(&e),
+        };
+        use crate::mount::{MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM};
+        if ![MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM].contains(&call.prog) {
+            return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail).into_inner());
+        }
+        let reply = match self.try_call_with(record.to_vec(), peer, None, local) {
+            Call::Done(r) => r,
+            Call::Paused(p) => p.resume(self),
+        };
+        reply.map(Encoder::into_inner)
+    }
+
+    fn try_call_with(
+        &self,
+        record: Vec<u8>,
+        peer: Option<IpAddr>,
+        conn: Option<&Arc<callback::CbConn>>,
+        local: Option<IpAddr>,
+    ) -> Call {
         let call = match rpc::parse_call(&record) {
             Ok(c) => c,
             Err(e) => return Call::Done(rpc::error_reply(&e).map(Encoder::from)),
@@ -280,11 +326,23 @@ impl Server {
             (crate::mount::MOUNT_PROGRAM, _) => {
                 return Call::Done(Some(Encoder::from(rpc::prog_mismatch(xid, 1, 3))))
             }
+            (crate::mount::NLM_PROGRAM, crate::nlm::NLM_VERSION)
+            | (crate::mount::NSM_PROGRAM, crate::nlm::NSM_VERSION) => {
+                return Call::Paused(Paused {
+                    xid,
+                    rest: Rest::Lock(record, call.prog, call.proc_, args_at, peer, local),
+                });
+            }
+            (crate::mount::NLM_PROGRAM, _) => {
+                return Call::Done(Some(Encoder::from(rpc::prog_mismatch(xid, 4, 4))))
+            }
+            (crate::mount::NSM_PROGRAM, _) => {
+                return Call::Done(Some(Encoder::from(rpc::prog_mismatch(xid, 1, 1))))
+            }
             (crate::mount::PMAP_PROGRAM, _) => {
                 let table = portmap::Table {
                     port: self.config.port,
                 };
-                let local = conn.and_then(|c| c.local());
                 return Call::Done(portmap::answer_call(&table, &call, &record, local));
             }
             _ => return Call::Done(Some(rpc::accepted_reply(xid, AcceptStat::ProgUnavail))),
@@ -369,6 +427,9 @@ enum Rest {
     /// A MOUNT call: the record, version, procedure, where the arguments
     /// start, and the caller's address.
     Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
+    /// An NLM or NSM call: the record, program, procedure, where the
+    /// arguments start, the caller's address and the server's it reached.
+    Lock(Vec<u8>, u32, u32, usize, Option<IpAddr>, Option<IpAddr>),
 }
 
 impl Paused {
@@ -380,6 +441,24 @@ impl Paused {
             Rest::Compound(rest) => compound_reply(xid, rest.resume(srv)),
             Rest::V3(record, proc_, at, cred, peer) => {
                 v3_reply(xid, nfs3::call(srv, proc_, &record[at..], &cred, peer))
+            }
+            Rest::Lock(record, prog, proc_, at, peer, local) => {
+                let done = if prog == crate::mount::NLM_PROGRAM {
+                    nlm::call_nlm(srv, proc_, &record[at..], peer, local)
+                } else {
+                    nlm::call_nsm(srv, proc_, &record[at..], peer)
+                };
+                match done {
+                    nlm::DoneNlm::Reply(body) => {
+                        let mut reply = rpc::accepted_reply(xid, AcceptStat::Success);
+                        reply.append(body);
+                        Some(reply)
+                    }
+                    nlm::DoneNlm::Garbage => {
+                        rpc::error_reply(&CallError::Garbage(xid)).map(Encoder::from)
+                    }
+                    nlm::DoneNlm::NoProc => Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail)),
+                }
             }
             Rest::Mount(record, vers, proc_, at, peer) => {
                 let done = mount::call(srv, vers, proc_, &record[at..], peer);

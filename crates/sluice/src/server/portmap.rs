@@ -1,7 +1,7 @@
 //! The portmapper (RFC 1833): PMAP version 2 and rpcbind versions 3 and 4
 //! answer where sluice's programs are. Every program sluice serves is on
-//! the NFS port, so the table is fixed: NFS (3 and 4) and MOUNT (1 and 3)
-//! over TCP. It answers on the NFS port itself, and on port 111 over TCP
+//! the NFS port, so the table is fixed: NFS (3 and 4) over TCP, and
+//! MOUNT (1 and 3), NLM (4) and NSM (1) over TCP and UDP. It answers on the NFS port itself, and on port 111 over TCP
 //! and UDP when sluice runs its own portmapper (`--portmap`), for clients
 //! that ask the usual way and a machine that runs no rpcbind.
 //!
@@ -9,7 +9,10 @@
 //! same programs (PMAPPROC_SET over loopback), when there is one, and
 //! [`unregister`] takes back what it took.
 
-use crate::mount::{pmapproc, Mapping, Rpcb, IPPROTO_TCP, MOUNT_PROGRAM, PMAP_PROGRAM};
+use crate::mount::{
+    pmapproc, Mapping, Rpcb, IPPROTO_TCP, IPPROTO_UDP, MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM,
+    PMAP_PROGRAM,
+};
 use crate::rpc::{self, AcceptStat, CallError};
 use crate::xdr::{Decoder, Encoder};
 use std::io::{Read, Write};
@@ -21,12 +24,18 @@ const RPCBPROC_GETADDR: u32 = 3;
 /// rpcbind DUMP (versions 3 and 4).
 const RPCBPROC_DUMP: u32 = 4;
 
-/// The programs on the NFS port: (program, version).
-pub const PROGRAMS: [(u32, u32); 4] = [
-    (rpc::NFS_PROGRAM, 3),
-    (rpc::NFS_PROGRAM, 4),
-    (MOUNT_PROGRAM, 1),
-    (MOUNT_PROGRAM, 3),
+/// The programs on the NFS port: (program, version, protocol).
+pub const PROGRAMS: [(u32, u32, u32); 10] = [
+    (rpc::NFS_PROGRAM, 3, IPPROTO_TCP),
+    (rpc::NFS_PROGRAM, 4, IPPROTO_TCP),
+    (MOUNT_PROGRAM, 1, IPPROTO_TCP),
+    (MOUNT_PROGRAM, 3, IPPROTO_TCP),
+    (MOUNT_PROGRAM, 1, IPPROTO_UDP),
+    (MOUNT_PROGRAM, 3, IPPROTO_UDP),
+    (NLM_PROGRAM, 4, IPPROTO_TCP),
+    (NLM_PROGRAM, 4, IPPROTO_UDP),
+    (NSM_PROGRAM, 1, IPPROTO_TCP),
+    (NSM_PROGRAM, 1, IPPROTO_UDP),
 ];
 
 /// The table a portmapper answers from.
@@ -41,7 +50,7 @@ impl Table {
         if prog == PMAP_PROGRAM && (2..=4).contains(&vers) {
             return 111;
         }
-        if prot == IPPROTO_TCP && PROGRAMS.contains(&(prog, vers)) {
+        if PROGRAMS.contains(&(prog, vers, prot)) {
             self.port as u32
         } else {
             0
@@ -51,10 +60,10 @@ impl Table {
     fn mappings(&self) -> Vec<Mapping> {
         PROGRAMS
             .iter()
-            .map(|&(prog, vers)| Mapping {
+            .map(|&(prog, vers, prot)| Mapping {
                 prog,
                 vers,
-                prot: IPPROTO_TCP,
+                prot,
                 port: self.port as u32,
             })
             .collect()
@@ -129,12 +138,11 @@ pub(super) fn answer_call(
             let Ok(r) = Rpcb::decode(&mut d) else {
                 return garbage();
             };
-            let v6 = r.netid == b"tcp6";
-            let tcp = r.netid == b"tcp" || v6;
-            let port = if tcp {
-                table.port_of(r.prog, r.vers, IPPROTO_TCP)
-            } else {
-                0
+            let v6 = r.netid == b"tcp6" || r.netid == b"udp6";
+            let port = match r.netid {
+                b"tcp" | b"tcp6" => table.port_of(r.prog, r.vers, IPPROTO_TCP),
+                b"udp" | b"udp6" => table.port_of(r.prog, r.vers, IPPROTO_UDP),
+                _ => 0,
             };
             let ip = local.filter(|ip| ip.is_ipv6() == v6);
             match (port, ip) {
@@ -144,8 +152,13 @@ pub(super) fn answer_call(
         }
         (_, RPCBPROC_DUMP) => {
             let ip = local.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-            let netid = if ip.is_ipv6() { "tcp6" } else { "tcp" };
             for m in table.mappings() {
+                let netid = match (m.prot == IPPROTO_TCP, ip.is_ipv6()) {
+                    (true, false) => "tcp",
+                    (true, true) => "tcp6",
+                    (false, false) => "udp",
+                    (false, true) => "udp6",
+                };
                 e.bool(true);
                 e.u32(m.prog);
                 e.u32(m.vers);
@@ -165,22 +178,22 @@ pub(super) fn answer_call(
 /// the programs rpcbind took, for [`unregister`]; rpcbind refuses a
 /// program another server has registered, and that registration stays.
 /// An error when there is no rpcbind.
-pub fn register(port: u16) -> std::io::Result<Vec<(u32, u32)>> {
+pub fn register(port: u16) -> std::io::Result<Vec<(u32, u32, u32)>> {
     let mut taken = Vec::new();
     let mut s = rpcbind()?;
-    for &(prog, vers) in PROGRAMS.iter() {
-        if pmap_call(&mut s, pmapproc::SET, prog, vers, port)? {
-            taken.push((prog, vers));
+    for &(prog, vers, prot) in PROGRAMS.iter() {
+        if pmap_call(&mut s, pmapproc::SET, (prog, vers, prot), port)? {
+            taken.push((prog, vers, prot));
         }
     }
     Ok(taken)
 }
 
 /// Takes back the programs [`register`] registered.
-pub fn unregister(port: u16, taken: &[(u32, u32)]) -> std::io::Result<()> {
+pub fn unregister(port: u16, taken: &[(u32, u32, u32)]) -> std::io::Result<()> {
     let mut s = rpcbind()?;
-    for &(prog, vers) in taken {
-        pmap_call(&mut s, pmapproc::UNSET, prog, vers, port)?;
+    for &m in taken {
+        pmap_call(&mut s, pmapproc::UNSET, m, port)?;
     }
     Ok(())
 }
@@ -197,8 +210,7 @@ fn rpcbind() -> std::io::Result<TcpStream> {
 fn pmap_call(
     s: &mut TcpStream,
     proc_: u32,
-    prog: u32,
-    vers: u32,
+    (prog, vers, prot): (u32, u32, u32),
     port: u16,
 ) -> std::io::Result<bool> {
     let mut e = Encoder::new();
@@ -213,7 +225,7 @@ fn pmap_call(
     rpc::call_header(&mut e, xid, PMAP_PROGRAM, 2, proc_, &cred);
     e.u32(prog);
     e.u32(vers);
-    e.u32(IPPROTO_TCP);
+    e.u32(prot);
     e.u32(port as u32);
     let body = e.into_inner();
     s.write_all(&rpc::record_mark(body.len()))?;
@@ -249,7 +261,7 @@ mod tests {
     }
 
     #[test]
-    fn getport_finds_nfs_and_mount_over_tcp_only() {
+    fn getport_finds_what_is_served() {
         let t = Table { port: 2049 };
         let q = |prog: u32, vers: u32, prot: u32| {
             let mut a = Encoder::new();
@@ -261,9 +273,12 @@ mod tests {
         };
         assert_eq!(q(100003, 3, IPPROTO_TCP), 2049);
         assert_eq!(q(100005, 3, IPPROTO_TCP), 2049);
-        assert_eq!(q(100005, 3, crate::mount::IPPROTO_UDP), 0);
+        assert_eq!(q(100005, 3, IPPROTO_UDP), 2049);
+        assert_eq!(q(100003, 3, IPPROTO_UDP), 0);
         assert_eq!(q(100003, 2, IPPROTO_TCP), 0);
-        assert_eq!(q(100021, 4, IPPROTO_TCP), 0);
+        assert_eq!(q(100021, 4, IPPROTO_TCP), 2049);
+        assert_eq!(q(100021, 1, IPPROTO_TCP), 0);
+        assert_eq!(q(100024, 1, IPPROTO_UDP), 2049);
     }
 
     #[test]

@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 impl StateTable {
     /// True when `id`'s lease has run out: its state gives way to others.
     pub(super) fn expirable(&self, inner: &Inner, id: u64, now: Instant) -> bool {
+        // NLM hosts have no lease: their locks stay until they go.
+        if super::nlm::is_nlm(id) {
+            return false;
+        }
         inner.clients.get(&id).is_none_or(|c| {
             c.courtesy.is_some()
                 || now.saturating_duration_since(c.last_renew) > self.settings.lease

@@ -21,6 +21,7 @@ mod clients;
 mod delegs;
 pub mod grace;
 mod lease;
+pub mod nlm;
 pub mod recovery;
 pub mod session;
 mod stateids;
@@ -182,6 +183,8 @@ pub struct StateTable {
     /// Write delegations held (read without the lock by every read and
     /// GETATTR).
     write_delegs: std::sync::atomic::AtomicUsize,
+    /// How this start began: its epoch and who may reclaim.
+    epoch: recovery::EpochStart,
 }
 
 /// The tables, under [`StateTable`]'s mutex.
@@ -197,6 +200,7 @@ struct Inner {
     ids: stateids::Stateids,
     delegs: delegs::Delegs,
     grace: grace::Grace,
+    nlm: nlm::NlmHosts,
 }
 
 impl Inner {
@@ -245,6 +249,7 @@ impl StateTable {
             revoked: Default::default(),
             delegated_files: Default::default(),
             write_delegs: Default::default(),
+            epoch: epoch.clone(),
         };
         {
             let mut inner = t.lock();

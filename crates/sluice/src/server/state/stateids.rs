@@ -284,7 +284,7 @@ impl Stateids {
     }
 
     /// Locks of other owners that conflict with [start, end).
-    fn lock_conflicts<'a>(
+    pub(super) fn lock_conflicts<'a>(
         &'a self,
         clientid: u64,
         owner: &'a [u8],
@@ -304,8 +304,32 @@ impl Stateids {
             })
     }
 
+    /// Adds a held range.
+    pub(super) fn push_range(&mut self, file: FileKey, r: LockRange) {
+        self.ranges.entry(file).or_default().push(r);
+    }
+
+    /// The ranges held on `file`.
+    pub(super) fn ranges_of(&self, file: FileKey) -> &[LockRange] {
+        self.ranges.get(&file).map_or(&[], Vec::as_slice)
+    }
+
+    /// Drops every range of `clientid`; returns the files it had some on.
+    pub(super) fn remove_ranges_of(&mut self, clientid: u64) -> Vec<FileKey> {
+        let mut files = Vec::new();
+        self.ranges.retain(|file, ranges| {
+            let before = ranges.len();
+            ranges.retain(|r| r.clientid != clientid);
+            if ranges.len() != before {
+                files.push(*file);
+            }
+            !ranges.is_empty()
+        });
+        files
+    }
+
     /// Removes [start, end) from the ranges held by `holder`, splitting.
-    fn subtract(&mut self, file: FileKey, holder: &Other, start: u64, end: u64) {
+    pub(super) fn subtract(&mut self, file: FileKey, holder: &Other, start: u64, end: u64) {
         let Some(ranges) = self.ranges.get_mut(&file) else {
             return;
         };
@@ -329,7 +353,7 @@ impl Stateids {
     }
 }
 
-fn denied(r: &LockRange) -> Denied {
+pub(super) fn denied(r: &LockRange) -> Denied {
     Denied {
         offset: r.start,
         length: range_length(r.start, r.end),
@@ -353,7 +377,12 @@ impl StateTable {
     /// Resolves a conflict with the state of `holders`: clients whose
     /// lease ran out (courtesy clients) are expired so the request can go
     /// on; any live holder means the request is refused (false).
-    fn clear_conflicts(&self, inner: &mut Inner, holders: Vec<u64>, now: Instant) -> bool {
+    pub(super) fn clear_conflicts(
+        &self,
+        inner: &mut Inner,
+        holders: Vec<u64>,
+        now: Instant,
+    ) -> bool {
         if holders.is_empty() {
             return true;
         }

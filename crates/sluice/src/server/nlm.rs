@@ -1,0 +1,607 @@
+//! NLM version 4 (byte-range locks for NFSv3 clients) and the server's
+//! side of NSM (the status monitor), as the Open Group's XNFS specifies
+//! them and the Linux server answers.
+//!
+//! - NLM locks live in the state table with NFSv4's (see
+//!   `state::nlm`), so v3 and v4 locks conflict both ways.
+//! - A blocking LOCK that meets a conflict is answered NLM4_BLOCKED and
+//!   queued. When the conflict goes (UNLOCK, or the holder's host
+//!   restarting) the lock is granted and the client told with an
+//!   NLM4_GRANTED call to its lock manager, found through its
+//!   portmapper. A client that missed that call re-sends its LOCK and
+//!   gets NLM4_GRANTED, since it holds the lock.
+//! - After a start, during the grace period, only reclaims (LOCK with
+//!   `reclaim`) are granted, and TEST, CANCEL, UNLOCK and new locks get
+//!   NLM4_DENIED_GRACE_PERIOD, as from the Linux server. Every host that
+//!   held locks before is sent SM_NOTIFY with the server's new state
+//!   number, which makes its lock manager reclaim.
+//! - An SM_NOTIFY (or FREE_ALL) from a client that restarted releases
+//!   all its locks.
+//! - SHARE and UNSHARE (DOS share modes) are accepted and not enforced.
+
+use super::state::nlm::{nlm_holder, owner_key, NlmHost, NlmRefusal};
+use super::state::FileKey;
+use super::Server;
+use crate::engine::cred;
+use crate::engine::fs;
+use crate::engine::handle::HandleError;
+use crate::mount::{pmapproc, IPPROTO_TCP, IPPROTO_UDP, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM};
+use crate::nlm::{nlmproc, nlmstat, smproc, Nlm4Lock, NlmArgs, NsmArgs, NLM_VERSION, NSM_VERSION};
+use crate::rpc;
+use crate::xdr::{Decoder, Encoder};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What became of an NLM or NSM call.
+pub(super) enum DoneNlm {
+    /// The results.
+    Reply(Encoder),
+    /// GARBAGE_ARGS.
+    Garbage,
+    /// PROC_UNAVAIL.
+    NoProc,
+}
+
+/// How long a blocked LOCK waits in the queue without being sent again
+/// (Linux clients send it again every 30 s).
+const BLOCKED_KEEP: Duration = Duration::from_secs(120);
+/// Most blocked LOCKs queued at once.
+const BLOCKED_MAX: usize = 4096;
+/// Time allowed for each call to a client (portmapper, lock manager,
+/// status monitor).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A LOCK waiting for its conflict to go.
+#[derive(Debug, Clone)]
+struct Blocked {
+    host: NlmHost,
+    owner: Vec<u8>,
+    file: FileKey,
+    range: (u64, u64),
+    write: bool,
+    /// What the GRANTED call repeats: cookie, file handle, owner handle,
+    /// process, offset and length as the client sent them.
+    cookie: Vec<u8>,
+    fh: Vec<u8>,
+    oh: Vec<u8>,
+    svid: i32,
+    offset: u64,
+    len: u64,
+    since: Instant,
+}
+
+/// The NLM side of a server: blocked locks and where to find clients'
+/// status monitors.
+#[derive(Debug, Default)]
+pub struct NlmServer {
+    blocked: Mutex<Vec<Blocked>>,
+    /// Test only: the portmapper to ask for every client's lock manager
+    /// and status monitor (instead of port 111 at the client's address).
+    pub portmap: Option<SocketAddr>,
+}
+
+impl NlmServer {
+    /// An NLM server that finds clients' services through `portmap` when
+    /// given (tests), else through each client's own portmapper.
+    pub fn new(portmap: Option<SocketAddr>) -> Self {
+        NlmServer {
+            blocked: Mutex::new(Vec::new()),
+            portmap,
+        }
+    }
+
+    fn blocked(&self) -> std::sync::MutexGuard<'_, Vec<Blocked>> {
+        self.blocked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The half-open range of an NLM lock, or NLM4_FBIG past 2^63 - 1 (what
+/// the Linux server accepts).
+fn range(offset: u64, len: u64) -> Result<(u64, u64), u32> {
+    const MAX: u64 = i64::MAX as u64;
+    if offset > MAX {
+        return Err(nlmstat::FBIG);
+    }
+    if len == 0 {
+        return Ok((offset, u64::MAX));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end - 1 <= MAX => Ok((offset, end)),
+        _ => Err(nlmstat::FBIG),
+    }
+}
+
+/// The file an NLM call names, and whether its export is read-only.
+fn file_of(srv: &Server, fh: &[u8], peer: Option<IpAddr>) -> Result<(FileKey, bool), u32> {
+    let (fd, loc) = match cred::as_root(|| srv.exports.resolve(fh)) {
+        Ok(r) => r,
+        Err(HandleError::Bad) | Err(HandleError::Stale) => return Err(nlmstat::STALE_FH),
+    };
+    let super::exports::Loc::Export(i) = loc else {
+        return Err(nlmstat::STALE_FH);
+    };
+    let rules = &srv.exports.list()[i].rules;
+    if !rules.admits(peer) {
+        return Err(nlmstat::FAILED);
+    }
+    let st = fs::stat(fd.as_fd()).map_err(|_| nlmstat::STALE_FH)?;
+    Ok(((st.dev, st.ino), rules.read_only))
+}
+
+fn host_of(l: &Nlm4Lock<'_>, peer: Option<IpAddr>, local: Option<IpAddr>) -> NlmHost {
+    let any = IpAddr::from([0, 0, 0, 0]);
+    NlmHost {
+        name: l.caller_name.to_vec(),
+        addr: peer.unwrap_or(any),
+        local: local.unwrap_or(any),
+    }
+}
+
+/// Runs NLM version 4 procedure `proc_` for a client at `peer` that
+/// reached this server at `local`.
+pub(super) fn call_nlm(
+    srv: &Server,
+    proc_: u32,
+    args: &[u8],
+    peer: Option<IpAddr>,
+    local: Option<IpAddr>,
+) -> DoneNlm {
+    let mut d = Decoder::new(args);
+    let a = match NlmArgs::decode(proc_, &mut d) {
+        None => return DoneNlm::NoProc,
+        Some(Err(_)) => return DoneNlm::Garbage,
+        Some(Ok(a)) => a,
+    };
+    let mut e = Encoder::with_capacity(128);
+    let in_grace = || srv.state.grace_status().active;
+    match a {
+        NlmArgs::Null => {}
+        NlmArgs::Test(cookie, exclusive, l) => {
+            e.opaque(cookie);
+            let r = (|| {
+                if in_grace() {
+                    return Err(nlmstat::DENIED_GRACE_PERIOD);
+                }
+                let rg = range(l.offset, l.len)?;
+                let (file, _) = file_of(srv, l.fh, peer)?;
+                let owner = owner_key(l.caller_name, l.svid, l.oh);
+                srv.state
+                    .nlm_test(&host_of(&l, peer, local), &owner, file, rg, exclusive)
+                    .map_err(|_| nlmstat::DENIED_GRACE_PERIOD)
+            })();
+            match r {
+                Ok(None) => e.u32(nlmstat::GRANTED),
+                Ok(Some(d)) => {
+                    let (excl, svid, oh, offset, len) = nlm_holder(&d);
+                    e.u32(nlmstat::DENIED);
+                    e.bool(excl);
+                    e.i32(svid);
+                    e.opaque(&oh);
+                    e.u64(offset);
+                    e.u64(len);
+                }
+                Err(st) => e.u32(st),
+            }
+        }
+        NlmArgs::Lock(cookie, block, exclusive, l, reclaim, _state) => {
+            e.opaque(cookie);
+            e.u32(lock(
+                srv, cookie, block, exclusive, &l, reclaim, peer, local,
+            ));
+        }
+        NlmArgs::Cancel(cookie, _block, exclusive, l) => {
+            e.opaque(cookie);
+            let st = (|| {
+                if in_grace() {
+                    return Err(nlmstat::DENIED_GRACE_PERIOD);
+                }
+                let rg = range(l.offset, l.len)?;
+                let (file, _) = file_of(srv, l.fh, peer)?;
+                let owner = owner_key(l.caller_name, l.svid, l.oh);
+                let mut q = srv.nlm.blocked();
+                let before = q.len();
+                q.retain(|b| {
+                    !(b.owner == owner && b.file == file && b.range == rg && b.write == exclusive)
+                });
+                Ok(if q.len() < before {
+                    nlmstat::GRANTED
+                } else {
+                    nlmstat::DENIED
+                })
+            })();
+            e.u32(st.unwrap_or_else(|s| s));
+        }
+        NlmArgs::Unlock(cookie, l) => {
+            e.opaque(cookie);
+            let st = (|| {
+                if in_grace() {
+                    return Err(nlmstat::DENIED_GRACE_PERIOD);
+                }
+                let rg = range(l.offset, l.len)?;
+                let (file, _) = file_of(srv, l.fh, peer)?;
+                let owner = owner_key(l.caller_name, l.svid, l.oh);
+                srv.state.nlm_unlock(&owner, file, rg);
+                wake(srv, &[file]);
+                Ok(nlmstat::GRANTED)
+            })();
+            e.u32(st.unwrap_or_else(|s| s));
+        }
+        NlmArgs::Share(cookie, share, reclaim) => {
+            e.opaque(cookie);
+            let st = if in_grace() != reclaim {
+                nlmstat::DENIED_GRACE_PERIOD
+            } else {
+                match file_of(srv, share.fh, peer) {
+                    Ok(_) => nlmstat::GRANTED,
+                    Err(st) => st,
+                }
+            };
+            e.u32(st);
+            e.i32(0);
+        }
+        NlmArgs::FreeAll(name, _state) => {
+            forget_host(srv, name, None);
+        }
+    }
+    DoneNlm::Reply(e)
+}
+
+/// LOCK (and NM_LOCK): the nlm4_stats to answer.
+#[allow(clippy::too_many_arguments)]
+fn lock(
+    srv: &Server,
+    cookie: &[u8],
+    block: bool,
+    exclusive: bool,
+    l: &Nlm4Lock<'_>,
+    reclaim: bool,
+    peer: Option<IpAddr>,
+    local: Option<IpAddr>,
+) -> u32 {
+    let rg = match range(l.offset, l.len) {
+        Ok(r) => r,
+        Err(st) => return st,
+    };
+    let (file, read_only) = match file_of(srv, l.fh, peer) {
+        Ok(f) => f,
+        Err(st) => return st,
+    };
+    if exclusive && read_only {
+        return nlmstat::ROFS;
+    }
+    let owner = owner_key(l.caller_name, l.svid, l.oh);
+    let host = host_of(l, peer, local);
+    // A LOCK sent again after it was granted (the GRANTED call missed).
+    if !reclaim && srv.state.nlm_holds(&owner, file, rg, exclusive) {
+        drop_blocked(srv, &owner, file, rg);
+        return nlmstat::GRANTED;
+    }
+    match srv
+        .state
+        .nlm_lock(&host, &owner, file, rg, exclusive, reclaim)
+    {
+        Ok(Ok(())) => {
+            drop_blocked(srv, &owner, file, rg);
+            nlmstat::GRANTED
+        }
+        Ok(Err(_)) if block => {
+            let mut q = srv.nlm.blocked();
+            let now = Instant::now();
+            q.retain(|b| now.saturating_duration_since(b.since) < BLOCKED_KEEP);
+            let full = q.len() >= BLOCKED_MAX;
+            match q
+                .iter_mut()
+                .find(|b| b.owner == owner && b.file == file && b.range == rg)
+            {
+                Some(b) => {
+                    b.since = now;
+                    b.write = exclusive;
+                    b.cookie = cookie.to_vec();
+                }
+                None if full => return nlmstat::DENIED_NOLOCKS,
+                None => q.push(Blocked {
+                    host,
+                    owner,
+                    file,
+                    range: rg,
+                    write: exclusive,
+                    cookie: cookie.to_vec(),
+                    fh: l.fh.to_vec(),
+                    oh: l.oh.to_vec(),
+                    svid: l.svid,
+                    offset: l.offset,
+                    len: l.len,
+                    since: now,
+                }),
+            }
+            nlmstat::BLOCKED
+        }
+        Ok(Err(_)) => nlmstat::DENIED,
+        Err(NlmRefusal::Grace) => nlmstat::DENIED_GRACE_PERIOD,
+        Err(NlmRefusal::Failed) => nlmstat::FAILED,
+    }
+}
+
+fn drop_blocked(srv: &Server, owner: &[u8], file: FileKey, rg: (u64, u64)) {
+    srv.nlm
+        .blocked()
+        .retain(|b| !(b.owner == owner && b.file == file && b.range == rg));
+}
+
+/// Grants the blocked LOCKs on `files` whose conflicts are gone, and
+/// tells their clients (NLM4_GRANTED, on threads of their own).
+fn wake(srv: &Server, files: &[FileKey]) {
+    let waiting: Vec<Blocked> = srv
+        .nlm
+        .blocked()
+        .iter()
+        .filter(|b| files.contains(&b.file))
+        .cloned()
+        .collect();
+    for b in waiting {
+        if let Ok(Ok(())) = srv
+            .state
+            .nlm_lock(&b.host, &b.owner, b.file, b.range, b.write, false)
+        {
+            drop_blocked(srv, &b.owner, b.file, b.range);
+            // In-process servers (tests, fuzzing) grant without calling.
+            let Some(srv) = srv.me() else {
+                continue;
+            };
+            let _ = std::thread::Builder::new()
+                .name("nlm-granted".into())
+                .spawn(move || {
+                    if let Err(e) = send_granted(&srv, &b) {
+                        tracing::info!(
+                            host = %String::from_utf8_lossy(&b.host.name),
+                            addr = %b.host.addr,
+                            error = %e,
+                            "NLM4_GRANTED not delivered; the client gets the lock when it asks again"
+                        );
+                    }
+                });
+        }
+    }
+}
+
+/// Releases everything of the client host `name` (or at `addr`), which
+/// restarted, and grants what waited for it.
+fn forget_host(srv: &Server, name: &[u8], addr: Option<IpAddr>) {
+    let files = srv.state.nlm_forget_host(name, addr);
+    srv.nlm
+        .blocked()
+        .retain(|b| b.host.name != name && Some(b.host.addr) != addr);
+    wake(srv, &files);
+}
+
+/// Runs NSM procedure `proc_` for a caller at `peer`. Remote callers may
+/// tell the server they restarted (SM_NOTIFY) and ask its state
+/// (SM_STAT); monitoring requests are for a host's own lock manager, and
+/// are refused, as the Linux status monitor refuses them from elsewhere.
+pub(super) fn call_nsm(srv: &Server, proc_: u32, args: &[u8], peer: Option<IpAddr>) -> DoneNlm {
+    let mut d = Decoder::new(args);
+    let a = match NsmArgs::decode(proc_, &mut d) {
+        None => return DoneNlm::NoProc,
+        Some(Err(_)) => return DoneNlm::Garbage,
+        Some(Ok(a)) => a,
+    };
+    let mut e = Encoder::with_capacity(16);
+    let state = srv.state.nsm_state();
+    match (proc_, a) {
+        (smproc::NOTIFY, NsmArgs::Notify(name, _)) => forget_host(srv, name, peer),
+        (smproc::STAT, _) => {
+            e.u32(0); // stat_succ
+            e.i32(state);
+        }
+        (smproc::MON, _) => {
+            e.u32(1); // stat_fail
+            e.i32(state);
+        }
+        (smproc::UNMON | smproc::UNMON_ALL, _) => e.i32(state),
+        _ => {}
+    }
+    DoneNlm::Reply(e)
+}
+
+/// One call over a connected stream or datagram socket: the result body.
+fn rpc_call(
+    target: SocketAddr,
+    udp: bool,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    args: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let mut e = Encoder::with_capacity(args.len() + 64);
+    let mut x = [0u8; 4];
+    getrandom::getrandom(&mut x).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let xid = u32::from_be_bytes(x);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let cred = rpc::CallCred::Sys {
+        stamp: 0,
+        machine: host.trim().as_bytes().to_vec(),
+        uid: 0,
+        gid: 0,
+        gids: vec![],
+    };
+    rpc::call_header(&mut e, xid, prog, vers, proc_, &cred);
+    e.raw(args);
+    let call = e.into_inner();
+    let reply = if udp {
+        let s = UdpSocket::bind(if target.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        })?;
+        s.set_read_timeout(Some(CALL_TIMEOUT))?;
+        s.connect(target)?;
+        let mut buf = vec![0u8; 8192];
+        let mut got = None;
+        for _ in 0..3 {
+            s.send(&call)?;
+            match s.recv(&mut buf) {
+                Ok(n) => {
+                    got = Some(buf[..n].to_vec());
+                    break;
+                }
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e),
+            }
+        }
+        got.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))?
+    } else {
+        let mut s = TcpStream::connect_timeout(&target, CALL_TIMEOUT)?;
+        s.set_read_timeout(Some(CALL_TIMEOUT))?;
+        s.set_write_timeout(Some(CALL_TIMEOUT))?;
+        s.write_all(&rpc::record_mark(call.len()))?;
+        s.write_all(&call)?;
+        let mut mark = [0u8; 4];
+        s.read_exact(&mut mark)?;
+        let len = (u32::from_be_bytes(mark) & !rpc::LAST_FRAGMENT) as usize;
+        if len > 65536 {
+            return Err(std::io::Error::other("oversized reply"));
+        }
+        let mut r = vec![0u8; len];
+        s.read_exact(&mut r)?;
+        r
+    };
+    match rpc::parse_reply(&reply) {
+        Ok((rx, Ok(at))) if rx == xid => Ok(reply[at..].to_vec()),
+        Ok((_, Err(e))) => Err(std::io::Error::other(e.to_string())),
+        _ => Err(std::io::Error::other("malformed reply")),
+    }
+}
+
+/// The port of `prog`/`vers` over `prot` at the portmapper of `host`
+/// (or the test's).
+fn getport(
+    srv: &Server,
+    host: IpAddr,
+    prog: u32,
+    vers: u32,
+    prot: u32,
+) -> std::io::Result<SocketAddr> {
+    let pm = srv.nlm.portmap.unwrap_or(SocketAddr::new(host, 111));
+    let mut a = Encoder::new();
+    for v in [prog, vers, prot, 0] {
+        a.u32(v);
+    }
+    let body = rpc_call(pm, true, PMAP_PROGRAM, 2, pmapproc::GETPORT, a.as_slice())?;
+    let port = Decoder::new(&body)
+        .u32()
+        .map_err(|_| std::io::Error::other("short GETPORT reply"))?;
+    if port == 0 || port > 65535 {
+        return Err(std::io::Error::other(format!(
+            "program {prog} version {vers} is not registered there"
+        )));
+    }
+    Ok(SocketAddr::new(pm.ip(), port as u16))
+}
+
+/// Sends NLM4_GRANTED for a lock granted after it blocked.
+fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
+    let target = getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_TCP)?;
+    let mut a = Encoder::new();
+    a.opaque(&b.cookie);
+    a.bool(b.write);
+    Nlm4Lock {
+        caller_name: &b.host.name,
+        fh: &b.fh,
+        oh: &b.oh,
+        svid: b.svid,
+        offset: b.offset,
+        len: b.len,
+    }
+    .encode(&mut a);
+    rpc_call(
+        target,
+        false,
+        NLM_PROGRAM,
+        NLM_VERSION,
+        nlmproc::GRANTED,
+        a.as_slice(),
+    )?;
+    tracing::debug!(host = %String::from_utf8_lossy(&b.host.name), "NLM4_GRANTED delivered");
+    Ok(())
+}
+
+/// After a start: tells every NLM client host that held locks before it
+/// that the server restarted (SM_NOTIFY with the new state number), so
+/// its lock manager reclaims them during the grace period. One thread per
+/// host; each tries for up to a minute.
+pub fn notify_hosts(srv: &Arc<Server>) {
+    let state = srv.state.nsm_state();
+    for h in srv.state.nlm_hosts_from_before() {
+        let srv = srv.clone();
+        let _ = std::thread::Builder::new()
+            .name("sm-notify".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let mut wait = Duration::from_secs(1);
+                loop {
+                    match notify(&srv, &h, state) {
+                        Ok(()) => {
+                            tracing::info!(
+                                host = %String::from_utf8_lossy(&h.name),
+                                addr = %h.addr,
+                                state,
+                                "SM_NOTIFY sent: the host reclaims its locks"
+                            );
+                            return;
+                        }
+                        Err(e) if started.elapsed() > Duration::from_secs(60) => {
+                            tracing::warn!(
+                                host = %String::from_utf8_lossy(&h.name),
+                                addr = %h.addr,
+                                error = %e,
+                                "SM_NOTIFY not delivered; the host's locks are not reclaimed"
+                            );
+                            return;
+                        }
+                        Err(_) => {
+                            std::thread::sleep(wait);
+                            wait = (wait * 2).min(Duration::from_secs(15));
+                        }
+                    }
+                }
+            });
+    }
+}
+
+fn notify(srv: &Server, h: &NlmHost, state: i32) -> std::io::Result<()> {
+    let target = getport(srv, h.addr, NSM_PROGRAM, NSM_VERSION, IPPROTO_UDP)?;
+    let mut a = Encoder::new();
+    // The name the client's lock manager knows the server by: the address
+    // it called.
+    a.string(&h.local.to_string());
+    a.i32(state);
+    rpc_call(
+        target,
+        true,
+        NSM_PROGRAM,
+        NSM_VERSION,
+        smproc::NOTIFY,
+        a.as_slice(),
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::range;
+
+    #[test]
+    fn ranges_and_their_limits() {
+        assert_eq!(range(0, 0), Ok((0, u64::MAX)));
+        assert_eq!(range(10, 5), Ok((10, 15)));
+        assert_eq!(range(i64::MAX as u64, 1), Ok((i64::MAX as u64, 1 << 63)));
+        assert!(range(1 << 63, 0).is_err());
+        assert!(range(i64::MAX as u64, 2).is_err());
+        assert!(range(u64::MAX, 1).is_err());
+    }
+}
