@@ -32,14 +32,23 @@ class LoadSpec:
     minor: int = 2
     stable: str = "unstable"  # WRITEs: unstable (COMMIT at the end) or file-sync
     size: int | None = None  # the byte range used (default: the file's size)
+    proto: str = "v4"  # v4 (NFSv4.`minor`) or v3 (MOUNT v3, then NFSv3)
 
     def describe(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if not (k == "duration" and self.pattern == "seq")}
+        return {
+            k: v
+            for k, v in self.__dict__.items()
+            if not (k == "duration" and self.pattern == "seq") and not (k == "minor" and self.proto == "v3")
+        }
 
 
-def sluice_load(binary: Path, address: str, path: str, spec: LoadSpec) -> dict:
+def sluice_load(
+    binary: Path, address: str, path: str, spec: LoadSpec, mount_path: str = "/", mount_port: int | None = None
+) -> dict:
     """Runs sluice-load; returns its JSON figures plus 'error' when it failed
-    or reported failed requests."""
+    or reported failed requests. NFSv3 mounts `mount_path` first, on
+    `mount_port` of the server's host (default: its NFS port), and `path`
+    is taken from there."""
     cmd = [
         str(binary), "--server", address, "--file", path,
         "--mode", spec.mode, "--pattern", spec.pattern,
@@ -47,6 +56,9 @@ def sluice_load(binary: Path, address: str, path: str, spec: LoadSpec) -> dict:
         "--duration", str(spec.duration), "--write-pct", str(spec.write_pct),
         "--minor", str(spec.minor), "--stable", spec.stable, "--json",
     ] + (["--size", str(spec.size)] if spec.size else [])  # fmt: skip
+    if spec.proto == "v3":
+        cmd += ["--proto", "v3", "--mount-path", mount_path]
+        cmd += ["--mount-port", str(mount_port)] if mount_port else []
     timeout = spec.duration + 120
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -46,8 +46,10 @@ def ensure_python(modules: list[str]) -> None:
     importlib.invalidate_caches()
 
 
-def ensure_all(file_systems: list[str]) -> None:
-    packages = list(GANESHA_PACKAGES)
+def ensure_all(file_systems: list[str], rpcbind: bool = False) -> None:
+    """The packages for `file_systems`, and rpcbind with `rpcbind` (what
+    nfs-ganesha's NFSv3 registers with)."""
+    packages = list(GANESHA_PACKAGES) + (["rpcbind"] if rpcbind else [])
     for fs in file_systems:
         packages += FS_PACKAGES.get(fs, [])
     ensure_debian(packages)

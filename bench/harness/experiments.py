@@ -14,6 +14,12 @@ mix     16 threads of 8 KiB random reads and writes, 50/50, on one
 write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
         FILE_SYNC; 1 and 4 streams) and random 8 KiB writes, each on a new
         file, against the device's direct write rate.
+
+stream-v3, mix-v3, write-v3
+        the same over NFSv3 (MOUNT v3, then READ, WRITE, COMMIT), sluice
+        against nfs-ganesha's NFSv3; stream-v3 without the nfs-rs
+        cross-check (NFSv4 only) and the local buffered read. Not run
+        unless asked for.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +38,11 @@ from .layouts import LAYOUTS, Layout
 from .servers import Server
 from .util import MiB, Progress, log
 
-EXPERIMENTS = ["sparse", "stream", "mix", "write"]
+# What a run measures unless --experiments says otherwise.
+DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write"]
+# NFSv3 variants of stream, mix and write.
+V3 = "-v3"
+EXPERIMENTS = DEFAULT_EXPERIMENTS + ["stream" + V3, "mix" + V3, "write" + V3]
 # sluice with --readahead-max 0 (server readahead off).
 RA_OFF = "sluice-ra-off"
 # sluice with --read-plus-min-hole 4K (every hole the file system reports).
@@ -44,6 +54,15 @@ SERVERS = ["sluice", RA_OFF, HOLE_4K, BASELINE, "ganesha"]
 CACHES = ["cold", "warm"]
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
+
+
+def is_v3(experiment: str) -> bool:
+    return experiment.endswith(V3)
+
+
+def base_experiment(experiment: str) -> str:
+    """The experiment an NFSv3 variant repeats (stream for stream-v3)."""
+    return experiment.removesuffix(V3)
 STREAM_FILE = "data"  # the sparse experiment's fully written file
 MIX_FILE = "mixfile"
 
@@ -109,6 +128,9 @@ class Variant:
     warmup_seconds: float = 0.0  # and of the warm-up pass
     # The file the warm-up reads (None: not a file read, e.g. dd).
     warm_file: str | None = None
+    # sluice-load's measurement and warm-up, when it is the client.
+    spec: LoadSpec | None = None
+    warm_spec: LoadSpec | None = None
 
 
 @dataclass
@@ -137,7 +159,8 @@ class Round:
 
 def _load(server: str, path: str, spec: LoadSpec) -> Callable[[Context], dict]:
     def measure(ctx: Context) -> dict:
-        r = clients.sluice_load(ctx.sluice_load, ctx.servers[server].address, path, spec)
+        s = ctx.servers[server]
+        r = clients.sluice_load(ctx.sluice_load, s.address, path, spec, s.mount_path, s.mount_port)
         r["spec"] = spec.describe()
         if spec.pattern == "seq":
             _check_whole_file(ctx, path, r)
@@ -156,7 +179,16 @@ def _load_variant(
     pass_seconds = cfg.pass_seconds(size or cfg.size)
     seconds = pass_seconds if spec.pattern == "seq" else spec.duration
     return Variant(
-        server, "sluice-load", op, _load(server, path, spec), _load(server, path, warm), seconds, pass_seconds, path
+        server,
+        "sluice-load",
+        op,
+        _load(server, path, spec),
+        _load(server, path, warm),
+        seconds,
+        pass_seconds,
+        path,
+        spec,
+        warm,
     )
 
 
@@ -298,13 +330,24 @@ def plan_sparse(cfg: Config) -> list[Round]:
 # --- stream -----------------------------------------------------------------
 
 
-def plan_stream(cfg: Config) -> list[Round]:
+def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
     path = "/" + STREAM_FILE
-    four = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8, streams=4)
-    rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration)
+    seq = replace(SEQ_1M, proto=proto)
+    four = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8, streams=4, proto=proto)
+    rand = LoadSpec(mode="read", pattern="random", bs=8192, inflight=8, duration=cfg.duration, proto=proto)
     pass_seconds = cfg.pass_seconds(cfg.size)
     both = ("sluice", "ganesha")
     three = ("sluice", BASELINE, RA_OFF, "ganesha")
+    if proto == "v3":
+        # NFSv3: the device's limit, both servers (and the variants of
+        # sluice); nfs-rs speaks NFSv4 only.
+        cases = {
+            "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds)]
+            + [_load_variant(s, "read", path, seq, cfg) for s in three],
+            "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
+            "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=seq) for s in three],
+        }
+        return _rounds("stream" + V3, cfg, cases, CACHES, cfg.size)
     cases = {
         "seq-1-stream": [
             Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
@@ -329,18 +372,19 @@ MIX_STREAMS = 16
 MIX_CACHES = ["cold"]
 
 
-def plan_mix(cfg: Config) -> list[Round]:
+def plan_mix(cfg: Config, proto: str = "v4") -> list[Round]:
     path = "/" + MIX_FILE
     # 16 clients with one request each, like fio's 16 psync threads.
-    common = dict(pattern="random", bs=8192, inflight=1, streams=MIX_STREAMS, duration=cfg.duration)
+    common = dict(pattern="random", bs=8192, inflight=1, streams=MIX_STREAMS, duration=cfg.duration, proto=proto)
     mixed = LoadSpec(mode="mix", write_pct=50, **common)
     readers = LoadSpec(mode="read", **common)
+    warm = replace(SEQ_1M, proto=proto)
     both = ("sluice", BASELINE, "ganesha")
     cases = {
-        "randrw-50": [_load_variant(s, "mix", path, mixed, cfg, warm=SEQ_1M) for s in both],
-        "randread-only": [_load_variant(s, "read", path, readers, cfg, warm=SEQ_1M) for s in both],
+        "randrw-50": [_load_variant(s, "mix", path, mixed, cfg, warm=warm) for s in both],
+        "randread-only": [_load_variant(s, "read", path, readers, cfg, warm=warm) for s in both],
     }
-    return _rounds("mix", cfg, cases, MIX_CACHES, cfg.mix_size)
+    return _rounds("mix" + (V3 if proto == "v3" else ""), cfg, cases, MIX_CACHES, cfg.mix_size)
 
 
 # --- write ------------------------------------------------------------------
@@ -368,17 +412,17 @@ def _write_variant(server: str, spec: LoadSpec, cfg: Config) -> Variant:
                 path.unlink()
 
     seconds = cfg.pass_seconds(cfg.size) if spec.pattern == "seq" else spec.duration
-    return Variant(server, "sluice-load", "write", measure, None, seconds)
+    return Variant(server, "sluice-load", "write", measure, None, seconds, spec=spec)
 
 
-def plan_write(cfg: Config) -> list[Round]:
-    seq = dict(mode="write", pattern="seq", bs=MiB, inflight=8, size=cfg.size)
+def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
+    seq = dict(mode="write", pattern="seq", bs=MiB, inflight=8, size=cfg.size, proto=proto)
     specs = {
         "seq-1-stream-unstable": LoadSpec(stable="unstable", **seq),
         "seq-1-stream-filesync": LoadSpec(stable="file-sync", **seq),
         "seq-4-streams-unstable": LoadSpec(stable="unstable", streams=4, **seq),
         "random-8k-unstable": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
-                                       duration=cfg.duration),
+                                       duration=cfg.duration, proto=proto),
     }  # fmt: skip
     direct = Variant(
         "local",
@@ -393,10 +437,18 @@ def plan_write(cfg: Config) -> list[Round]:
         + [_write_variant(s, spec, cfg) for s in ("sluice", "ganesha")]
         for case, spec in specs.items()
     }
-    return _rounds("write", cfg, cases, WRITE_CACHES, cfg.size)
+    return _rounds("write" + (V3 if proto == "v3" else ""), cfg, cases, WRITE_CACHES, cfg.size)
 
 
-PLANS = {"sparse": plan_sparse, "stream": plan_stream, "mix": plan_mix, "write": plan_write}
+PLANS = {
+    "sparse": plan_sparse,
+    "stream": plan_stream,
+    "mix": plan_mix,
+    "write": plan_write,
+    "stream" + V3: lambda cfg: plan_stream(cfg, "v3"),
+    "mix" + V3: lambda cfg: plan_mix(cfg, "v3"),
+    "write" + V3: lambda cfg: plan_write(cfg, "v3"),
+}
 
 
 def plan(experiment: str, cfg: Config, servers: list[str]) -> list[Round]:

@@ -59,9 +59,11 @@ def stale_scratch() -> list[Path]:
 def clean_stale(path: Path) -> None:
     """Undoes what a killed run left in `path`: stops its servers (only
     sluice and ganesha.nfsd processes whose command line names this
-    directory), deletes its network namespace and veth pair (named after
-    the same PID), unmounts, detaches loop devices and removes the directory."""
+    directory, and the rpcbind it started, by the PID it wrote there),
+    deletes its network namespace and veth pair (named after the same
+    PID), unmounts, detaches loop devices and removes the directory."""
     prefix = str(path) + "/"
+    stop_recorded(path / RPCBIND_PID, "rpcbind")
     for proc in Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -87,6 +89,26 @@ def clean_stale(path: Path) -> None:
             run(["losetup", "--detach", name], check=False)
     shutil.rmtree(path, ignore_errors=True)
     log(f"removed leftovers in {path}")
+
+
+# Where a run that started rpcbind keeps its PID, in the scratch directory.
+RPCBIND_PID = "rpcbind.pid"
+
+
+def stop_recorded(pid_file: Path, name: str) -> None:
+    """SIGKILL for the process whose PID `pid_file` holds, if that process is
+    still `name` (not another that reused the PID)."""
+    try:
+        pid = int(pid_file.read_text())
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except (OSError, ValueError):
+        return
+    if Path(argv0).name == name:
+        log(f"stopping leftover {name} (pid {pid})")
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def loop_devices_available() -> bool:

@@ -114,6 +114,11 @@ RATIOS = {
 }
 
 
+# The NFSv3 experiments compare the same variants.
+for _exp in ("stream", "mix", "write"):
+    RATIOS[_exp + "-v3"] = [r for r in RATIOS[_exp] if "nfs-rs" not in r[0]]
+
+
 # Ratios between two cases of one experiment, paired by run number (the
 # rounds are not the same, the cache state is): (name, experiment,
 # (numerator case, variant), (denominator case, variant), metric), recorded
@@ -296,13 +301,13 @@ def _sparse_summary(ix: Index, systems: list[str]) -> list[str]:
     return ["#### summary", ""] + _table(header, rows) if rows else []
 
 
-def _stream_tables(ix: Index, fs: str) -> list[str]:
+def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
     rows = []
     for case in STREAM_CASES:
         nfsrs = case.startswith("nfs-rs")
         sluice, ganesha = (SLUICE_NFSRS, GANESHA_NFSRS) if nfsrs else (SLUICE_READ, GANESHA_READ)
         for cache in ("cold", "warm"):
-            at = (fs, "stream", case, cache)
+            at = (fs, experiment, case, cache)
             if ix.metric(at, sluice) is None and ix.metric(at, ganesha) is None:
                 continue
             random = case == "random-8k"
@@ -342,10 +347,10 @@ def _disk_cell(ix: Index, at: tuple, variant: tuple, random: bool) -> str:
     return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
 
 
-def _mix_tables(ix: Index, fs: str) -> list[str]:
+def _mix_tables(ix: Index, fs: str, experiment: str = "mix") -> list[str]:
     rows, ratio_rows = [], []
     for case, *variants in MIX_CASES:
-        at = (fs, "mix", case, "cold")
+        at = (fs, experiment, case, "cold")
         for variant in variants:
             if ix.metric(at, variant, "iops") is None:
                 continue
@@ -363,10 +368,10 @@ def _mix_tables(ix: Index, fs: str) -> list[str]:
     return _table(header, rows) + _table(["case", "ratio", "value"], ratio_rows)
 
 
-def _write_tables(ix: Index, fs: str) -> list[str]:
+def _write_tables(ix: Index, fs: str, experiment: str = "write") -> list[str]:
     rows = []
     for case in WRITE_CASES:
-        at = (fs, "write", case, "cold")
+        at = (fs, experiment, case, "cold")
         if ix.metric(at, SLUICE_WRITE) is None and ix.metric(at, GANESHA_WRITE) is None:
             continue
         direct = ix.metric(at, DIRECT_WRITE)
@@ -442,6 +447,36 @@ SECTIONS = [
         "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "
         "the same rounds.",
         _write_tables,
+        None,
+    ),
+    (
+        "stream-v3",
+        "### stream-v3: NFSv3 streaming and random reads",
+        "The cases of `stream` over NFSv3: sluice-load mounts the export with MOUNT v3 (sluice serves "
+        "it on its NFS port, nfs-ganesha on a MOUNT port of its own, registered with rpcbind), then "
+        "reads with NFSv3 READ, 1 MiB requests, 8 in flight per stream (`seq-1-stream`, "
+        "`seq-4-streams`) or 8 KiB at random offsets (`random-8k`). Direct read: `dd iflag=direct "
+        "bs=1M` in the same rounds as `seq-1-stream`. No nfs-rs cross-check (it speaks NFSv4 only).",
+        lambda ix, fs: _stream_tables(ix, fs, "stream-v3"),
+        None,
+    ),
+    (
+        "mix-v3",
+        "### mix-v3: NFSv3 random 8 KiB reads and writes on one file",
+        "The cases of `mix` over NFSv3: 16 connections with one request each, 8 KiB random READs and "
+        "WRITEs (UNSTABLE, one COMMIT per connection at the end) over one preallocated file, cache "
+        "dropped before each run. Latencies in microseconds; for latency ratios lower is better.",
+        lambda ix, fs: _mix_tables(ix, fs, "mix-v3"),
+        None,
+    ),
+    (
+        "write-v3",
+        "### write-v3: NFSv3 WRITE streams and random writes",
+        "The cases of `write` over NFSv3: each measurement makes a new file (CREATE) and writes it with "
+        "1 MiB WRITEs, UNSTABLE then COMMIT or FILE_SYNC, 1 or 4 streams, or 8 KiB UNSTABLE WRITEs at "
+        "random offsets then COMMIT. Direct write: `dd if=/dev/zero bs=1M oflag=direct conv=fsync` in "
+        "the same rounds.",
+        lambda ix, fs: _write_tables(ix, fs, "write-v3"),
         None,
     ),
 ]
@@ -572,7 +607,9 @@ bench/run --experiments sparse --servers sluice --wire 1gbit   # over a 1 Gbit/s
 bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds (the test suite does this)
 ```
 
-Options: `--fs`, `--experiments sparse,stream,mix,write`, `--servers
+Options: `--fs`, `--experiments sparse,stream,mix,write` (the default;
+`stream-v3`, `mix-v3` and `write-v3` repeat stream, mix and write over
+NFSv3, with rpcbind started for nfs-ganesha when none runs), `--servers
 sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
 others' variants are left out), `--runs N` (at least 3 for published
 figures), `--size` (per test file), `--mixed-layout-size` (the sparse
@@ -700,40 +737,46 @@ def _plot_sparse(plt, ix: Index, fs: str):
     return fig
 
 
-def _plot_stream(plt, ix: Index, fs: str):
+def _plot_stream(plt, ix: Index, fs: str, experiment: str = "stream"):
     fig, ax = plt.subplots(figsize=(10, 4.5))
     groups, sluice, raoff, ganesha = [], [], [], []
     for case in STREAM_CASES:
         nfsrs = case.startswith("nfs-rs")
+        if nfsrs and experiment != "stream":
+            continue
         for cache in ("cold", "warm"):
-            at = (fs, "stream", case, cache)
+            at = (fs, experiment, case, cache)
             groups.append(f"{case}\n{cache}")
             sluice.append(ix.metric(at, SLUICE_NFSRS if nfsrs else SLUICE_READ))
             raoff.append(None if nfsrs else ix.metric(at, RAOFF_READ))
             ganesha.append(ix.metric(at, GANESHA_NFSRS if nfsrs else GANESHA_READ))
     _bars(ax, groups, {"sluice": sluice, "sluice readahead off": raoff, "ganesha": ganesha}, "MB/s")
-    direct = ix.metric((fs, "stream", "seq-1-stream", "cold"), DIRECT_READ)
+    direct = ix.metric((fs, experiment, "seq-1-stream", "cold"), DIRECT_READ)
     if direct:
         ax.axhline(direct["median"], color="k", linestyle="--", linewidth=1, label="direct read (dd)")
         ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(f"{fs}: streaming and random reads (median, min–max)")
+    ax.set_title(f"{fs}: {_proto_title(experiment)}streaming and random reads (median, min–max)")
     return fig
 
 
-def _plot_mix(plt, ix: Index, fs: str, records: list[dict]):
+def _proto_title(experiment: str) -> str:
+    return "NFSv3 " if experiment.endswith("-v3") else ""
+
+
+def _plot_mix(plt, ix: Index, fs: str, records: list[dict], experiment: str = "mix"):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     iops = {
-        server: [ix.metric((fs, "mix", case, "cold"), variants[i], "iops") for case, *variants in MIX_CASES]
+        server: [ix.metric((fs, experiment, case, "cold"), variants[i], "iops") for case, *variants in MIX_CASES]
         for i, server in enumerate(("sluice", "ganesha"))
     }
     _bars(ax1, [case for case, *_ in MIX_CASES], iops, "IOPS")
-    ax1.set_title(f"{fs}: IOPS, 16 clients, 8 KiB")
+    ax1.set_title(f"{fs}: {_proto_title(experiment)}IOPS, 16 clients, 8 KiB")
     # sluice-load reports p50, p99 and max: plot them as points of the
     # complementary CDF (fraction of requests slower than x; the max is the
     # slowest one of `count`), which shows the tail on log scales.
     styles = {("randrw-50", "read"): "-", ("randrw-50", "write"): ":", ("randread-only", "read"): "--"}
     for case, *variants in MIX_CASES:
-        at = (fs, "mix", case, "cold")
+        at = (fs, experiment, case, "cold")
         for kind in ("read", "write"):
             if (case, kind) not in styles:
                 continue
@@ -773,9 +816,9 @@ def _median_count(records: list[dict], at: tuple, variant: tuple, kind: str) -> 
     return s["median"] if s else None
 
 
-def _plot_write(plt, ix: Index, fs: str):
+def _plot_write(plt, ix: Index, fs: str, experiment: str = "write"):
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    at = [(fs, "write", case, "cold") for case in WRITE_CASES]
+    at = [(fs, experiment, case, "cold") for case in WRITE_CASES]
     bars = {
         "sluice": [ix.metric(a, SLUICE_WRITE) for a in at],
         "ganesha": [ix.metric(a, GANESHA_WRITE) for a in at],
@@ -785,7 +828,7 @@ def _plot_write(plt, ix: Index, fs: str):
     if direct:
         ax.axhline(direct["median"], color="k", linestyle="--", linewidth=1, label="direct write (dd)")
         ax.legend(fontsize=8, loc="upper right")
-    ax.set_title(f"{fs}: WRITE streams and random writes (median, min–max)")
+    ax.set_title(f"{fs}: {_proto_title(experiment)}WRITE streams and random writes (median, min–max)")
     return fig
 
 
@@ -807,6 +850,9 @@ def plot_all(results: dict, out: Path) -> list[str]:
         ("stream", lambda fs: _plot_stream(plt, ix, fs)),
         ("mix", lambda fs: _plot_mix(plt, ix, fs, results["records"])),
         ("write", lambda fs: _plot_write(plt, ix, fs)),
+        ("stream-v3", lambda fs: _plot_stream(plt, ix, fs, "stream-v3")),
+        ("mix-v3", lambda fs: _plot_mix(plt, ix, fs, results["records"], "mix-v3")),
+        ("write-v3", lambda fs: _plot_write(plt, ix, fs, "write-v3")),
     ):
         for fs in file_systems(results, experiment):
             fig = draw(fs)

@@ -21,7 +21,7 @@ def config(runs: int) -> experiments.Config:
 
 def test_every_server_takes_every_place():
     servers = ["sluice", experiments.BASELINE, "ganesha"]
-    for exp in ("stream", "mix"):
+    for exp in ("stream", "mix", "stream-v3", "mix-v3"):
         rounds = experiments.plan(exp, config(len(servers)), servers)
         places = defaultdict(set)
         for rnd in rounds:
@@ -40,3 +40,27 @@ def test_two_servers_alternate():
     rounds = experiments.plan("mix", config(4), ["sluice", experiments.BASELINE])
     firsts = [rnd.variants[0].server for rnd in rounds if rnd.case == "randrw-50"]
     assert firsts == ["sluice", experiments.BASELINE, "sluice", experiments.BASELINE]
+
+
+def test_v3_experiments_measure_and_warm_up_over_nfsv3():
+    """stream-v3, mix-v3 and write-v3 repeat their experiment's cases with
+    every sluice-load run (warm-ups too) over NFSv3, and run only when
+    asked for."""
+    assert set(experiments.DEFAULT_EXPERIMENTS) == {"sparse", "stream", "mix", "write"}
+    servers = ["sluice", "ganesha"]
+    for exp in ("stream", "mix", "write"):
+        v4 = experiments.plan(exp, config(1), servers)
+        v3 = experiments.plan(exp + "-v3", config(1), servers)
+        assert v3 and {r.experiment for r in v3} == {exp + "-v3"}
+        # The same cases, less what only NFSv4 has (nfs-rs).
+        v4_cases = {r.case for r in v4 if not r.case.startswith("nfs-rs")}
+        assert {r.case for r in v3} == v4_cases
+        for rnd in v3:
+            for v in rnd.variants:
+                if v.client == "sluice-load":
+                    assert v.spec.proto == "v3", (exp, rnd.case, v.server)
+                    assert v.warm_spec is None or v.warm_spec.proto == "v3", (exp, rnd.case, v.server)
+                else:
+                    assert v.server == "local", (exp, rnd.case, v.server, v.client)
+        for rnd in v4:
+            assert all(v.spec.proto == "v4" for v in rnd.variants if v.spec), (exp, rnd.case)

@@ -1,6 +1,7 @@
 """The benchmark harness end to end: `bench/run --smoke` sets up a loop-device
 file system, starts sluice and nfs-ganesha, runs every experiment for a few
-seconds, tears everything down and writes results.json, results.md and plots.
+seconds (and one NFSv3 one, mix-v3, for which nfs-ganesha needs rpcbind),
+tears everything down and writes results.json, results.md and plots.
 
 This checks the pipeline, not the figures: every planned measurement must
 exist, be non-zero and carry no error, and nothing may be left mounted,
@@ -28,6 +29,8 @@ from harness.wire import names_for  # noqa: E402
 
 sys.path.pop(0)
 LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "dh"]
+# Every NFSv4 experiment, and the quickest NFSv3 one.
+SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "mix-v3"]
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="bench/run needs root (loop devices, mounts, drop_caches, nfs-ganesha)"
@@ -66,7 +69,16 @@ def smoke(sluice_binary, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     before = leftovers()
     p = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", "--no-build", "--out", str(out)],
+        [
+            sys.executable,
+            str(BENCH),
+            "--smoke",
+            "--no-build",
+            "--experiments",
+            ",".join(SMOKE_EXPERIMENTS),
+            "--out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -89,7 +101,7 @@ def test_every_experiment_ran_without_errors(smoke):
     results, _, _ = smoke
     assert results["failures"] == []
     assert results["errors"] == []
-    assert {r["experiment"] for r in results["records"]} == {"sparse", "stream", "mix", "write"}
+    assert {r["experiment"] for r in results["records"]} == set(SMOKE_EXPERIMENTS)
     for r in results["records"]:
         assert "error" not in r["result"], r
         assert r["result"]["mb_per_s"] > 0, r
@@ -139,6 +151,36 @@ def test_mix_reports_iops_and_latencies(smoke):
         assert readers["iops"] > 0 and readers["write"] is None
 
 
+def test_mix_v3_runs_over_nfsv3_on_both_servers(smoke):
+    results, _, _ = smoke
+    got = variants(results, "mix-v3")
+    for server in ("sluice", "ganesha"):
+        mixed = got[("randrw-50", "cold", server, "sluice-load", "mix")]
+        assert mixed["proto"] == "v3" and mixed["iops"] > 0, (server, mixed)
+        for kind in ("read", "write"):
+            lat = mixed[kind]
+            assert lat["count"] > 0 and 0 < lat["p50_us"] <= lat["p99_us"] <= lat["max_us"]
+        readers = got[("randread-only", "cold", server, "sluice-load", "read")]
+        assert readers["proto"] == "v3" and readers["iops"] > 0 and readers["write"] is None
+    # The NFSv4 experiments stayed on NFSv4.
+    assert {r["result"]["proto"] for r in results["records"] if r["experiment"] == "mix"} == {"v4"}
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "mix-v3"}
+    assert "IOPS sluice/ganesha" in names
+
+
+def test_rpcbind_started_for_nfsv3_is_gone(smoke):
+    """nfs-ganesha's NFSv3 needs rpcbind: the run starts one when none is
+    running, and stops it (by its PID) at the end."""
+    results, _, _ = smoke
+    rpcbind = results["environment"]["rpcbind"]
+    if rpcbind["started_by_bench"]:
+        try:
+            argv0 = Path(f"/proc/{rpcbind['pid']}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            argv0 = b""
+        assert not argv0.endswith(b"rpcbind"), f"rpcbind (pid {rpcbind['pid']}) outlived the run"
+
+
 def test_write_reports_both_servers_and_the_device(smoke):
     results, _, _ = smoke
     got = variants(results, "write")
@@ -167,12 +209,12 @@ def test_outputs_and_environment(smoke):
         if "loop_direct_io" in details:
             assert details["loop_direct_io"] is True
     md = (out / "results.md").read_text()
-    for heading in ("### sparse", "### stream", "### mix", "### write", "READ_PLUS/READ"):
+    for heading in ("### sparse", "### stream", "### mix", "### write", "### mix-v3", "READ_PLUS/READ"):
         assert heading in md
     for plot in results["plots"]:
         assert (out / plot).stat().st_size > 1000
         assert f"]({plot})" in md
-    assert len(results["plots"]) == 4 * len(fs)
+    assert len(results["plots"]) == len(SMOKE_EXPERIMENTS) * len(fs)
     # Progress lines during the run.
     assert "(1/" in stderr and "tearing down" in stderr
 

@@ -1,6 +1,7 @@
 //! A small NFSv4.1/4.2 client on the project's own XDR and protocol code,
 //! for the load generator and tests: one TCP connection, one session,
-//! many requests in flight over the session's slots.
+//! many requests in flight over the session's slots. The same
+//! kind of connection carries the NFSv3 client of [`crate::v3`].
 
 use bytes::{Bytes, BytesMut};
 use sluice_proto::nfs4::consts::{attr, op, status};
@@ -42,6 +43,20 @@ pub enum ClientError {
     /// A COMPOUND stopped at an op that failed with this NFS status.
     #[error("COMPOUND failed with NFS status {0}")]
     Compound(Nfsstat4),
+    /// An NFSv3 procedure failed with this nfsstat3.
+    #[error("NFSv3 {} failed with status {status}", sluice_proto::nfs3::proc_name(*proc_))]
+    Status3 {
+        /// The procedure number.
+        proc_: u32,
+        /// The nfsstat3.
+        status: u32,
+    },
+    /// MOUNT refused the path with this mountstat3.
+    #[error("MOUNT failed with status {0}")]
+    Mount(u32),
+    /// The server did not run the call (RPC-level error).
+    #[error("{0}")]
+    Rpc(rpc::ReplyError),
     /// The reply could not be parsed.
     #[error("malformed reply")]
     Malformed,
@@ -54,7 +69,9 @@ fn bad<T>(_: T) -> ClientError {
     ClientError::Malformed
 }
 
-struct Conn {
+/// One TCP connection carrying RPC calls with AUTH_SYS as root, many in
+/// flight, replies matched to calls by xid.
+pub(crate) struct Conn {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     xid: AtomicU32,
@@ -63,7 +80,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn connect(addr: &str) -> Result<Arc<Conn>> {
+    pub(crate) async fn connect(addr: &str) -> Result<Arc<Conn>> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let (mut rd, wr) = stream.into_split();
@@ -129,9 +146,22 @@ impl Conn {
     /// Sends an NFSv4 COMPOUND (procedure 1) and returns the reply body
     /// after the RPC header.
     async fn call(&self, args: &[u8]) -> Result<Bytes> {
+        self.call_proc(rpc::NFS_PROGRAM, 4, 1, args).await
+    }
+
+    /// Sends a call of procedure `proc_` of program `prog` version `vers`
+    /// with the encoded arguments `args`, and returns the reply body after
+    /// the RPC header.
+    pub(crate) async fn call_proc(
+        &self,
+        prog: u32,
+        vers: u32,
+        proc_: u32,
+        args: &[u8],
+    ) -> Result<Bytes> {
         let xid = self.xid.fetch_add(1, Ordering::Relaxed);
-        let mut e = Encoder::with_capacity(args.len() + 64);
-        rpc::call_header(&mut e, xid, rpc::NFS_PROGRAM, 4, 1, &self.cred);
+        let mut e = Encoder::with_capacity(args.len() + 128);
+        rpc::call_header(&mut e, xid, prog, vers, proc_, &self.cred);
         e.raw(args);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().map_err(bad)?.insert(xid, tx);
@@ -145,7 +175,7 @@ impl Conn {
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::ConnectionAborted, "connection closed"))?;
         let (_, at) = rpc::parse_reply(&reply).map_err(bad)?;
-        let at = at.map_err(bad)?;
+        let at = at.map_err(ClientError::Rpc)?;
         Ok(reply.slice(at..))
     }
 }

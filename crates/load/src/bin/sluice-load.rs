@@ -1,10 +1,12 @@
-//! sluice-load: an NFSv4.1/4.2 load generator built on sluice's own
-//! protocol code. It prints throughput, IOPS and latency percentiles; with
-//! --json, one JSON object with every figure.
+//! sluice-load: an NFSv4.1/4.2 and NFSv3 load generator built on sluice's
+//! own protocol code. It prints throughput, IOPS and latency percentiles;
+//! with --json, one JSON object with every figure.
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use sluice_load::client::{Client, OpenFile};
+use sluice_load::client::{Client, ClientError, OpenFile};
+use sluice_load::v3::{self, Client3, File3};
+use sluice_proto::rpc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,15 +31,34 @@ enum Pattern {
     Random,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum Proto {
+    /// NFSv4.1 or 4.2 (--minor), one session per stream.
+    V4,
+    /// NFSv3: MOUNT v3 MNT of --mount-path, then stateless calls.
+    V3,
+}
+
 #[derive(Parser, Debug)]
-#[command(name = "sluice-load", about = "NFSv4.1/4.2 load generator")]
+#[command(name = "sluice-load", about = "NFSv4.1/4.2 and NFSv3 load generator")]
 struct Args {
     /// Server address (host:port).
     #[arg(long, default_value = "127.0.0.1:2049")]
     server: String,
-    /// File to use, as a path from the server's root.
+    /// File to use, as a path from the server's root (NFSv3: from the
+    /// directory --mount-path mounts).
     #[arg(long)]
     file: String,
+    /// Protocol: NFSv4.1/4.2 or NFSv3.
+    #[arg(long, value_enum, default_value = "v4")]
+    proto: Proto,
+    /// NFSv3: the path MOUNT v3 MNT asks for (the directory --file is in).
+    #[arg(long, default_value = "/")]
+    mount_path: String,
+    /// NFSv3: the MOUNT port on the --server host (default: the NFS port
+    /// of --server, which sluice also serves MOUNT on).
+    #[arg(long)]
+    mount_port: Option<u16>,
     /// Operation mix.
     #[arg(long, value_enum, default_value = "read")]
     mode: Mode,
@@ -50,7 +71,7 @@ struct Args {
     /// Requests in flight per stream.
     #[arg(long, default_value_t = 8)]
     inflight: u32,
-    /// Parallel streams (each its own connection and session).
+    /// Parallel streams (each its own connection, and NFSv4 session).
     #[arg(long, default_value_t = 1)]
     streams: u32,
     /// Seconds to run random patterns (and the longest a sequential pass may take).
@@ -66,7 +87,8 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     minor: u32,
     /// How WRITEs ask for their data to be kept: `unstable` (then one
-    /// COMMIT per stream at the end, timed with the run) or `file-sync`.
+    /// COMMIT per stream at the end, timed with the run) or `file-sync`
+    /// (NFSv4 FILE_SYNC4, NFSv3 FILE_SYNC).
     #[arg(long, value_enum, default_value = "unstable")]
     stable: Stable,
     /// Print one JSON object instead of text.
@@ -123,10 +145,103 @@ fn rand_u64(state: &mut u64) -> u64 {
     state.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
+/// One stream's connection and file, over NFSv4 or NFSv3.
+enum Nfs {
+    /// A session and an open.
+    V4 { client: Client, file: OpenFile },
+    /// A connection, a handle, and the write verifier of the stream's
+    /// first UNSTABLE WRITE (COMMIT must return the same one, or the
+    /// server lost what it was sent).
+    V3 {
+        client: Client3,
+        file: File3,
+        verf: Mutex<Option<[u8; 8]>>,
+    },
+}
+
+impl Nfs {
+    /// READ (or READ_PLUS): (bytes of file covered, bytes of data received).
+    async fn read(&self, off: u64, count: u32, plus: bool) -> Result<(u64, u64), String> {
+        match self {
+            Nfs::V4 { client, file } => client
+                .read(file, off, count, plus)
+                .await
+                .map(|(cov, wire, _)| (cov, wire))
+                .map_err(|e| e.to_string()),
+            Nfs::V3 { client, file, .. } => client
+                .read(file, off, count)
+                .await
+                .map(|(n, _)| (n, n))
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// WRITE: bytes written.
+    async fn write(&self, off: u64, data: &[u8], sync: bool) -> Result<u64, String> {
+        match self {
+            Nfs::V4 { client, file } => client
+                .write(file, off, data, sync)
+                .await
+                .map(u64::from)
+                .map_err(|e| e.to_string()),
+            Nfs::V3 { client, file, verf } => {
+                let how = if sync {
+                    v3::Stable::FileSync
+                } else {
+                    v3::Stable::Unstable
+                };
+                let w = client
+                    .write(file, off, data, how)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !sync {
+                    let mut v = verf.lock().map_err(|_| "verifier lock poisoned")?;
+                    if *v.get_or_insert(w.verf) != w.verf {
+                        return Err("the write verifier changed between WRITEs".into());
+                    }
+                }
+                Ok(u64::from(w.count))
+            }
+        }
+    }
+
+    /// COMMIT of the whole file.
+    async fn commit(&self) -> Result<(), String> {
+        match self {
+            Nfs::V4 { client, file } => client.commit(file).await.map_err(|e| e.to_string()),
+            Nfs::V3 { client, file, verf } => {
+                let got = client.commit(file).await.map_err(|e| e.to_string())?;
+                let sent = *verf.lock().map_err(|_| "verifier lock poisoned")?;
+                match sent {
+                    Some(v) if v != got => {
+                        Err("COMMIT's write verifier differs from the WRITEs'".into())
+                    }
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Gives the open and the session back (NFSv3 holds neither).
+    async fn finish(&self) {
+        if let Nfs::V4 { client, file } = self {
+            let _ = client.close(file).await;
+            let _ = client.destroy_session().await;
+        }
+    }
+
+    /// The file's size when opened.
+    fn size(&self) -> u64 {
+        match self {
+            Nfs::V4 { file, .. } => file.size,
+            Nfs::V3 { file, .. } => file.size,
+        }
+    }
+}
+
 /// What one worker of a stream shares with the others.
 struct Stream {
-    client: Arc<Client>,
-    file: Arc<OpenFile>,
+    nfs: Arc<Nfs>,
     args: Arc<Args>,
     range: (u64, u64),
     cursor: Arc<AtomicU64>,
@@ -135,9 +250,8 @@ struct Stream {
 }
 
 async fn worker(s: Arc<Stream>, seed: u64) {
-    let (c, f, a, range, cursor, deadline, stats) = (
-        &s.client, &s.file, &s.args, s.range, &s.cursor, s.deadline, &s.stats,
-    );
+    let (nfs, a, range, cursor, deadline, stats) =
+        (&s.nfs, &s.args, s.range, &s.cursor, s.deadline, &s.stats);
     let mut rng = seed | 1;
     let bs = a.bs as u64;
     let blocks = ((range.1 - range.0) / bs).max(1);
@@ -162,18 +276,11 @@ async fn worker(s: Arc<Stream>, seed: u64) {
         };
         let t = Instant::now();
         let r = if write {
-            c.write(
-                f,
-                off,
-                &data[..count as usize],
-                a.stable == Stable::FileSync,
-            )
-            .await
-            .map(|n| (n as u64, n as u64))
-        } else {
-            c.read(f, off, count, a.mode == Mode::ReadPlus)
+            nfs.write(off, &data[..count as usize], a.stable == Stable::FileSync)
                 .await
-                .map(|(cov, wire, _)| (cov, wire))
+                .map(|n| (n, n))
+        } else {
+            nfs.read(off, count, a.mode == Mode::ReadPlus).await
         };
         let us = t.elapsed().as_micros().max(1) as u64;
         match r {
@@ -203,20 +310,95 @@ async fn worker(s: Arc<Stream>, seed: u64) {
     s.errors += local.errors;
 }
 
-async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
-    let write = matches!(a.mode, Mode::Write | Mode::Mix);
-    let mut clients = Vec::new();
+/// One NFSv4 session per stream, each with the file open.
+async fn connect_v4(a: &Args, write: bool) -> Result<Vec<Arc<Nfs>>, String> {
+    let mut out = Vec::new();
     for _ in 0..a.streams {
-        let c = Client::connect(&a.server, a.minor, a.inflight.max(1))
+        let client = Client::connect(&a.server, a.minor, a.inflight.max(1))
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", a.server))?;
-        let f = c
+        let file = client
             .open(&a.file, write, a.mode == Mode::Write)
             .await
             .map_err(|e| format!("cannot open {}: {e}", a.file))?;
-        clients.push((Arc::new(c), Arc::new(f)));
+        out.push(Arc::new(Nfs::V4 { client, file }));
     }
-    let size = a.size.unwrap_or(clients[0].1.size);
+    Ok(out)
+}
+
+/// The MOUNT address: the --server host with --mount-port, or --server.
+fn mount_address(a: &Args) -> String {
+    match (a.mount_port, a.server.rsplit_once(':')) {
+        (Some(port), Some((host, _))) => format!("{host}:{port}"),
+        (Some(port), None) => format!("{}:{port}", a.server),
+        (None, _) => a.server.clone(),
+    }
+}
+
+/// MNT, then the file looked up (or made, for --mode write) on the first
+/// stream's connection, and one connection per stream using its handle.
+async fn connect_v3(a: &Args) -> Result<Vec<Arc<Nfs>>, String> {
+    if a.mode == Mode::ReadPlus {
+        return Err("READ_PLUS is NFSv4.2 only; use --mode read with --proto v3".into());
+    }
+    let maddr = mount_address(a);
+    let (root, _flavors) = v3::mount(&maddr, &a.mount_path).await.map_err(|e| {
+        // PROG_UNAVAIL: no MOUNT program on that port.
+        let hint = match e {
+            ClientError::Rpc(rpc::ReplyError::NotAccepted(1)) if a.mount_port.is_none() => {
+                " (no MOUNT there: give the server's MOUNT port with --mount-port)"
+            }
+            _ => "",
+        };
+        format!("cannot mount {} at {maddr}: {e}{hint}", a.mount_path)
+    })?;
+    let mut out = Vec::new();
+    let mut file: Option<File3> = None;
+    for _ in 0..a.streams {
+        let client = Client3::connect(&a.server)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", a.server))?;
+        let f = match &file {
+            Some(f) => f.clone(),
+            None => {
+                let f = client
+                    .open(&root, &a.file, a.mode == Mode::Write)
+                    .await
+                    .map_err(|e| format!("cannot open {}: {e}", a.file))?;
+                let info = client
+                    .fsinfo(&f.fh)
+                    .await
+                    .map_err(|e| format!("FSINFO of {}: {e}", a.file))?;
+                let (max, what) = if a.mode == Mode::Read {
+                    (info.rtmax, "rtmax")
+                } else {
+                    (info.rtmax.min(info.wtmax), "rtmax/wtmax")
+                };
+                if a.bs > max {
+                    return Err(format!(
+                        "--bs {} is more than the server's {what} ({max})",
+                        a.bs
+                    ));
+                }
+                file.insert(f).clone()
+            }
+        };
+        out.push(Arc::new(Nfs::V3 {
+            client,
+            file: f,
+            verf: Mutex::new(None),
+        }));
+    }
+    Ok(out)
+}
+
+async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
+    let write = matches!(a.mode, Mode::Write | Mode::Mix);
+    let clients = match a.proto {
+        Proto::V4 => connect_v4(&a, write).await?,
+        Proto::V3 => connect_v3(&a).await?,
+    };
+    let size = a.size.unwrap_or(clients[0].size());
     if size == 0 && a.mode != Mode::Write {
         return Err(format!("{} is empty; nothing to read", a.file));
     }
@@ -225,7 +407,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(a.duration);
     let mut tasks = Vec::new();
-    for (i, (c, f)) in clients.iter().enumerate() {
+    for (i, nfs) in clients.iter().enumerate() {
         let share = size / a.streams as u64;
         let range = match a.pattern {
             Pattern::Seq => (
@@ -239,8 +421,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
             Pattern::Random => (0, size),
         };
         let stream = Arc::new(Stream {
-            client: c.clone(),
-            file: f.clone(),
+            nfs: nfs.clone(),
             args: a.clone(),
             range,
             cursor: Arc::new(AtomicU64::new(range.0)),
@@ -259,8 +440,8 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     if write && a.stable == Stable::Unstable {
         // What was written UNSTABLE is not kept until COMMIT: part of the
         // run.
-        for (c, f) in &clients {
-            if let Err(e) = c.commit(f).await {
+        for nfs in &clients {
+            if let Err(e) = nfs.commit().await {
                 eprintln!("sluice-load: COMMIT failed: {e}");
                 commit_errors += 1;
             }
@@ -269,9 +450,8 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     let secs = start.elapsed().as_secs_f64();
     // Give the opens back (untimed), so that the server lets go of the
     // files: a file removed after the run frees its space at once.
-    for (c, f) in &clients {
-        let _ = c.close(f).await;
-        let _ = c.destroy_session().await;
+    for nfs in &clients {
+        nfs.finish().await;
     }
     let mut s = stats
         .lock()
@@ -281,7 +461,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({
         "server": a.server, "file": a.file, "mode": format!("{:?}", a.mode).to_lowercase(),
         "pattern": format!("{:?}", a.pattern).to_lowercase(), "bs": a.bs, "inflight": a.inflight,
-        "streams": a.streams, "minor": a.minor, "stable": format!("{:?}", a.stable).to_lowercase(), "seconds": secs, "ops": ops, "errors": s.errors,
+        "streams": a.streams, "proto": format!("{:?}", a.proto).to_lowercase(), "minor": a.minor, "stable": format!("{:?}", a.stable).to_lowercase(), "seconds": secs, "ops": ops, "errors": s.errors,
         "bytes": s.covered, "wire_data_bytes": s.wire,
         "mb_per_s": s.covered as f64 / secs / 1e6, "iops": ops as f64 / secs,
         "read": summary(&s.read), "write": summary(&s.write),
@@ -339,5 +519,30 @@ fn main() {
             eprintln!("sluice-load: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["sluice-load", "--file", "f", "--proto", "v3"];
+        argv.extend_from_slice(extra);
+        Args::parse_from(argv)
+    }
+
+    #[test]
+    fn mount_goes_to_the_nfs_port_unless_told_otherwise() {
+        assert_eq!(mount_address(&args(&[])), "127.0.0.1:2049");
+        let a = args(&["--server", "10.0.0.2:20490", "--mount-port", "20048"]);
+        assert_eq!(mount_address(&a), "10.0.0.2:20048");
+        let a = args(&["--server", "[::1]:2049", "--mount-port", "20048"]);
+        assert_eq!(mount_address(&a), "[::1]:20048");
+        assert_eq!(args(&[]).mount_path, "/");
+        assert_eq!(
+            Args::parse_from(["sluice-load", "--file", "f"]).proto,
+            Proto::V4
+        );
     }
 }
