@@ -415,7 +415,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
                 tokio::time::sleep(srv.state.expiry_interval()).await;
                 // Expiry may write the client record store.
                 let s = srv.clone();
-                let _ = tokio::task::spawn_blocking(move || s.state.expire()).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    s.state.expire();
+                    s.v3_files.sweep();
+                })
+                .await;
             }
         })
     };

@@ -10,7 +10,7 @@ pub mod counters;
 pub mod exports;
 pub mod leases;
 pub mod mount;
-mod nfs3;
+pub mod nfs3;
 pub mod nlm;
 mod ops_copy;
 mod ops_file;
@@ -144,6 +144,8 @@ pub struct Server {
     pub mounts: mount::MountList,
     /// Blocked NLM locks, and how clients' services are found.
     pub nlm: nlm::NlmServer,
+    /// Descriptors NFSv3 READ and WRITE keep open between calls.
+    pub v3_files: nfs3::FileCache,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -196,6 +198,7 @@ impl Server {
             copies: copies::Copies::new(config.lease * 2),
             mounts: Default::default(),
             nlm: nlm::NlmServer::new(config.nsm_portmap),
+            v3_files: Default::default(),
             config,
             extents: Default::default(),
             metrics: Default::default(),

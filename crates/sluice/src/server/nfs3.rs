@@ -25,6 +25,7 @@ use crate::nfs4::msg::Component4;
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::net::IpAddr;
@@ -229,23 +230,107 @@ fn settable(a: &Sattr3) -> SetAttrs {
     }
 }
 
+/// Descriptors NFSv3 READ and WRITE opened, kept for the next call of the
+/// same caller on the same file: NFSv3 has no opens, and opening for every
+/// call costs two system calls and loses what the kernel was told about
+/// the file's access pattern (random reads). A descriptor unused for
+/// [`FileCache::IDLE`] is closed, so a removed file's blocks are freed
+/// soon after its last use.
+#[derive(Debug, Default)]
+pub struct FileCache {
+    files: std::sync::Mutex<HashMap<FileCacheKey, (Arc<OwnedFd>, std::time::Instant)>>,
+}
+
+/// (device, inode, uid, gid, groups' hash, for writing).
+type FileCacheKey = (u64, u64, u32, u32, u64, bool);
+
+impl FileCache {
+    /// How long an unused descriptor is kept.
+    pub const IDLE: std::time::Duration = std::time::Duration::from_secs(2);
+    /// Most descriptors kept.
+    const MAX: usize = 1024;
+
+    fn get(&self, key: &FileCacheKey) -> Option<Arc<OwnedFd>> {
+        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let e = m.get_mut(key)?;
+        e.1 = std::time::Instant::now();
+        Some(e.0.clone())
+    }
+
+    fn put(&self, key: FileCacheKey, fd: Arc<OwnedFd>) {
+        let now = std::time::Instant::now();
+        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= Self::MAX / 2 {
+            m.retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        }
+        if m.len() < Self::MAX {
+            m.insert(key, (fd, now));
+        }
+    }
+
+    /// Closes the descriptors of `file` (removed, or renamed over).
+    pub fn forget(&self, file: (u64, u64)) {
+        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|k, _| (k.0, k.1) != file);
+    }
+
+    /// Closes the descriptors unused for [`FileCache::IDLE`].
+    pub fn sweep(&self) {
+        let now = std::time::Instant::now();
+        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+    }
+
+    /// Descriptors held.
+    pub fn len(&self) -> usize {
+        self.files.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Opens the file for I/O as the caller, or as root when the caller owns
 /// it (the owner may read and write its own file whatever the mode bits
-/// say: the client checked at open).
+/// say: the client checked at open). A descriptor this caller opened
+/// before is used again while the mode bits still allow the access (or
+/// the caller owns the file).
 fn open_io(cx: &Ctx<'_>, fh: &Fh, st: &Stat, write: bool) -> R<Arc<OwnedFd>> {
     let flags = if write {
         libc::O_WRONLY
     } else {
         libc::O_RDONLY
     };
-    cx.srv.state.before_own_open((st.dev, st.ino));
-    match fs::reopen(fh.fd.as_fd(), flags) {
-        Ok(fd) => Ok(Arc::new(fd)),
-        Err(e) if e.raw_os_error() == Some(libc::EACCES) && cx.id.uid == st.uid => {
-            io3(cred::as_root(|| fs::reopen(fh.fd.as_fd(), flags))).map(Arc::new)
+    let groups = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        cx.id.groups.hash(&mut h);
+        h.finish()
+    };
+    let key = (st.dev, st.ino, cx.id.uid, cx.id.gid, groups, write);
+    let cache = &cx.srv.v3_files;
+    let allowed = cx.id.uid == st.uid || may(st, cx, if write { 0o2 } else { 0o4 });
+    if allowed {
+        if let Some(fd) = cache.get(&key) {
+            return Ok(fd);
         }
-        Err(e) => io3(Err(e)),
     }
+    cx.srv.state.before_own_open((st.dev, st.ino));
+    let fd = match fs::reopen(fh.fd.as_fd(), flags) {
+        Ok(fd) => Arc::new(fd),
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) && cx.id.uid == st.uid => {
+            io3(cred::as_root(|| fs::reopen(fh.fd.as_fd(), flags))).map(Arc::new)?
+        }
+        Err(e) => return io3(Err(e)),
+    };
+    // A write lease (an NFSv4 write delegation) needs no other
+    // descriptor open: none is kept for a file under delegation.
+    if !cx.srv.state.write_delegated((st.dev, st.ino)) {
+        cache.put(key, fd.clone());
+    }
+    Ok(fd)
 }
 
 /// The regular file behind `fh`.
