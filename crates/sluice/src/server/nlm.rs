@@ -367,13 +367,11 @@ fn wake(srv: &Server, files: &[FileKey]) {
     }
 }
 
-/// Releases everything of the client host `name` (or at `addr`), which
-/// restarted, and grants what waited for it.
+/// Releases everything of the client host `name` (or, when no host has
+/// that name, at `addr`), which restarted, and grants what waited for it.
 fn forget_host(srv: &Server, name: &[u8], addr: Option<IpAddr>) {
     let files = srv.state.nlm_forget_host(name, addr);
-    srv.nlm
-        .blocked()
-        .retain(|b| b.host.name != name && Some(b.host.addr) != addr);
+    srv.nlm.blocked().retain(|b| b.host.name != name);
     wake(srv, &files);
 }
 

@@ -258,18 +258,33 @@ impl StateTable {
             .any(|r| &r.holder == holder && r.start <= start && end <= r.end && r.write == write)
     }
 
-    /// Forgets every lock of the NLM hosts named `name` or at `addr` (the
-    /// host restarted: SM_NOTIFY or FREE_ALL), and their records. Returns
-    /// the files that had locks of theirs.
+    /// Forgets every lock of the NLM host named `name` (or, when none has
+    /// that name, of the hosts at `addr`): the host restarted (SM_NOTIFY or
+    /// FREE_ALL). Its record goes too. Returns the files that had locks of
+    /// its.
     pub fn nlm_forget_host(&self, name: &[u8], addr: Option<IpAddr>) -> Vec<FileKey> {
         let mut inner = self.lock();
-        let gone: Vec<(u32, NlmHost)> = inner
-            .nlm
-            .hosts
-            .iter()
-            .filter(|(_, (h, _))| h.name == name || Some(h.addr) == addr)
-            .map(|(n, (h, _))| (*n, h.clone()))
-            .collect();
+        // By name; by address only when no host has that name (several
+        // clients behind one address must not lose each other's locks).
+        let pick = |by_addr: bool| -> Vec<(u32, NlmHost)> {
+            inner
+                .nlm
+                .hosts
+                .iter()
+                .filter(|(_, (h, _))| {
+                    if by_addr {
+                        Some(h.addr) == addr
+                    } else {
+                        h.name == name
+                    }
+                })
+                .map(|(n, (h, _))| (*n, h.clone()))
+                .collect()
+        };
+        let mut gone = pick(false);
+        if gone.is_empty() {
+            gone = pick(true);
+        }
         let mut files = Vec::new();
         for (n, h) in gone {
             let clientid = NLM_CLIENTS | n as u64;
