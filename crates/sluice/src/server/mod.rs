@@ -333,7 +333,9 @@ impl Server {
             | (crate::mount::NSM_PROGRAM, crate::nlm::NSM_VERSION) => {
                 return Call::Paused(Paused {
                     xid,
-                    rest: Rest::Lock(record, call.prog, call.proc_, args_at, peer, local),
+                    rest: Rest::Lock(
+                        record, call.prog, call.proc_, args_at, call.cred, peer, local,
+                    ),
                 });
             }
             (crate::mount::NLM_PROGRAM, _) => {
@@ -431,8 +433,17 @@ enum Rest {
     /// start, and the caller's address.
     Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
     /// An NLM or NSM call: the record, program, procedure, where the
-    /// arguments start, the caller's address and the server's it reached.
-    Lock(Vec<u8>, u32, u32, usize, Option<IpAddr>, Option<IpAddr>),
+    /// arguments start, the caller, its address and the server's it
+    /// reached.
+    Lock(
+        Vec<u8>,
+        u32,
+        u32,
+        usize,
+        Cred,
+        Option<IpAddr>,
+        Option<IpAddr>,
+    ),
 }
 
 impl Paused {
@@ -445,9 +456,9 @@ impl Paused {
             Rest::V3(record, proc_, at, cred, peer) => {
                 v3_reply(xid, nfs3::call(srv, proc_, &record[at..], &cred, peer))
             }
-            Rest::Lock(record, prog, proc_, at, peer, local) => {
+            Rest::Lock(record, prog, proc_, at, cred, peer, local) => {
                 let done = if prog == crate::mount::NLM_PROGRAM {
-                    nlm::call_nlm(srv, proc_, &record[at..], peer, local)
+                    nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local)
                 } else {
                     nlm::call_nsm(srv, proc_, &record[at..], peer)
                 };

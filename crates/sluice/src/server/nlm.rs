@@ -27,7 +27,7 @@ use crate::engine::fs;
 use crate::engine::handle::HandleError;
 use crate::mount::{pmapproc, IPPROTO_TCP, IPPROTO_UDP, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM};
 use crate::nlm::{nlmproc, nlmstat, smproc, Nlm4Lock, NlmArgs, NsmArgs, NLM_VERSION, NSM_VERSION};
-use crate::rpc;
+use crate::rpc::{self, Cred};
 use crate::xdr::{Decoder, Encoder};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
@@ -78,6 +78,7 @@ struct Blocked {
 #[derive(Debug, Default)]
 pub struct NlmServer {
     blocked: Mutex<Vec<Blocked>>,
+    shares: Mutex<Vec<Share>>,
     /// Test only: the portmapper to ask for every client's lock manager
     /// and status monitor (instead of port 111 at the client's address).
     pub portmap: Option<SocketAddr>,
@@ -89,6 +90,7 @@ impl NlmServer {
     pub fn new(portmap: Option<SocketAddr>) -> Self {
         NlmServer {
             blocked: Mutex::new(Vec::new()),
+            shares: Mutex::new(Vec::new()),
             portmap,
         }
     }
@@ -114,8 +116,16 @@ fn range(offset: u64, len: u64) -> Result<(u64, u64), u32> {
     }
 }
 
-/// The file an NLM call names, and whether its export is read-only.
-fn file_of(srv: &Server, fh: &[u8], peer: Option<IpAddr>) -> Result<(FileKey, bool), u32> {
+/// The file an NLM call names: its (device, inode) key, its O_PATH
+/// descriptor and status, and its export's rules.
+struct NlmFile<'a> {
+    key: FileKey,
+    fd: Arc<std::os::fd::OwnedFd>,
+    st: fs::Stat,
+    rules: &'a super::exports::Rules,
+}
+
+fn file_of<'a>(srv: &'a Server, fh: &[u8], peer: Option<IpAddr>) -> Result<NlmFile<'a>, u32> {
     let (fd, loc) = match cred::as_root(|| srv.exports.resolve(fh)) {
         Ok(r) => r,
         Err(HandleError::Bad) | Err(HandleError::Stale) => return Err(nlmstat::STALE_FH),
@@ -128,7 +138,37 @@ fn file_of(srv: &Server, fh: &[u8], peer: Option<IpAddr>) -> Result<(FileKey, bo
         return Err(nlmstat::FAILED);
     }
     let st = fs::stat(fd.as_fd()).map_err(|_| nlmstat::STALE_FH)?;
-    Ok(((st.dev, st.ino), rules.read_only))
+    Ok(NlmFile {
+        key: (st.dev, st.ino),
+        fd,
+        st,
+        rules,
+    })
+}
+
+/// Whether the caller may lock the file as it asks: as on the Linux
+/// server, which opens the file for the lock with the caller's identity
+/// (for reading for a shared lock, for writing for an exclusive one), a
+/// caller that could not open it gets NLM4_FAILED, and so does a lock of
+/// anything but a regular file, and an exclusive lock on a read-only
+/// export. The owner of a file may lock it whatever its mode bits say.
+fn may_lock(f: &NlmFile<'_>, cred: &Cred, exclusive: bool) -> Result<(), u32> {
+    if !f.st.is_file() || (exclusive && f.rules.read_only) {
+        return Err(nlmstat::FAILED);
+    }
+    let id = Server::identity(cred, f.rules);
+    if id.uid == f.st.uid {
+        return Ok(());
+    }
+    let flags = if exclusive {
+        libc::O_WRONLY
+    } else {
+        libc::O_RDONLY
+    };
+    let _as = cred::assume(&id);
+    fs::reopen(f.fd.as_fd(), flags)
+        .map(drop)
+        .map_err(|_| nlmstat::FAILED)
 }
 
 fn host_of(l: &Nlm4Lock<'_>, peer: Option<IpAddr>, local: Option<IpAddr>) -> NlmHost {
@@ -146,6 +186,7 @@ pub(super) fn call_nlm(
     srv: &Server,
     proc_: u32,
     args: &[u8],
+    cred: &Cred,
     peer: Option<IpAddr>,
     local: Option<IpAddr>,
 ) -> DoneNlm {
@@ -156,7 +197,7 @@ pub(super) fn call_nlm(
         Some(Ok(a)) => a,
     };
     let mut e = Encoder::with_capacity(128);
-    let in_grace = || srv.state.grace_status().active;
+    let in_grace = || srv.state.nlm_in_grace();
     match a {
         NlmArgs::Null => {}
         NlmArgs::Test(cookie, exclusive, l) => {
@@ -166,10 +207,11 @@ pub(super) fn call_nlm(
                     return Err(nlmstat::DENIED_GRACE_PERIOD);
                 }
                 let rg = range(l.offset, l.len)?;
-                let (file, _) = file_of(srv, l.fh, peer)?;
+                let f = file_of(srv, l.fh, peer)?;
+                may_lock(&f, cred, exclusive)?;
                 let owner = owner_key(l.caller_name, l.svid, l.oh);
                 srv.state
-                    .nlm_test(&host_of(&l, peer, local), &owner, file, rg, exclusive)
+                    .nlm_test(&host_of(&l, peer, local), &owner, f.key, rg, exclusive)
                     .map_err(|_| nlmstat::DENIED_GRACE_PERIOD)
             })();
             match r {
@@ -189,7 +231,7 @@ pub(super) fn call_nlm(
         NlmArgs::Lock(cookie, block, exclusive, l, reclaim, _state) => {
             e.opaque(cookie);
             e.u32(lock(
-                srv, cookie, block, exclusive, &l, reclaim, peer, local,
+                srv, cookie, block, exclusive, &l, reclaim, cred, peer, local,
             ));
         }
         NlmArgs::Cancel(cookie, _block, exclusive, l) => {
@@ -199,7 +241,7 @@ pub(super) fn call_nlm(
                     return Err(nlmstat::DENIED_GRACE_PERIOD);
                 }
                 let rg = range(l.offset, l.len)?;
-                let (file, _) = file_of(srv, l.fh, peer)?;
+                let file = file_of(srv, l.fh, peer)?.key;
                 let owner = owner_key(l.caller_name, l.svid, l.oh);
                 let mut q = srv.nlm.blocked();
                 let before = q.len();
@@ -221,8 +263,14 @@ pub(super) fn call_nlm(
                     return Err(nlmstat::DENIED_GRACE_PERIOD);
                 }
                 let rg = range(l.offset, l.len)?;
-                let (file, _) = file_of(srv, l.fh, peer)?;
+                let file = file_of(srv, l.fh, peer)?.key;
                 let owner = owner_key(l.caller_name, l.svid, l.oh);
+                // The owner's own waiting request on the range goes first
+                // (an UNLOCK after a GRANTED it did not see), as on the
+                // Linux server.
+                srv.nlm.blocked().retain(|b| {
+                    !(b.owner == owner && b.file == file && b.range.0 < rg.1 && rg.0 < b.range.1)
+                });
                 srv.state.nlm_unlock(&owner, file, rg);
                 wake(srv, &[file]);
                 Ok(nlmstat::GRANTED)
@@ -231,11 +279,19 @@ pub(super) fn call_nlm(
         }
         NlmArgs::Share(cookie, share, reclaim) => {
             e.opaque(cookie);
-            let st = if in_grace() != reclaim {
+            let unshare = proc_ == nlmproc::UNSHARE;
+            // During grace only reclaiming SHAREs go; UNSHARE waits too
+            // (as on the Linux server).
+            let refused = if unshare {
+                in_grace()
+            } else {
+                in_grace() != reclaim
+            };
+            let st = if refused {
                 nlmstat::DENIED_GRACE_PERIOD
             } else {
                 match file_of(srv, share.fh, peer) {
-                    Ok(_) => nlmstat::GRANTED,
+                    Ok(f) => srv.nlm.share(f.key, &share, unshare),
                     Err(st) => st,
                 }
             };
@@ -249,6 +305,53 @@ pub(super) fn call_nlm(
     DoneNlm::Reply(e)
 }
 
+/// A DOS share reservation: the file, its owner (host name and owner
+/// handle), what it denies others and what it uses.
+#[derive(Debug, Clone)]
+struct Share {
+    file: FileKey,
+    host: Vec<u8>,
+    oh: Vec<u8>,
+    mode: u32,
+    access: u32,
+}
+
+impl NlmServer {
+    /// SHARE (or UNSHARE): a share conflicts when what it uses meets what
+    /// another owner's denies, or what it denies meets what another's
+    /// uses (XNFS, as the Linux server).
+    fn share(&self, file: FileKey, s: &crate::nlm::Nlm4Share<'_>, unshare: bool) -> u32 {
+        let mut shares = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let same = |x: &Share| x.file == file && x.host == s.caller_name && x.oh == s.oh;
+        if unshare {
+            shares.retain(|x| !same(x));
+            return nlmstat::GRANTED;
+        }
+        let conflict = shares.iter().any(|x| {
+            !same(x) && x.file == file && (s.access & x.mode != 0 || s.mode & x.access != 0)
+        });
+        if conflict {
+            return nlmstat::DENIED;
+        }
+        let full = shares.len() >= BLOCKED_MAX;
+        match shares.iter_mut().find(|x| same(x)) {
+            Some(x) => {
+                x.mode = s.mode;
+                x.access = s.access;
+            }
+            None if !full => shares.push(Share {
+                file,
+                host: s.caller_name.to_vec(),
+                oh: s.oh.to_vec(),
+                mode: s.mode,
+                access: s.access,
+            }),
+            None => return nlmstat::DENIED_NOLOCKS,
+        }
+        nlmstat::GRANTED
+    }
+}
+
 /// LOCK (and NM_LOCK): the nlm4_stats to answer.
 #[allow(clippy::too_many_arguments)]
 fn lock(
@@ -258,6 +361,7 @@ fn lock(
     exclusive: bool,
     l: &Nlm4Lock<'_>,
     reclaim: bool,
+    cred: &Cred,
     peer: Option<IpAddr>,
     local: Option<IpAddr>,
 ) -> u32 {
@@ -265,12 +369,29 @@ fn lock(
         Ok(r) => r,
         Err(st) => return st,
     };
-    let (file, read_only) = match file_of(srv, l.fh, peer) {
+    let f = match file_of(srv, l.fh, peer) {
         Ok(f) => f,
         Err(st) => return st,
     };
-    if exclusive && read_only {
-        return nlmstat::ROFS;
+    if let Err(st) = may_lock(&f, cred, exclusive) {
+        return st;
+    }
+    let file = f.key;
+    // An NFSv4 client keeps its locks to itself under a delegation: one
+    // that may hold a conflicting lock is recalled first (any lock against
+    // a write delegation, an exclusive one against a read delegation), and
+    // the lock waits for it.
+    if !reclaim {
+        if let Err((_, recalls)) = srv.state.deleg_conflicts(file, None, exclusive) {
+            if !recalls.is_empty() {
+                super::callback::start_recalls(recalls, |c| srv.state.sessions_of(c), &srv.metrics);
+            }
+            return if block {
+                nlmstat::BLOCKED
+            } else {
+                nlmstat::DENIED
+            };
+        }
     }
     let owner = owner_key(l.caller_name, l.svid, l.oh);
     let host = host_of(l, peer, local);
@@ -285,6 +406,11 @@ fn lock(
     {
         Ok(Ok(())) => {
             drop_blocked(srv, &owner, file, rg);
+            // A shared lock may have replaced an exclusive one of the same
+            // owner: what waited for it may go now.
+            if !exclusive {
+                wake_file(srv, file);
+            }
             nlmstat::GRANTED
         }
         Ok(Err(_)) if block => {
@@ -331,6 +457,14 @@ fn drop_blocked(srv: &Server, owner: &[u8], file: FileKey, rg: (u64, u64)) {
         .retain(|b| !(b.owner == owner && b.file == file && b.range == rg));
 }
 
+/// After an NFSv4 lock on `file` went or changed (LOCKU, a LOCK that
+/// changed a range's type): grants the NLM locks that waited for it.
+pub(super) fn wake_file(srv: &Server, file: FileKey) {
+    if !srv.nlm.blocked().is_empty() {
+        wake(srv, &[file]);
+    }
+}
+
 /// Grants the blocked LOCKs on `files` whose conflicts are gone, and
 /// tells their clients (NLM4_GRANTED, on threads of their own).
 fn wake(srv: &Server, files: &[FileKey]) {
@@ -372,6 +506,11 @@ fn wake(srv: &Server, files: &[FileKey]) {
 fn forget_host(srv: &Server, name: &[u8], addr: Option<IpAddr>) {
     let files = srv.state.nlm_forget_host(name, addr);
     srv.nlm.blocked().retain(|b| b.host.name != name);
+    srv.nlm
+        .shares
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|s| s.host != name);
     wake(srv, &files);
 }
 

@@ -802,6 +802,11 @@ pub(super) fn lock(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             Ok(sid) => {
                 sid.encode(e);
                 cx.cur_sid = Some(sid);
+                // A write lock made a read lock frees what NLM locks may
+                // wait for.
+                if !write {
+                    super::nlm::wake_file(cx.srv, file);
+                }
                 Ok(())
             }
             Err(dn) => {
@@ -854,6 +859,7 @@ pub(super) fn locku(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         let sid = cx.srv.state.unlock(&sid, file_key(&st), range)?;
         sid.encode(e);
         cx.cur_sid = Some(sid);
+        super::nlm::wake_file(cx.srv, file_key(&st));
         Ok(())
     })
 }

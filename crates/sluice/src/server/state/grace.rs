@@ -45,6 +45,11 @@ pub(super) struct Grace {
     waiting: HashSet<Vec<u8>>,
     /// Owners that may reclaim in this grace period.
     known: HashSet<Vec<u8>>,
+    /// When NLM hosts known from before may no longer reclaim (None: there
+    /// were none). NLM has no RECLAIM_COMPLETE, so theirs is a grace
+    /// period of its own that runs its whole time; it holds back new locks
+    /// (NLM and NFSv4) but not NFSv4 opens, as on the Linux server.
+    nlm_ends: Option<Instant>,
 }
 
 /// Grace as operators see it.
@@ -59,14 +64,28 @@ pub struct GraceStatus {
 impl Grace {
     /// Grace after a start with `epoch`, lasting at most `length`.
     pub(super) fn begin(epoch: &EpochStart, length: Duration, now: Instant) -> Self {
-        let known: HashSet<Vec<u8>> = epoch.reclaimable.iter().cloned().collect();
+        let is_nlm = |r: &Vec<u8>| r.starts_with(super::nlm::HOST_RECORD);
+        let known: HashSet<Vec<u8>> = epoch
+            .reclaimable
+            .iter()
+            .filter(|r| !is_nlm(r))
+            .cloned()
+            .collect();
+        let nlm = epoch.reclaimable.iter().any(is_nlm);
         Grace {
             active: true,
             started: Some(now),
             ends: Some(now + length),
             waiting: known.clone(),
             known,
+            nlm_ends: nlm.then_some(now + length),
         }
+    }
+
+    /// True while NLM hosts known from before may reclaim (see
+    /// [`Grace::nlm_ends`]).
+    pub(super) fn nlm_active_at(&self, now: Instant) -> bool {
+        self.nlm_ends.is_some_and(|e| now < e)
     }
 
     /// True while new opens and locks must wait: grace has not been
@@ -194,5 +213,27 @@ impl StateTable {
         } else {
             Ok(())
         }
+    }
+
+    /// Like [`StateTable::check_new_state`] for a new byte-range lock,
+    /// which also waits for NLM hosts to reclaim theirs.
+    pub(super) fn check_new_lock(
+        &self,
+        inner: &super::Inner,
+        now: Instant,
+    ) -> Result<(), Nfsstat4> {
+        self.check_new_state(inner, now)?;
+        if inner.grace.nlm_active_at(now) {
+            Err(status::GRACE)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether NLM requests meet a grace period: NFSv4's or NLM's own.
+    pub fn nlm_in_grace(&self) -> bool {
+        let inner = self.lock();
+        let now = Instant::now();
+        inner.grace.active_at(now) || inner.grace.nlm_active_at(now)
     }
 }

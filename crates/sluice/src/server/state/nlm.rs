@@ -158,7 +158,7 @@ impl StateTable {
     ) -> Result<Result<(), Denied>, NlmRefusal> {
         let mut inner = self.lock();
         let now = Instant::now();
-        let in_grace = inner.grace.active_at(now);
+        let in_grace = inner.grace.active_at(now) || inner.grace.nlm_active_at(now);
         if in_grace != reclaim {
             return Err(NlmRefusal::Grace);
         }
@@ -218,14 +218,17 @@ impl StateTable {
         write: bool,
     ) -> Result<Option<Denied>, NlmRefusal> {
         let mut inner = self.lock();
-        if inner.grace.active_at(Instant::now()) {
+        let now = Instant::now();
+        if inner.grace.active_at(now) || inner.grace.nlm_active_at(now) {
             return Err(NlmRefusal::Grace);
         }
         let clientid = self.nlm_host_id(&mut inner, host);
+        // Locks of courtesy clients do not count: a LOCK would expire
+        // them.
         let found = inner
             .ids
             .lock_conflicts(clientid, owner, file, range, write)
-            .next()
+            .find(|r| !self.expirable(&inner, r.clientid, now))
             .map(denied);
         Ok(found)
     }

@@ -652,6 +652,22 @@ impl StateTable {
         }
     }
 
+    /// [`StateTable::check_grace`] for a LOCK: a new lock also waits for
+    /// NLM hosts to reclaim theirs.
+    fn check_lock_grace(
+        &self,
+        inner: &Inner,
+        clientid: u64,
+        reclaim: bool,
+        now: Instant,
+    ) -> Result<(), Nfsstat4> {
+        if reclaim {
+            self.check_reclaim(inner, clientid, now)
+        } else {
+            self.check_new_lock(inner, now)
+        }
+    }
+
     /// LOCK with a new lock-owner: creates its lock state from an open.
     #[allow(clippy::too_many_arguments)]
     pub fn lock_new_owner(
@@ -666,7 +682,7 @@ impl StateTable {
     ) -> Result<Result<Stateid, Denied>, Nfsstat4> {
         let mut inner = self.lock();
         let now = Instant::now();
-        self.check_grace(&inner, clientid, reclaim, now)?;
+        self.check_lock_grace(&inner, clientid, reclaim, now)?;
         self.check_on_file(&inner, open, file, false)?;
         // Reuse the lock state this owner already has on the file.
         let key = (clientid, owner.to_vec(), file);
@@ -714,7 +730,7 @@ impl StateTable {
                 return Err(status::BAD_STATEID);
             }
         };
-        self.check_grace(&inner, clientid, reclaim, now)?;
+        self.check_lock_grace(&inner, clientid, reclaim, now)?;
         self.check_on_file(&inner, sid, file, true)?;
         self.apply_lock(&mut inner, sid.other, range, write, reclaim, now)
     }
@@ -799,7 +815,7 @@ impl StateTable {
         write: bool,
     ) -> Result<Option<Denied>, Nfsstat4> {
         let inner = self.lock();
-        self.check_new_state(&inner, Instant::now())?;
+        self.check_new_lock(&inner, Instant::now())?;
         let found = inner
             .ids
             .lock_conflicts(clientid, owner, file, range, write)
