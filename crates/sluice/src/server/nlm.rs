@@ -10,14 +10,16 @@
 //!   NLM4_GRANTED call to its lock manager, found through its
 //!   portmapper. A client that missed that call re-sends its LOCK and
 //!   gets NLM4_GRANTED, since it holds the lock.
-//! - After a start, during the grace period, only reclaims (LOCK with
-//!   `reclaim`) are granted, and TEST, CANCEL, UNLOCK and new locks get
+//! - After a start, during the grace period (NFSv4's, or NLM's own when
+//!   NLM hosts held locks before), only reclaims (LOCK with `reclaim`) are
+//!   granted, and TEST, CANCEL, UNLOCK, UNSHARE and new locks get
 //!   NLM4_DENIED_GRACE_PERIOD, as from the Linux server. Every host that
 //!   held locks before is sent SM_NOTIFY with the server's new state
 //!   number, which makes its lock manager reclaim.
 //! - An SM_NOTIFY (or FREE_ALL) from a client that restarted releases
 //!   all its locks.
-//! - SHARE and UNSHARE (DOS share modes) are accepted and not enforced.
+//! - SHARE and UNSHARE keep DOS share reservations, which conflict only
+//!   with each other.
 
 use super::state::nlm::{nlm_holder, owner_key, NlmHost, NlmRefusal};
 use super::state::FileKey;
