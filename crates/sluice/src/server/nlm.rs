@@ -389,7 +389,17 @@ fn lock(
                 super::callback::start_recalls(recalls, |c| srv.state.sessions_of(c), &srv.metrics);
             }
             return if block {
-                nlmstat::BLOCKED
+                let owner = owner_key(l.caller_name, l.svid, l.oh);
+                queue(
+                    srv,
+                    host_of(l, peer, local),
+                    owner,
+                    file,
+                    rg,
+                    exclusive,
+                    cookie,
+                    l,
+                )
             } else {
                 nlmstat::DENIED
             };
@@ -416,41 +426,82 @@ fn lock(
             nlmstat::GRANTED
         }
         Ok(Err(_)) if block => {
-            let mut q = srv.nlm.blocked();
-            let now = Instant::now();
-            q.retain(|b| now.saturating_duration_since(b.since) < BLOCKED_KEEP);
-            let full = q.len() >= BLOCKED_MAX;
-            match q
-                .iter_mut()
-                .find(|b| b.owner == owner && b.file == file && b.range == rg)
-            {
-                Some(b) => {
-                    b.since = now;
-                    b.write = exclusive;
-                    b.cookie = cookie.to_vec();
-                }
-                None if full => return nlmstat::DENIED_NOLOCKS,
-                None => q.push(Blocked {
-                    host,
-                    owner,
-                    file,
-                    range: rg,
-                    write: exclusive,
-                    cookie: cookie.to_vec(),
-                    fh: l.fh.to_vec(),
-                    oh: l.oh.to_vec(),
-                    svid: l.svid,
-                    offset: l.offset,
-                    len: l.len,
-                    since: now,
-                }),
+            if would_deadlock(srv, &owner, file, rg, exclusive) {
+                return nlmstat::DEADLCK;
             }
-            nlmstat::BLOCKED
+            queue(srv, host, owner, file, rg, exclusive, cookie, l)
         }
         Ok(Err(_)) => nlmstat::DENIED,
         Err(NlmRefusal::Grace) => nlmstat::DENIED_GRACE_PERIOD,
         Err(NlmRefusal::Failed) => nlmstat::FAILED,
     }
+}
+
+/// Whether `owner` waiting for [start, end) of `file` would close a
+/// circle of NLM owners each waiting for the next one's lock (XNFS
+/// NLM4_DEADLCK; the Linux server asks the VFS's deadlock check).
+fn would_deadlock(srv: &Server, owner: &[u8], file: FileKey, rg: (u64, u64), write: bool) -> bool {
+    let waiting: Vec<Blocked> = srv.nlm.blocked().clone();
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    let mut todo = srv.state.nlm_blockers(owner, file, rg, write);
+    while let Some(o) = todo.pop() {
+        if o == owner {
+            return true;
+        }
+        if seen.contains(&o) || seen.len() > 1024 {
+            continue;
+        }
+        for b in waiting.iter().filter(|b| b.owner == o) {
+            todo.extend(srv.state.nlm_blockers(&b.owner, b.file, b.range, b.write));
+        }
+        seen.push(o);
+    }
+    false
+}
+
+/// Queues a blocking LOCK (or refreshes the one queued): NLM4_BLOCKED, or
+/// NLM4_DENIED_NOLOCKS when the queue is full.
+#[allow(clippy::too_many_arguments)]
+fn queue(
+    srv: &Server,
+    host: NlmHost,
+    owner: Vec<u8>,
+    file: FileKey,
+    rg: (u64, u64),
+    exclusive: bool,
+    cookie: &[u8],
+    l: &Nlm4Lock<'_>,
+) -> u32 {
+    let mut q = srv.nlm.blocked();
+    let now = Instant::now();
+    q.retain(|b| now.saturating_duration_since(b.since) < BLOCKED_KEEP);
+    let full = q.len() >= BLOCKED_MAX;
+    match q
+        .iter_mut()
+        .find(|b| b.owner == owner && b.file == file && b.range == rg)
+    {
+        Some(b) => {
+            b.since = now;
+            b.write = exclusive;
+            b.cookie = cookie.to_vec();
+        }
+        None if full => return nlmstat::DENIED_NOLOCKS,
+        None => q.push(Blocked {
+            host,
+            owner,
+            file,
+            range: rg,
+            write: exclusive,
+            cookie: cookie.to_vec(),
+            fh: l.fh.to_vec(),
+            oh: l.oh.to_vec(),
+            svid: l.svid,
+            offset: l.offset,
+            len: l.len,
+            since: now,
+        }),
+    }
+    nlmstat::BLOCKED
 }
 
 fn drop_blocked(srv: &Server, owner: &[u8], file: FileKey, rg: (u64, u64)) {
@@ -657,7 +708,7 @@ fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
         len: b.len,
     }
     .encode(&mut a);
-    rpc_call(
+    let res = rpc_call(
         target,
         false,
         NLM_PROGRAM,
@@ -665,6 +716,25 @@ fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
         nlmproc::GRANTED,
         a.as_slice(),
     )?;
+    // nlm4_res: the cookie, then the client's answer. A client that no
+    // longer waits (its process gave up) refuses: the lock goes, as on the
+    // Linux server, and what waited for it is granted.
+    let mut d = Decoder::new(&res);
+    let answer = match d.opaque(crate::nlm::MAXNETOBJ) {
+        Ok(_) => d.u32(),
+        Err(e) => Err(e),
+    }
+    .map_err(|_| std::io::Error::other("malformed NLM4_GRANTED reply"))?;
+    if answer != nlmstat::GRANTED {
+        srv.state.nlm_unlock(&b.owner, b.file, b.range);
+        wake(srv, &[b.file]);
+        tracing::info!(
+            host = %String::from_utf8_lossy(&b.host.name),
+            answer,
+            "the client refused a granted lock; it is released"
+        );
+        return Ok(());
+    }
     tracing::debug!(host = %String::from_utf8_lossy(&b.host.name), "NLM4_GRANTED delivered");
     Ok(())
 }

@@ -890,6 +890,9 @@ pub(super) fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encode
         let sid = cx.stateid(stateid(d)?)?;
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
-        cx.srv.state.delegreturn(&sid, file_key(&st))
+        cx.srv.state.delegreturn(&sid, file_key(&st))?;
+        // NLM locks that waited for the delegation to come back.
+        super::nlm::wake_file(cx.srv, file_key(&st));
+        Ok(())
     })
 }

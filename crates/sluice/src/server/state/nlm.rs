@@ -41,10 +41,14 @@ pub struct NlmHost {
 }
 
 impl NlmHost {
-    /// Its client record.
+    /// Its client record: the name in hexadecimal (it is the client's to
+    /// choose, any bytes), its address and the server's, separated by NUL
+    /// bytes.
     pub fn record(&self) -> Vec<u8> {
         let mut r = HOST_RECORD.to_vec();
-        r.extend_from_slice(&self.name);
+        for b in &self.name {
+            r.extend_from_slice(format!("{b:02x}").as_bytes());
+        }
         r.push(0);
         r.extend_from_slice(self.addr.to_string().as_bytes());
         r.push(0);
@@ -56,9 +60,19 @@ impl NlmHost {
     pub fn from_record(r: &[u8]) -> Option<NlmHost> {
         let rest = r.strip_prefix(HOST_RECORD)?;
         let mut parts = rest.split(|&b| b == 0);
-        let name = parts.next()?.to_vec();
+        let hex = parts.next()?;
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        let name = hex
+            .chunks(2)
+            .map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
         let addr = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
         let local = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+        if parts.next().is_some() {
+            return None;
+        }
         Some(NlmHost { name, addr, local })
     }
 }
@@ -233,6 +247,26 @@ impl StateTable {
         Ok(found)
     }
 
+    /// The NLM owners whose locks keep [start, end) from `owner` (of
+    /// `host`), for deadlock detection.
+    pub fn nlm_blockers(
+        &self,
+        owner: &[u8],
+        file: FileKey,
+        range: (u64, u64),
+        write: bool,
+    ) -> Vec<Vec<u8>> {
+        let inner = self.lock();
+        // The requester's own client id does not matter here: conflicts
+        // are between owners, and NLM owners carry their host's name.
+        inner
+            .ids
+            .lock_conflicts(u64::MAX, owner, file, range, write)
+            .filter(|r| is_nlm(r.clientid) && r.owner != owner)
+            .map(|r| r.owner.clone())
+            .collect()
+    }
+
     /// NLM UNLOCK: gives up [start, end) of `owner`'s locks on `file`.
     pub fn nlm_unlock(&self, owner: &[u8], file: FileKey, (start, end): (u64, u64)) {
         let mut inner = self.lock();
@@ -338,6 +372,12 @@ mod tests {
         let h = host("client-a");
         assert_eq!(NlmHost::from_record(&h.record()), Some(h));
         assert_eq!(NlmHost::from_record(b"not an nlm record"), None);
+        // A name with NUL bytes cannot change the addresses recorded.
+        let sly = NlmHost {
+            name: b"sly\x00198.51.100.7\x00198.51.100.8".to_vec(),
+            ..host("x")
+        };
+        assert_eq!(NlmHost::from_record(&sly.record()), Some(sly));
     }
 
     #[test]
