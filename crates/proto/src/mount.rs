@@ -3,7 +3,7 @@
 //! 3 and 4): program and procedure numbers, statuses, and argument
 //! decoding.
 
-use crate::xdr::{Decoder, XdrError, XdrResult};
+use crate::xdr::{Decoder, XdrResult};
 
 /// The MOUNT program.
 pub const MOUNT_PROGRAM: u32 = 100005;
@@ -62,13 +62,7 @@ impl<'a> MountArgs<'a> {
             mntproc::MNT | mntproc::UMNT => d.opaque(MNTPATHLEN).map(MountArgs::Path),
             _ => return None,
         };
-        Some(r.and_then(|a| {
-            if d.remaining() != 0 {
-                Err(XdrError::BadValue(d.remaining() as u32))
-            } else {
-                Ok(a)
-            }
-        }))
+        Some(d.whole(r))
     }
 }
 

@@ -432,13 +432,7 @@ impl<'a> Args3<'a> {
         if proc_ > proc3::COMMIT {
             return None;
         }
-        Some(r.and_then(|a| {
-            if d.remaining() != 0 {
-                Err(XdrError::BadValue(d.remaining() as u32))
-            } else {
-                Ok(a)
-            }
-        }))
+        Some(d.whole(r))
     }
 }
 

@@ -176,13 +176,7 @@ impl<'a> NlmArgs<'a> {
         ) {
             return None;
         }
-        Some(r.and_then(|a| {
-            if d.remaining() != 0 {
-                Err(XdrError::BadValue(d.remaining() as u32))
-            } else {
-                Ok(a)
-            }
-        }))
+        Some(d.whole(r))
     }
 }
 
@@ -240,13 +234,7 @@ impl<'a> NsmArgs<'a> {
         if proc_ > NOTIFY {
             return None;
         }
-        Some(r.and_then(|a| {
-            if d.remaining() != 0 {
-                Err(XdrError::BadValue(d.remaining() as u32))
-            } else {
-                Ok(a)
-            }
-        }))
+        Some(d.whole(r))
     }
 }
 

@@ -149,6 +149,17 @@ impl<'a> Decoder<'a> {
         (0..n).map(|_| self.u32()).collect()
     }
 
+    /// `r` when it decoded and nothing is left after it: procedure
+    /// arguments must fill the call exactly (bytes left over are
+    /// GARBAGE_ARGS).
+    pub fn whole<T>(&self, r: XdrResult<T>) -> XdrResult<T> {
+        let a = r?;
+        if self.remaining() != 0 {
+            return Err(XdrError::BadValue(self.remaining() as u32));
+        }
+        Ok(a)
+    }
+
     /// Reads the rest of the input without interpreting it.
     pub fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];

@@ -928,24 +928,10 @@ fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Sta
     Ok((fh, st))
 }
 
-/// Opens `name` in `dir` as a handle of the same export.
+/// Opens `name` in `dir` as a handle of the same export (another file
+/// system mounted inside it is not exported: NFS3ERR_NOENT).
 fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> R<(Fh, Stat)> {
-    let ex = &cx.ex(dir).fs;
-    let fd = io3(fs::open_path_at(dir.fd.as_fd(), name))?;
-    let st = io3(fs::stat(fd.as_fd()))?;
-    if st.dev != ex.dev() {
-        // Another file system mounted inside the export is not exported.
-        return Err(status::NOENT);
-    }
-    let wire = io3(ex.handle_of(fd.as_fd()))?;
-    Ok((
-        Fh {
-            wire,
-            fd: Arc::new(fd),
-            loc: dir.loc,
-        },
-        st,
-    ))
+    super::ops_fs::child(cx, dir, name).map_err(st3)
 }
 
 /// LOOKUP of `n` in `dir`: "." is the directory, ".." its parent (the
@@ -980,7 +966,7 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
                 // The verifier is kept in the times until the client sets
                 // them (RFC 1813 section 3.3.8).
                 CreateHow3::Exclusive(v) => {
-                    let (at, mt) = verifier_times(v);
+                    let (at, mt) = super::ops_file::verifier_times(v);
                     SetAttrs {
                         atime: SetTime::At(at),
                         mtime: SetTime::At(mt),
@@ -1015,7 +1001,7 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
             };
             // A retransmitted exclusive create finds its own verifier.
             let (fh, st) = child(cx, dir, n)?;
-            let (at, mt) = verifier_times(v);
+            let (at, mt) = super::ops_file::verifier_times(v);
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
@@ -1023,21 +1009,6 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
         }
         Err(e) => io3(Err(e)),
     }
-}
-
-fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
-    let a = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
-    let m = u32::from_be_bytes([v[4], v[5], v[6], v[7]]);
-    (
-        Time {
-            sec: a as i64,
-            nsec: 0,
-        },
-        Time {
-            sec: m as i64,
-            nsec: 0,
-        },
-    )
 }
 
 /// The readahead stream of an NFSv3 reader: one per file handle, since

@@ -90,7 +90,9 @@ enum How {
     Exclusive([u8; 8], attrs::SetAttrs),
 }
 
-fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
+/// The access and modify times an exclusive create keeps its verifier
+/// in (NFSv4's EXCLUSIVE4_1 and NFSv3's EXCLUSIVE alike).
+pub(super) fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
     let a = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
     let m = u32::from_be_bytes([v[4], v[5], v[6], v[7]]);
     (

@@ -256,7 +256,7 @@ pub(super) fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
 }
 
 /// Opens `name` in directory `dir` as a new filehandle.
-fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Nfsstat4> {
+pub(super) fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Nfsstat4> {
     let ex = &cx.ex(dir).fs;
     let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
     let st = io(fs::stat(fd.as_fd()))?;
