@@ -557,6 +557,44 @@ def test_blocking_request_that_would_deadlock_is_refused(nlm, fh):
     expect(nlm.lock(b.range(0, 10), block=True), S.DEADLCK, "B's blocking LOCK of A's range")
 
 
+def test_three_owner_deadlock_is_refused(nlm, fh):
+    a = owner(fh, "host-a", 1, offset=0, length=10)
+    b = owner(fh, "host-b", 2, offset=10, length=10)
+    c = owner(fh, "host-c", 3, offset=20, length=10)
+    for lk, who in ((a, "A"), (b, "B"), (c, "C")):
+        expect(nlm.lock(lk), S.GRANTED, f"{who}'s LOCK")
+    expect(nlm.lock(a.range(10, 10), block=True), S.BLOCKED, "A waits for B")
+    expect(nlm.lock(b.range(20, 10), block=True), S.BLOCKED, "B waits for C")
+    expect(nlm.lock(c.range(0, 10), block=True), S.DEADLCK, "C's request for A's range closes the circle")
+
+
+@pytest.mark.parametrize("how", ["granted", "cancelled", "unrelated"])
+def test_no_deadlock_without_a_circle(nlm, fh, how):
+    """Only a real circle is a deadlock: not once the waiter got its lock
+    or cancelled its request, nor when the holder asked for is not waiting
+    for anybody."""
+    a = owner(fh, "host-a", 1, offset=0, length=10)
+    b = owner(fh, "host-b", 2, offset=10, length=10)
+    expect(nlm.lock(a), S.GRANTED, "A [0, 10)")
+    expect(nlm.lock(b), S.GRANTED, "B [10, 20)")
+    if how == "unrelated":
+        c = owner(fh, "host-c", 3, offset=20, length=10)
+        expect(nlm.lock(c), S.GRANTED, "C [20, 30)")
+        expect(nlm.lock(a.range(10, 10), block=True), S.BLOCKED, "A waits for B")
+        expect(nlm.lock(b.range(20, 10), block=True), S.BLOCKED, "B waits for C, who waits for nobody")
+        return
+    expect(nlm.lock(a.range(10, 10), block=True), S.BLOCKED, "A waits for B")
+    if how == "granted":
+        expect(nlm.unlock(b), S.GRANTED, "B's UNLOCK")
+        expect(nlm.lock(a.range(10, 10), block=True), S.GRANTED, "A's request sent again: granted")
+        b2 = owner(fh, "host-b", 2, offset=30, length=10)
+        expect(nlm.lock(b2), S.GRANTED, "B [30, 40)")
+        expect(nlm.lock(b2.range(0, 10), block=True), S.BLOCKED, "B waits for A, who waits for nobody now")
+    else:
+        expect(nlm.cancel(a.range(10, 10), block=True), S.GRANTED, "A's CANCEL")
+        expect(nlm.lock(b.range(0, 10), block=True), S.BLOCKED, "B waits for A, whose request was cancelled")
+
+
 def test_a_waiting_request_holds_nothing(nlm, fh):
     expect(nlm.lock(owner(fh, "host-a", 1, offset=0, length=100)), S.GRANTED, "A [0, 100)")
     expect(nlm.lock(owner(fh, "host-b", 2, offset=50, length=100), block=True), S.BLOCKED, "B's blocking LOCK [50, 150)")
@@ -1159,6 +1197,42 @@ def test_blocked_under_a_delegation_is_granted_after_delegreturn(sluice_factory)
         fake.close()
 
 
+def test_blocked_under_an_ignored_recall_is_granted_when_revoked(sluice_factory):
+    """The holder answers CB_RECALL but never returns the delegation: the
+    server revokes it after a lease, and a LOCK answered NLM4_BLOCKED
+    meanwhile is then granted with an NLM_GRANTED call."""
+    import test_delegations as td
+    import test_write_delegations as tw
+
+    fake = FakeClientHost()
+    srv = sluice_factory("--grace-time", 0, "--lease-time", 3, "--delegations", "all", "--nsm-portmap", f"127.0.0.1:{fake.pmap_port}", metrics=True, root_squash=False)
+    td.make_file(srv, "f", b"delegated\n")
+    h = td.holder(srv)
+    try:
+        o, fh4, _ = tw.open_rw(h, "f")
+        assert o.deleg_type == tw.OPEN_DELEGATE_WRITE, f"no write delegation to test with: {o.deleg_type}"
+        e = Env(srv.port)
+        fh3 = e.lookup("f")
+        e.close()
+        lk = owner(fh3, "host-b", 2, offset=0, length=10)
+        with NlmClient(srv.port) as c:
+            xid = rc.next_xid()
+            c.conn.send_record(rc.call_header(xid, prog=NLM_PROGRAM, vers=NLM_V4, proc=NlmProc.LOCK, cred_body=c.cred) + n.lockargs(lk, True, True, False, 1, b"blk"))
+            call = h.conn.next_call(timeout=5)
+            td.recall_of(call)
+            h.conn.answer(call, td.cb_reply(call))
+            try:
+                st = n.decode_res("LOCK", accepted(c.conn.wait_for(xid), "the blocking LOCK").body).stat
+            except socket.timeout:
+                st = None
+            if st != S.BLOCKED:
+                pytest.skip(f"the blocking LOCK under a delegation answered {stat_name(st) if st is not None else 'nothing'}, no promise of NLM_GRANTED")
+            _wait_granted(fake, lk, True, "after the ignored recall, once the delegation is revoked", probe=lambda: f"the same LOCK sent again now answers {c.lock(lk, block=True)!r}")
+    finally:
+        h.close()
+        fake.close()
+
+
 def test_nlm_shared_lock_leaves_a_read_delegation_alone(sluice_factory):
     """A shared NLM lock conflicts with nothing a read delegation allows."""
     import test_delegations as td
@@ -1699,17 +1773,20 @@ def test_granted_callback_when_a_blocked_lock_is_granted(restartable):
         host.close()
 
 
-def _wait_granted(host: "FakeClientHost", lk: Lock, exclusive: bool, what: str):
-    """The NLM GRANTED call for `lk`, answered NLM4_GRANTED."""
+def _wait_granted(host: "FakeClientHost", lk: Lock, exclusive: bool, what: str, timeout: float = 20, probe=None):
+    """The NLM GRANTED call for `lk`, answered NLM4_GRANTED. When none
+    comes, probe() (if given) says in the failure what the server answers
+    now."""
     is_granted = lambda call: call.prog == NLM_PROGRAM and call.proc in (NlmProc.GRANTED, NlmProc.GRANTED_MSG)  # noqa: E731
 
     def answer(call):
         return n.encode_res(n.decode_testargs(call.args)[0], S.GRANTED) if call.proc == NlmProc.GRANTED else b""
 
     try:
-        call = host.wait_call(is_granted, 10, answer=answer)
+        call = host.wait_call(is_granted, timeout, answer=answer)
     except socket.timeout:
-        raise AssertionError(f"{what}: no NLM GRANTED within 10 s; portmapper queries: {host.queries}; other calls: {host.other_calls}") from None
+        now = f"; {probe()}" if probe is not None else ""
+        raise AssertionError(f"{what}: no NLM GRANTED within {timeout} s; portmapper queries: {host.queries}; other calls: {host.other_calls}{now}") from None
     _, excl, got = n.decode_testargs(call.args)
     assert (excl, got.fh, got.svid, got.offset, got.length) == (exclusive, lk.fh, lk.svid, lk.offset, lk.length), f"{what}: GRANTED for {excl=} {got!r}"
 
@@ -1799,6 +1876,33 @@ def test_lock_the_client_refuses_in_granted_is_released(restartable):
             assert r.holder.svid == 4, r
     finally:
         host.close()
+
+
+def test_nlm_waiter_expires_a_courtesy_client_in_its_way(sluice_factory):
+    """A courteous server keeps an NFSv4 client whose lease ran out only
+    while nobody waits for its locks (Linux nfs4_anylock_blockers: a
+    courtesy client whose locks block someone, lockd's waiters included,
+    is expired): an NLM LOCK answered NLM4_BLOCKED behind such a lock is
+    granted, with NLM_GRANTED, once the lease is out, without the client
+    having to ask again."""
+    fake = FakeClientHost()
+    try:
+        srv = sluice_factory("--lease-time", 2, "--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{fake.pmap_port}", root_squash=False)
+        name = unique("court")
+        c4 = v4_client(srv.port)
+        sid, fh4 = v4_open(c4, name)
+        r = v4_lock(c4, fh4, sid, b"v4-owner", 0, 100)
+        assert r.status == St.OK, f"NFSv4 LOCK: {r!r}"
+        c4.close()
+        e = Env(srv.port)
+        fh3 = e.lookup(name)
+        e.close()
+        lk = owner(fh3, "host-b", 2, offset=50, length=10)
+        with NlmClient(srv.port) as c:
+            expect(c.lock(lk, block=True), S.BLOCKED, "NLM blocking LOCK behind the NFSv4 client's lock (lease not out yet)")
+            _wait_granted(fake, lk, True, "after the NFSv4 client's lease ran out with an NLM request waiting for its lock", probe=lambda: f"the same LOCK sent again now answers {c.lock(lk, block=True)!r}")
+    finally:
+        fake.close()
 
 
 def test_test_agrees_with_lock_about_a_courtesy_clients_lock(sluice_factory):

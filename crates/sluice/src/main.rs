@@ -418,6 +418,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
                 let _ = tokio::task::spawn_blocking(move || {
                     s.state.expire();
                     s.v3_files.sweep();
+                    sluice::server::nlm::retry_blocked(&s);
                 })
                 .await;
             }

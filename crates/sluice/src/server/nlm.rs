@@ -525,6 +525,19 @@ fn drop_blocked(srv: &Server, owner: &[u8], file: FileKey, rg: (u64, u64)) {
         .retain(|b| !(b.owner == owner && b.file == file && b.range == rg));
 }
 
+/// Tries every waiting LOCK again (with lease expiry): conflicts can also
+/// go without a call that wakes them, when a delegation is revoked or a
+/// courtesy client in the way is expired, which trying does.
+pub fn retry_blocked(srv: &Server) {
+    let mut files: Vec<FileKey> = srv.nlm.blocked().iter().map(|b| b.file).collect();
+    if files.is_empty() {
+        return;
+    }
+    files.sort_unstable();
+    files.dedup();
+    wake(srv, &files);
+}
+
 /// After an NFSv4 lock on `file` went or changed (LOCKU, a LOCK that
 /// changed a range's type): grants the NLM locks that waited for it.
 pub(super) fn wake_file(srv: &Server, file: FileKey) {
@@ -544,6 +557,11 @@ fn wake(srv: &Server, files: &[FileKey]) {
         .cloned()
         .collect();
     for b in waiting {
+        // One that waits for a delegation's recall waits on (the
+        // delegation's return or revocation wakes it).
+        if srv.state.deleg_conflicts(b.file, None, b.write).is_err() {
+            continue;
+        }
         if let Ok(Ok(())) = srv
             .state
             .nlm_lock(&b.host, &b.owner, b.file, b.range, b.write, false)
