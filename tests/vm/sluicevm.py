@@ -122,6 +122,58 @@ def ensure_packages() -> None:
 
 
 # --------------------------------------------------------------------------
+# the NSM tools (rpcbind and rpc.statd) for NFSv3 locking in the guest
+
+# Debian packages the guest's rpcbind, rpcinfo and rpc.statd come from. They
+# are unpacked into the cache, not installed: an installed rpcbind would
+# start on the host and take port 111 from the servers under test.
+NSM_PACKAGES = ["rpcbind", "nfs-common"]
+# The shared libraries they need, installed on the host so that the
+# harness finds them (libraries only: nothing starts).
+NSM_LIBRARIES = {"libtirpc3": "libtirpc.so.3", "libwrap0": "libwrap.so.0"}
+# The tools, by the path they have in their packages (and in the guest).
+NSM_TOOLS = ["sbin/rpcbind", "usr/bin/rpcinfo", "sbin/rpc.statd"]
+
+
+def fetch_nsm_tools() -> dict[str, Path]:
+    """The unpacked rpcbind, rpcinfo and rpc.statd (downloaded on first
+    use into the cache), their libraries installed on the host: {path in
+    the guest: file}."""
+    missing = [p for p, lib in NSM_LIBRARIES.items()
+               if not _installed(p) or not _find_lib(lib)]
+    if missing:
+        log(f"installing {' '.join(missing)}")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        sudo = _root_prefix()
+        subprocess.run(sudo + ["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(sudo + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                       check=True, env=env)
+    top = cache_dir()
+    root = top / "nsm" / "root"
+    with open(top / ".lock-nsm", "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        if not all((root / t).exists() for t in NSM_TOOLS):
+            log(f"fetching {' '.join(NSM_PACKAGES)} (unpacked, not installed)")
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            with tempfile.TemporaryDirectory() as dl:
+                os.chmod(dl, 0o777)
+                subprocess.run(["apt-get", "download", "-qq", *NSM_PACKAGES], cwd=dl, check=True)
+                for deb in Path(dl).glob("*.deb"):
+                    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    tools = {"/" + t: root / t for t in NSM_TOOLS}
+    for t in tools.values():
+        if not t.exists():
+            raise HarnessError(f"{t.name} is not in {' '.join(NSM_PACKAGES)}: remove {root} and retry")
+    return tools
+
+
+def _find_lib(name: str) -> bool:
+    return any(Path(d, name).exists() for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"))
+
+
+# --------------------------------------------------------------------------
 # kernels
 
 
@@ -384,7 +436,12 @@ def build_initramfs(
     script: bytes,
     env: dict[str, str],
     bins: list[str],
+    placed: dict[str, Path] | None = None,
 ) -> bytes:
+    """The guest's initramfs. `bins` are host binaries copied to the same
+    path with their libraries; `placed` maps a guest path to a host file
+    (and its libraries) put there. The shell scripts of tests/vm/guest/lib
+    are in /etc/sluice-vm/lib for the script to source."""
     busybox = HOST_PACKAGES["busybox-static"]
     c = Cpio()
     for d in ["bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp",
@@ -406,19 +463,29 @@ def build_initramfs(
     env_text = "".join(f"export {k_}={shlex.quote(v)}\n" for k_, v in env.items())
     c.file("etc/sluice-vm/env", env_text.encode())
     c.file("etc/sluice-vm/script", script, 0o755)
+    c.mkdir("etc/sluice-vm/lib")
+    for lib in sorted((HERE / "guest" / "lib").glob("*.sh")):
+        c.file(f"etc/sluice-vm/lib/{lib.name}", lib.read_bytes(), 0o644)
     done: set[str] = set()
+
+    def put(host: str, guest: str) -> None:
+        if guest in done:
+            return
+        done.add(guest)
+        real = os.path.realpath(host)
+        c.file(guest, Path(real).read_bytes(), os.stat(real).st_mode & 0o777)
+
     for b in bins:
         src = shutil.which(b) if "/" not in b else b
         if not src or not os.path.isfile(src):
             raise HarnessError(f"--bin {b}: not found")
         src = os.path.abspath(src)
         for f in [src, *_libs_of(src)]:
-            if f in done:
-                continue
-            done.add(f)
-            real = os.path.realpath(f)
-            perm = os.stat(real).st_mode & 0o777
-            c.file(f, Path(real).read_bytes(), perm)
+            put(f, f)
+    for guest, host in (placed or {}).items():
+        put(str(host), guest)
+        for f in _libs_of(str(host)):
+            put(f, f)
     return c.finish()
 
 
@@ -443,17 +510,31 @@ def run(
     timeout: float,
     out=None,
     smp: int = 1,
+    forwards: list[tuple[str, int, int]] = (),
+    nsm: bool = False,
 ) -> int:
     """Boot the guest with SMP vCPUs, stream its console to OUT, return the
     exit status. QEMU is killed if this is interrupted (Ctrl-C, an exception
-    raised by a signal handler)."""
+    raised by a signal handler).
+
+    `forwards` are (protocol "tcp" or "udp", host port, guest port): a
+    connection to 127.0.0.1:host port reaches the guest's port, coming
+    from 10.0.2.2 (how the server calls the guest's portmapper, status
+    monitor and lock manager). With `nsm` the guest gets rpcbind, rpcinfo
+    and rpc.statd (see guest/lib/nsm.sh)."""
     out = out or sys.stdout
     ensure_packages()
     k = fetch_kernel(series)
+    placed = fetch_nsm_tools() if nsm else {}
+    netdev = "user,id=n0"
+    for proto, host_port, guest_port in forwards:
+        if proto not in ("tcp", "udp"):
+            raise HarnessError(f"forward protocol {proto!r}: tcp or udp")
+        netdev += f",hostfwd={proto}:127.0.0.1:{host_port}-:{guest_port}"
     with tempfile.TemporaryDirectory(prefix="sluice-vm-") as work:
         work_p = Path(work)
         initrd = work_p / "initramfs.cpio"
-        initrd.write_bytes(build_initramfs(k, script.read_bytes(), env, bins))
+        initrd.write_bytes(build_initramfs(k, script.read_bytes(), env, bins, placed))
         status = work_p / "status"
         cmd = [
             "qemu-system-x86_64", *_accel(), "-smp", str(smp), "-m", str(mem_mb),
@@ -461,7 +542,7 @@ def run(
             "-kernel", str(k.vmlinuz), "-initrd", str(initrd),
             "-append", "console=ttyS0 quiet panic=-1 oops=panic",
             "-serial", "stdio", "-serial", f"file:{status}",
-            "-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0",
+            "-netdev", netdev, "-device", "virtio-net-pci,netdev=n0",
             "-device", "virtio-rng-pci",
         ]
         log(f"booting {k.package} ({k.release}), {smp} vCPU, {mem_mb} MiB, "

@@ -21,12 +21,16 @@
 # which step it was in. Lines "MANIFEST <path> <md5> <size>" at the end list
 # the files written here, for the host to compare with the export.
 #
-# VERS=3 mounts with NFSv3 (MOUNT on the NFS port, no locking: fcntl and
-# flock locks are then the guest's own) the export's directory $MNTPATH
-# on $M. With THEN_V3=1 an NFSv4 run ends by running this script again
-# that way: NFS 3 on /mnt3, the export's v3/ (made by the host, with its
-# own big/), files of $V3_SIZES, paths on the control port and in the
-# manifest under v3/.
+# VERS=3 mounts with NFSv3 (MOUNT on the NFS port) the export's directory
+# $MNTPATH on $M: with nolock (fcntl and flock locks are then the guest's
+# own), or with LOCK=1 with locks on the server (NLM): the guest then runs
+# rpcbind and rpc.statd (booted with --nsm; ports STATD_PORT and
+# LOCKD_PORT, which the host forwards) and the host must also answer
+# "nlm-held PATH START LEN" (another host's NLM TEST of that range is
+# denied by a write lock on exactly it: "ok"). With THEN_V3=1 an NFSv4
+# run ends by running this script again that way (LOCK=$V3_LOCK): NFS 3
+# on /mnt3, the export's v3/ (made by the host, with its own big/), files
+# of $V3_SIZES, paths on the control port and in the manifest under v3/.
 
 set -eu
 set -o pipefail
@@ -37,7 +41,8 @@ MNTPATH=${MNTPATH:-/}
 CTL_PREFIX=${CTL_PREFIX:-}
 OPTS="vers=$VERS,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
 if [ "$VERS" = 3 ]; then
-  OPTS="$OPTS,mountport=$PORT,mountproto=tcp,mountaddr=$SERVER,nolock"
+  OPTS="$OPTS,mountport=$PORT,mountproto=tcp,mountaddr=$SERVER"
+  [ "${LOCK:-0}" = 1 ] || OPTS="$OPTS,nolock"
   FSTYPE=nfs
 else
   FSTYPE=nfs4
@@ -47,14 +52,8 @@ STEP=setup
 : > "$SUMS"
 umask 022
 
-step() {
-  STEP=$1
-  echo "---- step: $STEP (guest uptime $(cut -d' ' -f1 /proc/uptime)s)"
-}
-fail() {
-  echo "FAIL in step '$STEP': $*"
-  exit 1
-}
+. /etc/sluice-vm/lib/common.sh
+
 on_exit() {
   rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -64,18 +63,6 @@ on_exit() {
 }
 trap on_exit EXIT
 
-eq() { # actual expected what
-  [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"
-}
-expect_rc() { # wanted-status command...
-  want=$1
-  shift
-  set +e
-  "$@"
-  got=$?
-  set -e
-  [ "$got" = "$want" ] || fail "'$*' exited $got, expected $want"
-}
 md5() { md5sum "$1" | cut -d' ' -f1; }
 zeros_md5() { head -c "$1" /dev/zero | md5sum | cut -d' ' -f1; }
 fsize() { stat -c %s "$1"; }
@@ -94,10 +81,6 @@ remount() {
   umount "$M" || fail "umount $M"
   do_mount
 }
-ctl() { # ask the host; it answers "ok"
-  reply=$(echo "$*" | nc "$SERVER" "$CTL_PORT") || fail "control request '$*': nc failed"
-  eq "$reply" ok "reply to control request '$*'"
-}
 new_random() { # path size: write random bytes, remember their md5
   s=$(head -c "$2" /dev/urandom | tee "$1" | md5sum | cut -d' ' -f1)
   echo "$s  $1" >> "$SUMS"
@@ -109,81 +92,8 @@ verify_all() { # what
     fail "$1: file contents differ from what was written"
   }
 }
-# fcntl() byte-range locks through perl (no modules needed). struct flock on
-# x86_64: short type, short whence, (pad), off_t start, off_t len, pid_t pid.
-# F_SETLK=6, F_SETLKW=7; F_RDLCK=0, F_WRLCK=1.
-try_lock() { # file type start len -> 0 granted, 3 conflict, 1 other error
-  perl -e '
-    open(F, "+<", $ARGV[0]) or exit 1;
-    fcntl(F, 6, pack("s s x4 q q i x4", $ARGV[1], 0, $ARGV[2], $ARGV[3], 0)) and exit 0;
-    exit(($! + 0 == 11 || $! + 0 == 13) ? 3 : 1);' "$@"
-}
-hold_lock() { # file type start len ready-fifo release-fifo (run in background)
-  perl -e '
-    open(F, "+<", $ARGV[0]) or die "open $ARGV[0]: $!";
-    $ok = fcntl(F, 7, pack("s s x4 q q i x4", $ARGV[1], 0, $ARGV[2], $ARGV[3], 0));
-    open(R, ">", $ARGV[4]) or die; print R ($ok ? "held\n" : "error $!\n"); close R;
-    exit 1 unless $ok;
-    open(W, "<", $ARGV[5]) or die; $x = <W>; exit 0;' "$@"
-}
 excl_create() { # path -> 0 created, 17 EEXIST, 1 other error
   perl -e 'sysopen(F, $ARGV[0], 0301, 0644) and exit 0; exit($! + 0 == 17 ? 17 : 1);' "$1"
-}
-# The lock holder of the crash recovery steps: creates FILE, writes the
-# content of INIT through one descriptor and fsyncs it (syscall 74), takes a
-# write lock on LEN bytes at START (F_SETLK) and answers "held" on
-# /tmp/hreply; then serves commands from /tmp/hcmd, one line each, answering
-# each on /tmp/hreply: "write TEXT" (append TEXT and a newline through the
-# same descriptor and fsync: "ok"), "check" (read the whole file back
-# through it: "ok" when it is all that was written), "quit" (close:
-# "closed"). Failures are answered "error ...".
-lock_holder() { # file start len init
-  perl -e '
-    ($path, $start, $len, $init) = @ARGV;
-    sub reply { open(R, ">", "/tmp/hreply") or die "/tmp/hreply: $!"; print R "@_\n"; close R; }
-    $data = "";
-    sub put {
-      my $s = shift;
-      defined(sysseek(F, length($data), 0)) or return "error seek: $!";
-      my $n = syswrite(F, $s);
-      defined($n) or return "error write: $!";
-      $n == length($s) or return "error short write: $n of " . length($s);
-      syscall(74, fileno(F)) == 0 or return "error fsync: $!";
-      $data .= $s;
-      return "ok";
-    }
-    sub check {
-      defined(sysseek(F, 0, 0)) or return "error seek: $!";
-      my ($got, $buf, $n) = ("", "");
-      while ($n = sysread(F, $buf, 65536)) { $got .= $buf; }
-      defined($n) or return "error read: $!";
-      $got eq $data or return "error content: read " . length($got) . " bytes, wrote " . length($data);
-      return "ok";
-    }
-    open(I, "<", $init) or die "$init: $!";
-    { local $/; $first = <I>; }
-    close I;
-    sysopen(F, $path, 0102, 0644) or do { reply("error open: $!"); exit 1; };
-    $r = put($first);
-    if ($r eq "ok") {
-      $r = fcntl(F, 6, pack("s s x4 q q i x4", 1, 0, $start, $len, 0)) ? "held" : "error lock: $!";
-    }
-    reply($r);
-    exit 1 if $r ne "held";
-    while (1) {
-      open(C, "<", "/tmp/hcmd") or die "/tmp/hcmd: $!";
-      $c = <C>;
-      close C;
-      chomp $c;
-      if ($c =~ /^write (.*)$/) { reply(put("$1\n")); }
-      elsif ($c eq "check") { reply(check()); }
-      elsif ($c eq "quit") { reply(close(F) ? "closed" : "error close: $!"); exit 0; }
-      else { reply("error: unknown command $c"); }
-    }' "$@"
-}
-holder_do() { # command: send it to the lock holder, its answer goes to $hr
-  echo "$1" > /tmp/hcmd
-  read -r hr < /tmp/hreply
 }
 
 command -v perl > /dev/null || fail "perl is missing in the guest (--bin /usr/bin/perl)"
@@ -191,7 +101,13 @@ command -v flock > /dev/null || fail "flock is missing in the guest (--bin /usr/
 rm -f /tmp/ready /tmp/release /tmp/hcmd /tmp/hreply
 mkfifo /tmp/ready /tmp/release /tmp/hcmd /tmp/hreply
 
-step "mount (NFS $VERS, kernel $(uname -r))"
+if [ "${LOCK:-0}" = 1 ]; then
+  step "rpcbind and rpc.statd for NLM locking"
+  . /etc/sluice-vm/lib/nsm.sh
+  start_nsm "guest-$(uname -r | cut -d. -f1-2)" "${STATD_PORT:?}" "${LOCKD_PORT:?}" || fail "start_nsm"
+fi
+
+step "mount (NFS $VERS, kernel $(uname -r)$([ "${LOCK:-0}" = 1 ] && echo ', NLM locking'))"
 do_mount
 grep " $M " /proc/mounts
 
@@ -433,6 +349,9 @@ eq "$r" held "background write lock on bytes 0-99"
 expect_rc 3 try_lock "$M/locks/g" 1 50 100      # overlaps the held range
 expect_rc 3 try_lock "$M/locks/g" 0 0 0         # read lock on the whole file
 expect_rc 0 try_lock "$M/locks/g" 1 100 100     # bytes 100-199: free
+if [ "${LOCK:-0}" = 1 ]; then
+  ctl nlm-held "${CTL_PREFIX}locks/g" 0 100    # the server has the lock
+fi
 echo go > /tmp/release
 wait "$holder"
 expect_rc 0 try_lock "$M/locks/g" 1 0 0
@@ -549,5 +468,6 @@ umount "$M" || fail "final umount"
 echo "ALL STEPS PASSED (NFS $VERS, kernel $(uname -r))"
 if [ "${THEN_V3:-0}" = 1 ]; then
   trap - EXIT
-  VERS=3 M=/mnt3 MNTPATH=/v3 CTL_PREFIX=v3/ SIZES="$V3_SIZES" THEN_V3=0 RECLAIM=0 /bin/sh "$0"
+  VERS=3 M=/mnt3 MNTPATH=/v3 CTL_PREFIX=v3/ SIZES="$V3_SIZES" THEN_V3=0 RECLAIM=0 LOCK="${V3_LOCK:-0}" \
+    /bin/sh "$0"
 fi
