@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 21] = [
+        let counters: [(&str, &str, u64); 23] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -159,6 +159,16 @@ impl Collector for Collect {
                 load(&srv.state.counters.reclaims),
             ),
             (
+                "sluice_nlm_granted_callbacks",
+                "NLM4_GRANTED calls accepted by NFSv3 clients' lock managers (a blocked lock granted).",
+                load(&srv.nlm.granted_sent),
+            ),
+            (
+                "sluice_sm_notify_sent",
+                "SM_NOTIFY calls answered by the status monitors of NLM client hosts after a start.",
+                load(&srv.nlm.notify_sent),
+            ),
+            (
                 "sluice_clients_expired",
                 "Clients expired: silent with nothing to keep, out of courtesy time, or in the way of another client.",
                 load(&srv.state.counters.expired),
@@ -169,7 +179,7 @@ impl Collector for Collect {
         }
         let u = srv.state.usage();
         let g = srv.state.grace_status();
-        let gauges: [(&str, &str, u64); 13] = [
+        let gauges: [(&str, &str, u64); 14] = [
             (
                 "sluice_async_copies",
                 "Asynchronous COPY operations running now.",
@@ -209,6 +219,11 @@ impl Collector for Collect {
                 u.lock_owners as u64,
             ),
             ("sluice_locks", "Byte ranges locked by clients.", u.locks as u64),
+            (
+                "sluice_nlm_waiting_locks",
+                "Blocking NLM LOCKs waiting for a conflicting lock to go.",
+                srv.nlm.waiting() as u64,
+            ),
             (
                 "sluice_in_grace",
                 "1 during the grace period after a start, when only reclaims are allowed.",

@@ -34,6 +34,7 @@ use crate::xdr::{Decoder, Encoder};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,10 @@ pub struct NlmServer {
     /// Test only: the portmapper to ask for every client's lock manager
     /// and status monitor (instead of port 111 at the client's address).
     pub portmap: Option<SocketAddr>,
+    /// NLM4_GRANTED calls a client's lock manager accepted.
+    pub granted_sent: AtomicU64,
+    /// SM_NOTIFY calls a client's status monitor answered.
+    pub notify_sent: AtomicU64,
 }
 
 impl NlmServer {
@@ -94,7 +99,14 @@ impl NlmServer {
             blocked: Mutex::new(Vec::new()),
             shares: Mutex::new(Vec::new()),
             portmap,
+            granted_sent: AtomicU64::new(0),
+            notify_sent: AtomicU64::new(0),
         }
+    }
+
+    /// Blocking LOCKs waiting for a conflicting lock to go.
+    pub fn waiting(&self) -> usize {
+        self.blocked().len()
     }
 
     fn blocked(&self) -> std::sync::MutexGuard<'_, Vec<Blocked>> {
@@ -768,6 +780,7 @@ fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
         );
         return Ok(());
     }
+    srv.nlm.granted_sent.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(host = %String::from_utf8_lossy(&b.host.name), "NLM4_GRANTED delivered");
     Ok(())
 }
@@ -788,6 +801,7 @@ pub fn notify_hosts(srv: &Arc<Server>) {
                 loop {
                     match notify(&srv, &h, state) {
                         Ok(()) => {
+                            srv.nlm.notify_sent.fetch_add(1, Ordering::Relaxed);
                             tracing::info!(
                                 host = %String::from_utf8_lossy(&h.name),
                                 addr = %h.addr,

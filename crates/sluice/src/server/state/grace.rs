@@ -133,7 +133,13 @@ impl StateTable {
         g.active = false;
         let lasted = g.started.map(|s| now.saturating_duration_since(s));
         if why == GraceEnd::NoClients {
-            tracing::info!("no grace period: no clients known from before this start");
+            match g.nlm_ends {
+                Some(e) => tracing::info!(
+                    nlm_grace_ms = e.saturating_duration_since(now).as_millis() as u64,
+                    "no NFSv4 clients known from before this start; NLM hosts are: new locks wait for their grace period"
+                ),
+                None => tracing::info!("no grace period: no clients known from before this start"),
+            }
         } else {
             tracing::info!(
                 reason = why.describe(),
