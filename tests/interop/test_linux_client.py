@@ -17,9 +17,11 @@ lock. The host-side checks run inside the control requests, right after
 the restart and before the guest is answered.
 
 Two boots (V3_BOOTS: one per kernel) then run the suite again over NFSv3
-(mounted with MOUNT on the NFS port and nolock, on the export's v3/
-directory, which mounts by its path), with its own files checked the same
-way on the host.
+(mounted with MOUNT on the NFS port, on the export's v3/ directory, which
+mounts by its path), with its own files checked the same way on the host:
+Linux 6.1 with nolock, Linux 6.12 with NLM locking (V3_LOCK_BOOTS: the
+guest runs rpcbind and rpc.statd, the server its portmapper on port 111,
+and the host checks that the guest's fcntl lock is on the server).
 
 Each boot takes a few minutes under software emulation.
 """
@@ -37,7 +39,9 @@ from pathlib import Path
 
 import pytest
 
+import nlmclient
 import rpcclient as rc
+import v3client
 from conftest import MetricsServer
 from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, expect
 
@@ -60,6 +64,8 @@ RECLAIM_BOOTS = {("6.1", "4.1"), ("6.12", "4.2")}
 # (writing random data in the guest is slow; SLUICE_VM_ALL_SIZES=1 makes
 # both 256 MiB).
 V3_BOOTS = {("6.1", "4.2"), ("6.12", "4.1")}
+# The NFSv3 runs that mount with NLM locking (the others: nolock).
+V3_LOCK_BOOTS = {("6.12", "4.1")}
 V3_SIZES = {"6.12": "tiny:1 page:4095 mib:1048583 m256:268435456",
             "6.1": "tiny:1 page:4095 mib:1048583 m64:67108864"}
 
@@ -151,11 +157,98 @@ def retire(c: Client, fh: bytes, open_stateid: bytes):
     c.close()
 
 
+def free_port(kind=socket.SOCK_STREAM) -> int:
+    """A port nothing on 127.0.0.1 uses now (of `kind`)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GuestNsm:
+    """What NFSv3 locking in a guest needs from this side: the server's
+    portmapper on 127.0.0.1:111 (the guest's lock manager asks 10.0.2.2:111,
+    which QEMU maps to it; there is no mount option for another port), and
+    ports forwarded to the guest's rpcbind, rpc.statd and lock manager, so
+    that the server's NLM4_GRANTED and SM_NOTIFY calls reach them
+    (--nsm-portmap names the forwarded portmapper). The guest's statd and
+    lock manager listen on the same port numbers as their forwards, since
+    the server calls the port the guest's rpcbind gives it."""
+
+    def __init__(self):
+        for proto in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            with socket.socket(socket.AF_INET, proto) as s:
+                try:
+                    s.bind(("127.0.0.1", 111))
+                except OSError as e:
+                    raise AssertionError(
+                        f"port 111 on 127.0.0.1 is taken ({e}): the guest's lock manager finds NLM there; "
+                        "stop the rpcbind or portmapper that holds it") from e
+        self.portmap = free_port()
+        self.statd = free_port(socket.SOCK_DGRAM)
+        self.lockd = free_port()
+
+    def server_args(self) -> list[str]:
+        return ["--portmap", "--portmap-listen", "127.0.0.1:111", "--nsm-portmap", f"127.0.0.1:{self.portmap}"]
+
+    def env(self) -> dict[str, str]:
+        return {"STATD_PORT": str(self.statd), "LOCKD_PORT": str(self.lockd)}
+
+    def forwards(self) -> list[str]:
+        return [f"tcp:{self.portmap}:111", f"udp:{self.portmap}:111",
+                f"udp:{self.statd}:{self.statd}", f"tcp:{self.lockd}:{self.lockd}"]
+
+
+def v3_handle(port: int, path: str) -> bytes:
+    """The NFSv3 handle of `path` (under the export root) on the server at
+    `port`, through MOUNT and LOOKUP."""
+    t = v3client.Target("127.0.0.1", port, port, "/", port)
+    fh = t.root_fh()
+    with t.nfs() as n:
+        for name in path.split("/"):
+            fh = n.must(n.lookup(fh, name), f"LOOKUP {name} of {path}").fh
+    return fh
+
+
+def nlm_test(port: int, path: str, start: int, length: int) -> nlmclient.NlmRes:
+    """Another host's ("host-ctl") NLM TEST of a write lock on bytes
+    [start, start+length) of `path`."""
+    fh = v3_handle(port, path)
+    with nlmclient.NlmClient(port, machine="host-ctl") as c:
+        return c.test(nlmclient.Lock("host-ctl", fh, b"host-ctl/1", 1, start, length))
+
+
+def expect_nlm_held(port: int, path: str, start: int, length: int, what: str):
+    """Another host's NLM TEST and an NFSv4 client's LOCKT on `path` are
+    both denied by one write lock on exactly [start, start+length): the
+    guest's, held on the server, where NFSv3 and NFSv4 clients meet."""
+    r = nlm_test(port, path, start, length)
+    assert r.stat == nlmclient.S.DENIED, f"{what}: NLM TEST from another host: {r!r}, expected DENIED"
+    h = r.holder
+    assert (h.exclusive, h.offset, h.length) == (True, start, length), (
+        f"{what}: NLM TEST names the holder {h!r}, expected a write lock on ({start}, {length})")
+    c = Client(port, machine="host-ctl").establish()
+    try:
+        *dirs, name = path.split("/")
+        r = c.compound([rc.op_putrootfh(), *[rc.op_lookup(d) for d in [*dirs, name]],
+                        rc.op_lockt(c.owner + b"/lockt", start, length, WRITE_LT)])
+        expect(r, St.DENIED, f"{what}: NFSv4 LOCKT")
+        d = r.last()
+        got = (d.denied_offset, d.denied_length, d.denied_type)
+        assert got == (start, length, WRITE_LT), f"{what}: NFSv4 LOCKT denied by {got}"
+        expect(c.call([rc.op_destroy_session(c.sessionid)]), St.OK, "DESTROY_SESSION")
+        expect(c.call([rc.op_destroy_clientid(c.clientid)]), St.OK, "DESTROY_CLIENTID")
+    finally:
+        c.close()
+
+
 class ControlServer:
     """Line-based requests from the guest, one per connection.
 
     "restart"     -> server.restart(); reply "ok" once it listens again
     "mkfile PATH" -> create PATH in the export with content "host\\n"; "ok"
+    "nlm-held PATH START LEN" -> another host's NLM TEST and an NFSv4
+                     LOCKT of that range are denied by a write lock on
+                     exactly it (the guest's NLM lock); "ok"
 
     Crash recovery, while the guest holds PATH open and a write lock on
     bytes [START, START+LEN) of it. Each request checks the server from
@@ -247,6 +340,10 @@ class ControlServer:
             if export not in target.parents:
                 return f"error: {arg!r} is outside the export"
             target.write_text("host\n")
+            return "ok"
+        if cmd == "nlm-held":
+            path, start, length = arg.split()
+            expect_nlm_held(self.server.port, path, int(start), int(length), line)
             return "ok"
         if cmd == "xattr":
             path, name, value = arg.split()
@@ -423,15 +520,23 @@ def guest_sizes(kernel: str, vers: str) -> str:
 GUEST_EXIT = {124: "timed out", 125: "harness failure", 126: "guest died (panic?)"}
 
 
-def boot_guest(kernel: str, server, ctl, script: Path, console_path: Path, bins=(), env=None) -> int:
+def boot_guest(kernel: str, server, ctl, script: Path, console_path: Path, bins=(), env=None,
+               nsm: GuestNsm | None = None) -> int:
     """Boots a guest with Linux `kernel` that runs `script` against
     `server`, its control requests going to `ctl`; the guest tools `bins`
-    are copied in and `env` set. The console goes to `console_path`.
+    are copied in and `env` set; with `nsm`, rpcbind and rpc.statd too,
+    and their ports forwarded. The console goes to `console_path`.
     Returns the harness's exit status (0: the script passed)."""
     cmd = [str(VM), "--kernel", kernel, "--port", str(server.port), "--ctl-port", str(ctl.port), "--mem", "1024"]
     for b in bins:
         cmd += ["--bin", guest_tool(b)]
-    for k, v in (env or {}).items():
+    env = dict(env or {})
+    if nsm:
+        cmd.append("--nsm")
+        for f in nsm.forwards():
+            cmd += ["--forward", f]
+        env.update(nsm.env())
+    for k, v in env.items():
         cmd += ["--env", f"{k}={v}"]
     cmd += ["--timeout", str(BOOT_TIMEOUT), str(script)]
     with open(console_path, "w") as console:
@@ -463,8 +568,11 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     export.mkdir()
     state.mkdir()
     params = request.node.callspec.params
-    delegations = DELEGATIONS.get((params["kernel"], params["vers"]), "read")
-    server = GuestServer(binary, export, state, ["--delegations", delegations])
+    boot = (params["kernel"], params["vers"])
+    delegations = DELEGATIONS.get(boot, "read")
+    nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
+    server = GuestServer(binary, export, state, ["--delegations", delegations, *(nsm.server_args() if nsm else [])])
+    server.nsm = nsm
     server.start()
     yield server
     assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
@@ -486,12 +594,14 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
 
     ctl = ControlServer(sluice_server, DELEGATIONS.get((kernel, vers)) == "all")
     console_path = tmp_path / "guest-console.log"
+    v3_lock = (kernel, vers) in V3_LOCK_BOOTS
     try:
         returncode = boot_guest(
             kernel, sluice_server, ctl, GUEST_SUITE, console_path,
             bins=("flock", "perl", "setfattr", "getfattr"),
             env={"VERS": vers, "SIZES": guest_sizes(kernel, vers), "RECLAIM": int(reclaim),
-                 "THEN_V3": int(v3), "V3_SIZES": v3_sizes(kernel)},
+                 "THEN_V3": int(v3), "V3_SIZES": v3_sizes(kernel), "V3_LOCK": int(v3_lock)},
+            nsm=sluice_server.nsm,
         )
     finally:
         ctl.close()
@@ -513,6 +623,8 @@ def test_linux_client(sluice_server, tmp_path, kernel, vers):
         assert "ALL STEPS PASSED (NFS 3," in out, "the NFSv3 run did not finish" + context()
     assert not ctl.errors, f"control requests failed: {ctl.errors}" + context()
     assert ctl.requests.count("restart") == (2 if v3 else 1), ctl.requests
+    held = [r for r in ctl.requests if r.startswith("nlm-held ")]
+    assert held == (["nlm-held v3/locks/g 0 100"] if v3_lock else []), f"NLM checks: {ctl.requests}"
     sent = [r.partition(" ")[0] for r in ctl.requests if r.partition(" ")[0] in RECLAIM_REQUESTS]
     assert sent == (RECLAIM_REQUESTS if reclaim else []), f"crash recovery requests: {ctl.requests}"
 
