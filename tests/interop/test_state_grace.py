@@ -320,7 +320,8 @@ def test_grace_holds_back_everything_that_could_conflict_with_a_reclaim(serve):
     """RFC 8881 section 8.4.2.1 (as the Linux server does it): while a known
     client has not reclaimed, a newcomer's LOCKT, REMOVE and RENAME get
     NFS4ERR_GRACE, and so do WRITE with the anonymous stateid and READ with
-    it; READ with the bypass stateid (all ones) is served. Once the known
+    it; READ with the bypass stateid (all ones) is served; an OPEN that
+    would create gets NFS4ERR_GRACE and creates nothing. Once the known
     client has reclaimed, all of them work."""
     server = serve(LONG_GRACE)
     name = unique_name("held")
@@ -337,9 +338,12 @@ def test_grace_holds_back_everything_that_could_conflict_with_a_reclaim(serve):
             "RENAME": [rc.op_putfh(root), rc.op_savefh(), rc.op_rename("victim", "victim2")],
             "anonymous WRITE": [rc.op_putfh(file_fh), rc.op_write(0, b"x")],
             "anonymous READ": [rc.op_putfh(file_fh), rc.op_read(0, 1)],
+            "OPEN that creates": [rc.op_putfh(root), rc.op_open(b"newcomer", "made-in-grace", create=True)],
         }
         for what, ops in checks.items():
             expect(c.compound(ops), St.GRACE, f"{what} during grace")
+        # Refused before anything was done: the OPEN made no file.
+        assert not (server.export / "made-in-grace").exists(), "an OPEN refused with NFS4ERR_GRACE created its file"
         expect_ok(c.compound([rc.op_putfh(file_fh), rc.op_read(0, 1, stateid=bypass)]), "READ with the bypass stateid during grace")
         a.come_back()
         a.reclaim_all()

@@ -247,6 +247,11 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             return Err(status::ROFS);
         }
         let clientid = cx.clientid()?;
+        // A new open in grace is refused before it creates or truncates
+        // anything (the state table would refuse it too, but only after).
+        if !reclaim && under_deleg.is_none() {
+            cx.srv.state.check_not_in_grace()?;
+        }
 
         let (fh, fd, attrset, before, after_dir) = match &name {
             Some(name) => {
