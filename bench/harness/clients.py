@@ -75,6 +75,30 @@ def sluice_load(
     return result
 
 
+def sluice_meta(binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None) -> dict:
+    """Runs sluice-meta's phases in `directory` (which exists, empty);
+    returns its JSON figures plus 'error' when it failed or an operation
+    did. With `pid`, the server's CPU time per operation is measured."""
+    cmd = [str(binary), "--server", address, "--dir", directory, "--clients", str(nclients),
+           "--files", str(files), "--json"] + (["--server-pid", str(pid)] if pid else [])  # fmt: skip
+    timeout = 600 + nclients * files / 100
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"sluice-meta did not finish within {timeout:.0f} s", "command": cmd}
+    result: dict = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+    if not result:
+        return {"error": (p.stderr.strip() or f"sluice-meta exited {p.returncode}")[-1000:], "command": cmd}
+    failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
+    if failed:
+        first = next(iter(failed.values()))
+        result["error"] = f"operations failed in {', '.join(failed)}: {first.get('first_error')}"
+    return result
+
+
 def nfsrs_read(host: str, port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
     """One sequential pass over `path` with nfs-rs (in a child process so a
     hung client cannot hang the harness)."""

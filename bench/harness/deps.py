@@ -57,14 +57,14 @@ def ensure_all(file_systems: list[str], rpcbind: bool = False) -> None:
 
 
 def build_binaries(repo: Path) -> dict[str, Path]:
-    """Builds sluice and sluice-load in release mode (a no-op when fresh)."""
-    log("building sluice and sluice-load (cargo build --release)")
+    """Builds sluice, sluice-load and sluice-meta in release mode (a no-op when fresh)."""
+    log("building sluice, sluice-load and sluice-meta (cargo build --release)")
     run(["cargo", "build", "--release", "--quiet", "-p", "sluice", "-p", "sluice-load"], cwd=repo, timeout=1800)
     return binaries(repo)
 
 
 def binaries(repo: Path) -> dict[str, Path]:
-    found = {name: repo / "target" / "release" / name for name in ("sluice", "sluice-load")}
+    found = {name: repo / "target" / "release" / name for name in ("sluice", "sluice-load", "sluice-meta")}
     for path in found.values():
         if not path.is_file():
             raise RuntimeError(f"{path} is missing: build it with 'cargo build --release' or drop --no-build")

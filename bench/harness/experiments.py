@@ -14,6 +14,10 @@ mix     16 threads of 8 KiB random reads and writes, 50/50, on one
 write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
         FILE_SYNC; 1 and 4 streams) and random 8 KiB writes, each on a new
         file, against the device's direct write rate.
+meta    16 NFSv4.1 clients in one new directory (sluice-meta): create
+        (OPEN, 4 KiB WRITE, CLOSE), stat (LOOKUP, GETATTR), READDIR of the
+        whole directory by every client, rename, remove; operations per
+        second and the server's CPU time per operation.
 
 stream-v3, mix-v3, write-v3
         the same over NFSv3 (MOUNT v3, then READ, WRITE, COMMIT), sluice
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,7 +44,7 @@ from .servers import Server
 from .util import MiB, Progress, log
 
 # What a run measures unless --experiments says otherwise.
-DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write"]
+DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta"]
 # NFSv3 variants of stream, mix and write.
 V3 = "-v3"
 EXPERIMENTS = DEFAULT_EXPERIMENTS + ["stream" + V3, "mix" + V3, "write" + V3]
@@ -75,6 +80,9 @@ class Config:
     duration: float  # seconds per random or mixed measurement
     smoke: bool
     mixed_layout_size: int = 0  # bytes per mixed-* sparse file; 0: size
+    # meta: files each of META_CLIENTS clients makes (16 x 6250: a
+    # 100,000-entry directory).
+    meta_files: int = 6250
     # With --wire: the link's rate, and warm-ups read the file on the
     # server host instead of over the link.
     wire_bytes_per_s: float | None = None
@@ -270,6 +278,8 @@ def _disk_figures(result: dict, disk: int, file_bytes: int) -> None:
 def _headline(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error'][:300]}"
+    if "phases" in r:
+        return ", ".join(f"{k} {v.get('ops_per_s', 0):.0f}/s" for k, v in r["phases"].items())
     parts = [f"{r.get('mb_per_s', 0):.1f} MB/s"]
     if "iops" in r:
         parts.append(f"{r['iops']:.0f} IOPS")
@@ -440,7 +450,45 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
     return _rounds("write" + (V3 if proto == "v3" else ""), cfg, cases, WRITE_CACHES, cfg.size)
 
 
+# --- meta -------------------------------------------------------------------
+
+META_CLIENTS = 16
+META_CACHES = ["cold"]
+META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
+# Rough server rate for the progress estimate (operations per second).
+ASSUMED_META_OPS = 5000
+
+
+def _meta_variant(server: str, cfg: Config) -> Variant:
+    """sluice-meta's phases in a new directory of a name never used before,
+    removed afterwards on the server's file system."""
+
+    def measure(ctx: Context) -> dict:
+        name = f"meta-{len(ctx.records)}"
+        path = ctx.local(name)
+        path.mkdir()
+        path.chmod(0o777)
+        try:
+            s = ctx.servers[server]
+            return clients.sluice_meta(
+                ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, META_CLIENTS, cfg.meta_files,
+                s.proc.pid if s.proc else None,
+            )
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    files = META_CLIENTS * cfg.meta_files
+    seconds = files * (len(META_PHASES) - 1) / ASSUMED_META_OPS
+    return Variant(server, "sluice-meta", "meta", measure, None, seconds)
+
+
+def plan_meta(cfg: Config) -> list[Round]:
+    cases = {"16-clients": [_meta_variant(s, cfg) for s in ("sluice", BASELINE, "ganesha")]}
+    return _rounds("meta", cfg, cases, META_CACHES, 0)
+
+
 PLANS = {
+    "meta": plan_meta,
     "sparse": plan_sparse,
     "stream": plan_stream,
     "mix": plan_mix,

@@ -30,6 +30,11 @@ DIRECT_WRITE = ("local", "dd", "direct_write")
 SLUICE_WRITE = ("sluice", "sluice-load", "write")
 GANESHA_WRITE = ("ganesha", "sluice-load", "write")
 BUFFERED_READ = ("local", "dd", "buffered_read")
+SLUICE_META = ("sluice", "sluice-meta", "meta")
+GANESHA_META = ("ganesha", "sluice-meta", "meta")
+# sluice-meta's phases, in the order they run; metrics "meta.PHASE.FIELD".
+META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
+META_FIELDS = ["ops_per_s", "server_cpu_us_per_op", "p50_us", "p99_us"]
 
 LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
 
@@ -37,6 +42,9 @@ LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
 def metric_of(result: dict, metric: str) -> float | None:
     """A figure from one result: a top-level number (mb_per_s, iops,
     wire_data_bytes, bytes) or a latency such as read_p99_us."""
+    if metric.startswith("meta."):
+        _, phase, field = metric.split(".")
+        return ((result.get("phases") or {}).get(phase) or {}).get(field)
     kind, _, field = metric.partition("_")
     if kind in ("read", "write") and field in LATENCY_FIELDS:
         return (result.get(kind) or {}).get(field)
@@ -46,7 +54,7 @@ def metric_of(result: dict, metric: str) -> float | None:
 METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes", "server_disk_read_bytes", "disk_per_requested",
            "disk_per_distinct"] + [
     f"{kind}_{field}" for kind in ("read", "write") for field in LATENCY_FIELDS
-]
+] + [f"meta.{phase}.{field}" for phase in META_PHASES for field in META_FIELDS]
 
 
 def stats(values: list[float | None]) -> dict | None:
@@ -113,6 +121,14 @@ RATIOS = {
     ],
 }
 
+RATIOS["meta"] = [
+    ratio
+    for phase in META_PHASES
+    for ratio in (
+        (f"{phase} ops/s sluice/ganesha", SLUICE_META, GANESHA_META, f"meta.{phase}.ops_per_s"),
+        (f"{phase} CPU/op sluice/ganesha", SLUICE_META, GANESHA_META, f"meta.{phase}.server_cpu_us_per_op"),
+    )
+]
 
 # The NFSv3 experiments compare the same variants.
 for _exp in ("stream", "mix", "write"):
@@ -394,6 +410,33 @@ def _write_tables(ix: Index, fs: str, experiment: str = "write") -> list[str]:
     return _table(header, rows)
 
 
+def _meta_tables(ix: Index, fs: str) -> list[str]:
+    at = (fs, "meta", "16-clients", "cold")
+    rows = []
+    for phase in META_PHASES:
+        def m(variant, field):
+            return ix.metric(at, variant, f"meta.{phase}.{field}")
+
+        if m(SLUICE_META, "ops_per_s") is None and m(GANESHA_META, "ops_per_s") is None:
+            continue
+        rows.append(
+            [
+                phase,
+                cell(m(SLUICE_META, "ops_per_s")),
+                cell(m(GANESHA_META, "ops_per_s")),
+                ratio_cell(ix.ratio(at, f"{phase} ops/s sluice/ganesha")),
+                cell(m(SLUICE_META, "server_cpu_us_per_op")),
+                cell(m(GANESHA_META, "server_cpu_us_per_op")),
+                ratio_cell(ix.ratio(at, f"{phase} CPU/op sluice/ganesha")),
+                cell(m(SLUICE_META, "p99_us")),
+                cell(m(GANESHA_META, "p99_us")),
+            ]
+        )
+    header = ["phase", "sluice ops/s", "ganesha ops/s", "sluice/ganesha", "sluice CPU us/op",
+              "ganesha CPU us/op", "CPU/op sluice/ganesha", "sluice call p99 us", "ganesha call p99 us"]  # fmt: skip
+    return _table(header, rows)
+
+
 # (experiment, heading, introduction, tables per file system, summary over
 # all file systems or None)
 SECTIONS = [
@@ -447,6 +490,20 @@ SECTIONS = [
         "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "
         "the same rounds.",
         _write_tables,
+        None,
+    ),
+    (
+        "meta",
+        "### meta: metadata operations of 16 clients",
+        "sluice-meta: 16 NFSv4.1 clients (a connection and session each, one request at a time) in "
+        "one new directory, cache dropped first. `create`: each client makes its files with OPEN "
+        "(create), a 4 KiB UNSTABLE WRITE and CLOSE; `stat`: LOOKUP and GETATTR of the attributes "
+        "`ls -l` shows, for each of its files; `readdir`: every client lists the whole directory "
+        "(READDIR, 256 KiB replies, the same attributes), counted in entries; `rename` within the "
+        "directory; `remove`. Operations per second over all clients; the server's CPU time (user "
+        "and system, /proc/PID/stat) per operation, lower is better; latency of one call (a create "
+        "is three calls, a READDIR one).",
+        _meta_tables,
         None,
     ),
     (
@@ -832,6 +889,18 @@ def _plot_write(plt, ix: Index, fs: str, experiment: str = "write"):
     return fig
 
 
+def _plot_meta(plt, ix: Index, fs: str):
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    at = (fs, "meta", "16-clients", "cold")
+    bars = {
+        "sluice": [ix.metric(at, SLUICE_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
+        "ganesha": [ix.metric(at, GANESHA_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
+    }
+    _bars(ax, META_PHASES, bars, "operations/s (readdir: entries/s)", log=True)
+    ax.set_title(f"{fs}: metadata, 16 clients (median, min–max)")
+    return fig
+
+
 def plot_all(results: dict, out: Path) -> list[str]:
     """Writes the PNG plots into `out` (replacing an earlier run's) and
     returns their file names."""
@@ -841,7 +910,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     for old in [*out.glob("sparse-*.png"), *out.glob("stream-*.png"), *out.glob("mix-*.png"),
-                *out.glob("write-*.png")]:
+                *out.glob("write-*.png"), *out.glob("meta-*.png")]:
         old.unlink()
     ix = Index(results)
     written = []
@@ -850,6 +919,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
         ("stream", lambda fs: _plot_stream(plt, ix, fs)),
         ("mix", lambda fs: _plot_mix(plt, ix, fs, results["records"])),
         ("write", lambda fs: _plot_write(plt, ix, fs)),
+        ("meta", lambda fs: _plot_meta(plt, ix, fs)),
         ("stream-v3", lambda fs: _plot_stream(plt, ix, fs, "stream-v3")),
         ("mix-v3", lambda fs: _plot_mix(plt, ix, fs, results["records"], "mix-v3")),
         ("write-v3", lambda fs: _plot_write(plt, ix, fs, "write-v3")),

@@ -30,7 +30,8 @@ from harness.wire import names_for  # noqa: E402
 sys.path.pop(0)
 LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "dh"]
 # Every NFSv4 experiment, and the quickest NFSv3 one.
-SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "mix-v3"]
+SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "mix-v3"]
+META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="bench/run needs root (loop devices, mounts, drop_caches, nfs-ganesha)"
@@ -104,7 +105,10 @@ def test_every_experiment_ran_without_errors(smoke):
     assert {r["experiment"] for r in results["records"]} == set(SMOKE_EXPERIMENTS)
     for r in results["records"]:
         assert "error" not in r["result"], r
-        assert r["result"]["mb_per_s"] > 0, r
+        if r["experiment"] == "meta":
+            assert all(r["result"]["phases"][p]["ops_per_s"] > 0 for p in META_PHASES), r
+        else:
+            assert r["result"]["mb_per_s"] > 0, r
 
 
 def test_sparse_covers_every_layout_with_read_and_read_plus(smoke):
@@ -198,6 +202,23 @@ def test_write_reports_both_servers_and_the_device(smoke):
     assert {"sluice/ganesha", "sluice/direct write"} <= names
 
 
+def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
+    results, _, _ = smoke
+    got = variants(results, "meta")
+    for server in ("sluice", "ganesha"):
+        r = got[("16-clients", "cold", server, "sluice-meta", "meta")]
+        files = r["clients"] * r["files_per_client"]
+        phases = r["phases"]
+        assert list(phases) == META_PHASES, phases
+        for p in ("create", "stat", "rename", "remove"):
+            assert phases[p]["ops"] == files and phases[p]["errors"] == 0, (server, p, phases[p])
+        # Every client lists the whole directory.
+        assert phases["readdir"]["ops"] == r["clients"] * files, (server, phases["readdir"])
+        assert phases["create"]["server_cpu_s"] is not None and phases["create"]["server_cpu_s"] > 0, server
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "meta"}
+    assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
+
+
 def test_outputs_and_environment(smoke):
     results, out, stderr = smoke
     env = results["environment"]
@@ -209,7 +230,7 @@ def test_outputs_and_environment(smoke):
         if "loop_direct_io" in details:
             assert details["loop_direct_io"] is True
     md = (out / "results.md").read_text()
-    for heading in ("### sparse", "### stream", "### mix", "### write", "### mix-v3", "READ_PLUS/READ"):
+    for heading in ("### sparse", "### stream", "### mix", "### write", "### meta", "### mix-v3", "READ_PLUS/READ"):
         assert heading in md
     for plot in results["plots"]:
         assert (out / plot).stat().st_size > 1000

@@ -1,0 +1,442 @@
+//! sluice-meta: how fast a server does metadata for many clients at once.
+//!
+//! `--clients` clients (each its own connection and NFSv4.1 session, one
+//! request at a time, as a process that untars, stats or removes does)
+//! work in one directory, phase after phase:
+//!
+//! - `create`: each client makes `--files` files: OPEN (create), WRITE of
+//!   4 KiB (UNSTABLE), CLOSE; three round trips per file, as the Linux
+//!   client sends them;
+//! - `stat`: LOOKUP and GETATTR (the attributes `ls -l` shows) of every
+//!   file of its own;
+//! - `readdir`: each client lists the whole directory (clients × files
+//!   entries) with READDIR and the same attributes;
+//! - `rename`: each client renames its files within the directory;
+//! - `remove`: each client removes its files.
+//!
+//! For each phase it prints operations (files, or for `readdir`
+//! entries) per second, latency percentiles of the calls, and with
+//! `--server-pid` the server's CPU time per operation (user and system,
+//! from /proc). The directory must exist and be empty.
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use sluice_load::client::{Client, ClientError, OpenFile};
+use sluice_proto::nfs4::consts::{attr, op};
+use sluice_proto::nfs4::msg::{Bitmap4, Component4, Fattr4, Xdr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "sluice-meta",
+    about = "metadata operations of many NFSv4.1 clients"
+)]
+struct Args {
+    /// Server address (host:port).
+    #[arg(long, default_value = "127.0.0.1:2049")]
+    server: String,
+    /// The directory to work in, as a path from the server's root; it
+    /// must exist and be empty.
+    #[arg(long)]
+    dir: String,
+    /// Clients, each with its own connection and session.
+    #[arg(long, default_value_t = 16)]
+    clients: u32,
+    /// Files each client makes (the directory then holds clients × files).
+    #[arg(long, default_value_t = 1000)]
+    files: u32,
+    /// Phases to run, in this order, from create, stat, readdir, rename,
+    /// remove (a phase needs the ones before it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "create,stat,readdir,rename,remove"
+    )]
+    phases: Vec<String>,
+    /// The server's process id, to report its CPU time per operation.
+    #[arg(long)]
+    server_pid: Option<u32>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+const PHASES: [&str; 5] = ["create", "stat", "readdir", "rename", "remove"];
+const FILE_BYTES: usize = 4096;
+/// READDIR's reply size, as the Linux client asks for with its default
+/// rsize of 1 MiB and dtsize.
+const READDIR_MAX: u32 = 256 << 10;
+
+/// The attributes `ls -l` needs.
+fn ls_attrs() -> Bitmap4 {
+    Bitmap4::of(&[
+        attr::TYPE,
+        attr::CHANGE,
+        attr::SIZE,
+        attr::FILEID,
+        attr::MODE,
+        attr::NUMLINKS,
+        attr::OWNER,
+        attr::OWNER_GROUP,
+        attr::SPACE_USED,
+        attr::TIME_ACCESS,
+        attr::TIME_METADATA,
+        attr::TIME_MODIFY,
+    ])
+}
+
+fn name(client: u32, i: u32, renamed: bool) -> String {
+    if renamed {
+        format!("r{client:02}-{i:07}")
+    } else {
+        format!("f{client:02}-{i:07}")
+    }
+}
+
+/// PUTROOTFH and a LOOKUP per component of `dir`: the ops and their count.
+fn dir_ops(dir: &str) -> Vec<String> {
+    dir.split('/')
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+struct Meta {
+    c: Client,
+    dir: Vec<String>,
+}
+
+impl Meta {
+    fn n(&self) -> u32 {
+        1 + self.dir.len() as u32
+    }
+
+    fn put_dir(&self, e: &mut sluice_proto::xdr::Encoder) {
+        e.u32(op::PUTROOTFH);
+        for d in &self.dir {
+            e.u32(op::LOOKUP);
+            Component4::new(d).encode(e);
+        }
+    }
+
+    fn path(&self, file: &str) -> String {
+        let mut p = self.dir.join("/");
+        p.push('/');
+        p.push_str(file);
+        p
+    }
+
+    async fn create(&self, file: &str, data: &[u8]) -> Result<(), ClientError> {
+        let f: OpenFile = self.c.open(&self.path(file), true, true).await?;
+        let n = self.c.write(&f, 0, data, false).await?;
+        if n as usize != data.len() {
+            return Err(ClientError::Malformed);
+        }
+        self.c.close(&f).await
+    }
+
+    async fn stat(&self, file: &str) -> Result<(), ClientError> {
+        let r = self
+            .c
+            .compound(self.n() + 2, |e| {
+                self.put_dir(e);
+                e.u32(op::LOOKUP);
+                Component4::new(file).encode(e);
+                e.u32(op::GETATTR);
+                ls_attrs().encode(e);
+            })
+            .await?;
+        r.walk(|opnum, d| {
+            if opnum == op::GETATTR {
+                Fattr4::decode(d).map_err(|_| ClientError::Malformed)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// One READDIR from `cookie`: (entries, last cookie, verifier, eof).
+    async fn readdir(
+        &self,
+        cookie: u64,
+        verf: [u8; 8],
+    ) -> Result<(u64, u64, [u8; 8], bool), ClientError> {
+        let r = self
+            .c
+            .compound(self.n() + 1, |e| {
+                self.put_dir(e);
+                e.u32(op::READDIR);
+                e.u64(cookie);
+                e.opaque_fixed(&verf);
+                e.u32(READDIR_MAX / 4);
+                e.u32(READDIR_MAX);
+                ls_attrs().encode(e);
+            })
+            .await?;
+        let mut out = (0, cookie, verf, false);
+        r.walk(|opnum, d| {
+            if opnum != op::READDIR {
+                return Ok(());
+            }
+            let bad = |_| ClientError::Malformed;
+            out.2 = d.array::<8>().map_err(bad)?;
+            while d.bool().map_err(bad)? {
+                out.1 = d.u64().map_err(bad)?;
+                d.opaque(4096).map_err(bad)?;
+                Fattr4::decode(d).map_err(bad)?;
+                out.0 += 1;
+            }
+            out.3 = d.bool().map_err(bad)?;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        self.c
+            .compound(self.n() + 2, |e| {
+                self.put_dir(e);
+                e.u32(op::SAVEFH);
+                e.u32(op::RENAME);
+                Component4::new(from).encode(e);
+                Component4::new(to).encode(e);
+            })
+            .await?
+            .check()
+    }
+
+    async fn remove(&self, file: &str) -> Result<(), ClientError> {
+        self.c
+            .compound(self.n() + 1, |e| {
+                self.put_dir(e);
+                e.u32(op::REMOVE);
+                Component4::new(file).encode(e);
+            })
+            .await?
+            .check()
+    }
+}
+
+/// User plus system CPU time of process `pid`, from /proc.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant of the system; no pointers.
+    let hz = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
+        n if n > 0 => n as f64,
+        _ => 100.0,
+    };
+    Some(Duration::from_secs_f64(ticks as f64 / hz))
+}
+
+struct PhaseResult {
+    name: &'static str,
+    ops: u64,
+    seconds: f64,
+    lat: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    server_cpu: Option<Duration>,
+}
+
+async fn phase(name: &'static str, clients: &[Arc<Meta>], a: &Args) -> PhaseResult {
+    let lat = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+    ));
+    let errs = Arc::new(Mutex::new((0u64, None::<String>)));
+    let cpu0 = a.server_pid.and_then(cpu_time);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for (ci, m) in clients.iter().enumerate() {
+        let (m, lat, errs, files) = (m.clone(), lat.clone(), errs.clone(), a.files);
+        tasks.push(tokio::spawn(async move {
+            let data = vec![0x5a_u8; FILE_BYTES];
+            let ci = ci as u32;
+            let mut ops = 0u64;
+            let note = |r: Result<(), ClientError>, t: Instant| match r {
+                Ok(()) => {
+                    let us = t.elapsed().as_micros().max(1) as u64;
+                    let _ = lat.lock().map(|mut h| h.record(us));
+                }
+                Err(e) => {
+                    if let Ok(mut g) = errs.lock() {
+                        g.0 += 1;
+                        g.1.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            };
+            if name == "readdir" {
+                let (mut cookie, mut verf) = (0u64, [0u8; 8]);
+                loop {
+                    let t = Instant::now();
+                    match m.readdir(cookie, verf).await {
+                        Ok((n, last, v, eof)) => {
+                            note(Ok(()), t);
+                            ops += n;
+                            (cookie, verf) = (last, v);
+                            if eof || n == 0 {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            note(Err(e), t);
+                            break;
+                        }
+                    }
+                }
+                return ops;
+            }
+            for i in 0..files {
+                let t = Instant::now();
+                let r = match name {
+                    "create" => m.create(&self::name(ci, i, false), &data).await,
+                    "stat" => m.stat(&self::name(ci, i, false)).await,
+                    "rename" => {
+                        m.rename(&self::name(ci, i, false), &self::name(ci, i, true))
+                            .await
+                    }
+                    _ => m.remove(&self::name(ci, i, true)).await,
+                };
+                if r.is_ok() {
+                    ops += 1;
+                }
+                note(r, t);
+            }
+            ops
+        }));
+    }
+    let mut ops = 0;
+    for t in tasks {
+        ops += t.await.unwrap_or(0);
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let server_cpu = match (cpu0, a.server_pid.and_then(cpu_time)) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    let lat = lat
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let (errors, first_error) = errs.lock().map(|g| g.clone()).unwrap_or_default();
+    PhaseResult {
+        name,
+        ops,
+        seconds,
+        lat,
+        errors,
+        first_error,
+        server_cpu,
+    }
+}
+
+fn json_of(p: &PhaseResult) -> serde_json::Value {
+    let q = |f: f64| p.lat.value_at_quantile(f);
+    serde_json::json!({
+        "ops": p.ops,
+        "seconds": p.seconds,
+        "ops_per_s": if p.seconds > 0.0 { p.ops as f64 / p.seconds } else { 0.0 },
+        "calls": p.lat.len(),
+        "p50_us": q(0.5),
+        "p99_us": q(0.99),
+        "max_us": p.lat.max(),
+        "errors": p.errors,
+        "first_error": p.first_error,
+        "server_cpu_s": p.server_cpu.map(|d| d.as_secs_f64()),
+        "server_cpu_us_per_op": p.server_cpu.filter(|_| p.ops > 0)
+            .map(|d| d.as_secs_f64() * 1e6 / p.ops as f64),
+    })
+}
+
+async fn run(a: Args) -> Result<serde_json::Value, String> {
+    for p in &a.phases {
+        if !PHASES.contains(&p.as_str()) {
+            return Err(format!(
+                "unknown phase {p:?}: choose from {}",
+                PHASES.join(", ")
+            ));
+        }
+    }
+    let dir = dir_ops(&a.dir);
+    let mut clients = Vec::new();
+    for _ in 0..a.clients {
+        let c = Client::connect(&a.server, 1, 1)
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", a.server))?;
+        clients.push(Arc::new(Meta {
+            c,
+            dir: dir.clone(),
+        }));
+    }
+    let mut phases = serde_json::Map::new();
+    for p in PHASES.iter().filter(|p| a.phases.iter().any(|q| q == *p)) {
+        if !a.json {
+            eprintln!("sluice-meta: {p} ...");
+        }
+        let r = phase(p, &clients, &a).await;
+        if !a.json {
+            let cpu = r
+                .server_cpu
+                .filter(|_| r.ops > 0)
+                .map(|d| {
+                    format!(
+                        ", server CPU {:.1} us/op",
+                        d.as_secs_f64() * 1e6 / r.ops as f64
+                    )
+                })
+                .unwrap_or_default();
+            println!(
+                "{:8} {:>9} ops in {:6.2} s: {:>9.0} ops/s, call p50 {} us p99 {} us, {} errors{cpu}",
+                r.name,
+                r.ops,
+                r.seconds,
+                r.ops as f64 / r.seconds.max(1e-9),
+                r.lat.value_at_quantile(0.5),
+                r.lat.value_at_quantile(0.99),
+                r.errors
+            );
+            if let Some(e) = &r.first_error {
+                println!("         first error: {e}");
+            }
+        }
+        phases.insert(r.name.to_string(), json_of(&r));
+    }
+    for m in &clients {
+        let _ = m.c.destroy_session().await;
+    }
+    Ok(serde_json::json!({
+        "clients": a.clients,
+        "files_per_client": a.files,
+        "file_bytes": FILE_BYTES,
+        "phases": phases,
+    }))
+}
+
+fn main() {
+    let a = Args::parse();
+    let json = a.json;
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice-meta: cannot start the runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    match rt.block_on(run(a)) {
+        Ok(v) => {
+            if json {
+                println!("{v}");
+            }
+        }
+        Err(e) => {
+            eprintln!("sluice-meta: {e}");
+            std::process::exit(1);
+        }
+    }
+}
