@@ -1,7 +1,8 @@
-"""The clients that produce figures: sluice-load (the project's own load
-generator), nfs-rs (an independent NFSv4.1 client, for cross-checks) and
-`dd` with direct I/O on the local file system (the device's read and
-write limits)."""
+"""The clients that produce figures: sluice-load and sluice-meta (the
+project's own load generators), nfs-rs (an independent NFSv4.1 client, for
+cross-checks), and the machine's limits: `dd` and fio with direct I/O on
+the local file system (the device's read and write rates) and iperf3 over
+loopback (the TCP ceiling of a warm read)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,83 @@ def dd_direct_write(path: Path, size: int, bs: int = 1 << 20) -> dict:
         return _dd_figures(cmd)
     finally:
         path.unlink(missing_ok=True)
+
+
+# Queue depths fio tries for the device's best rate.
+FIO_DEPTHS = (1, 4, 8, 16, 32)
+HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+
+
+def fio_best(path: Path, size: int, write: bool) -> dict:
+    """The best sequential rate of the device through the local file
+    system, past the page cache: fio with io_uring, O_DIRECT, 1 MiB
+    requests from huge-page buffers (a 1 MiB buffer of scattered pages is
+    split into several requests on a loop device), at each queue depth of
+    FIO_DEPTHS. `mb_per_s` is the best; `by_depth` every depth's. Writing
+    makes a new file, fsynced at the end and removed afterwards."""
+    need = 2 * max(FIO_DEPTHS) + 16  # 2 MiB pages for the buffers, with room
+    before = int(HUGEPAGES.read_text())
+    by_depth: dict[str, float] = {}
+    try:
+        if before < need:
+            HUGEPAGES.write_text(f"{need}\n")
+        huge = int(HUGEPAGES.read_text()) >= need
+        for depth in FIO_DEPTHS:
+            if write:
+                path.unlink(missing_ok=True)
+            cmd = ["fio", "--name=limit", f"--filename={path}", f"--rw={'write' if write else 'read'}",
+                   "--bs=1M", f"--size={size}", "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}",
+                   "--output-format=json"] + (["--iomem=shmhuge"] if huge else []) + (
+                   ["--end_fsync=1"] if write else [])  # fmt: skip
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+            try:
+                job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+            except (ValueError, KeyError, IndexError):
+                return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(cmd)}
+            by_depth[str(depth)] = job["write" if write else "read"]["bw_bytes"] / 1e6
+    finally:
+        if write:
+            path.unlink(missing_ok=True)
+        if int(HUGEPAGES.read_text()) != before:
+            HUGEPAGES.write_text(f"{before}\n")
+    best = max(by_depth, key=lambda d: by_depth[d])
+    return {"mb_per_s": by_depth[best], "best_depth": int(best), "by_depth": by_depth, "huge_pages": huge,
+            "bytes": size}  # fmt: skip
+
+
+def loopback_tcp(size: int) -> dict:
+    """The loopback TCP ceiling for one stream: iperf3 sending `size`
+    bytes in 1 MiB writes to a server on 127.0.0.1 (the rate a warm read
+    of that size could reach if nothing but the transfer cost anything)."""
+    port = _free_port()
+    server = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        cmd = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-l", "1M", "--json"]
+        received = None
+        for _ in range(50):  # the server needs a moment to listen
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+            try:
+                received = json.loads(p.stdout)["end"]["sum_received"]
+                break
+            except (ValueError, KeyError):
+                time.sleep(0.1)  # retry interval while iperf3 -s starts
+        if received is None:
+            return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(cmd)}
+        return {"mb_per_s": received["bits_per_second"] / 8 / 1e6, "bytes": int(received["bytes"]),
+                "seconds": received["seconds"], "command": " ".join(cmd)}  # fmt: skip
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 _DD_SUMMARY = re.compile(r"^(\d+) bytes .* copied, ([\d.]+) s", re.MULTILINE)

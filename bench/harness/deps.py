@@ -15,6 +15,8 @@ from .util import log, run
 # Debian packages per need; e2fsprogs (mkfs.ext4) and util-linux (losetup)
 # are part of every Debian system.
 GANESHA_PACKAGES = ["nfs-ganesha", "nfs-ganesha-vfs"]
+# The machine's own limits: the device (fio) and loopback TCP (iperf3).
+LIMIT_PACKAGES = ["fio", "iperf3"]
 FS_PACKAGES = {"ext4": ["e2fsprogs"], "xfs": ["xfsprogs"], "btrfs": ["btrfs-progs"]}
 PYTHON_PACKAGES = {"matplotlib": "matplotlib", "nfs_rs": "nfs-rs"}
 
@@ -49,7 +51,7 @@ def ensure_python(modules: list[str]) -> None:
 def ensure_all(file_systems: list[str], rpcbind: bool = False) -> None:
     """The packages for `file_systems`, and rpcbind with `rpcbind` (what
     nfs-ganesha's NFSv3 registers with)."""
-    packages = list(GANESHA_PACKAGES) + (["rpcbind"] if rpcbind else [])
+    packages = list(GANESHA_PACKAGES) + LIMIT_PACKAGES + (["rpcbind"] if rpcbind else [])
     for fs in file_systems:
         packages += FS_PACKAGES.get(fs, [])
     ensure_debian(packages)

@@ -223,6 +223,27 @@ def _dd(name: str, direct: bool = True) -> Callable[[Context], dict]:
     return lambda ctx: clients.dd_direct(ctx.local(name), direct=direct)
 
 
+def _fio_read(name: str, cfg: Config) -> Variant:
+    """The device's best direct read rate (fio, io_uring, queue depths 1 to
+    32), in the cold rounds."""
+    return Variant("local", "fio", "direct_read_best", lambda ctx: clients.fio_best(ctx.local(name), cfg.size, False),
+                   None, len(clients.FIO_DEPTHS) * cfg.pass_seconds(cfg.size))  # fmt: skip
+
+
+def _loopback(cfg: Config) -> Variant:
+    """The loopback TCP ceiling for a transfer of the file's size, in the
+    warm rounds."""
+    return Variant("local", "iperf3", "loopback_tcp", lambda ctx: clients.loopback_tcp(cfg.size), None, 1.0)
+
+
+def _only_in(rounds: list[Round], op: str, cache: str) -> list[Round]:
+    """`rounds` with the variant of `op` kept in the rounds of `cache` only."""
+    for rnd in rounds:
+        if rnd.cache != cache:
+            rnd.variants = [v for v in rnd.variants if v.op != op]
+    return rounds
+
+
 def run_round(ctx: Context, rnd: Round) -> None:
     for v in rnd.variants:
         label = f"{ctx.fs.name} {rnd.experiment} {rnd.case} {rnd.cache} run {rnd.run}: {v.server} {v.client} {v.op}"
@@ -352,16 +373,20 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
         # NFSv3: the device's limit, both servers (and the variants of
         # sluice); nfs-rs speaks NFSv4 only.
         cases = {
-            "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds)]
+            "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
+                             _fio_read(STREAM_FILE, cfg), _loopback(cfg)]
             + [_load_variant(s, "read", path, seq, cfg) for s in three],
             "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
             "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=seq) for s in three],
         }
-        return _rounds("stream" + V3, cfg, cases, CACHES, cfg.size)
+        rounds = _rounds("stream" + V3, cfg, cases, CACHES, cfg.size)
+        return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
     cases = {
         "seq-1-stream": [
             Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
             Variant("local", "dd", "buffered_read", _dd(STREAM_FILE, direct=False), None, pass_seconds),
+            _fio_read(STREAM_FILE, cfg),
+            _loopback(cfg),
         ]
         + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in three],
         "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
@@ -373,7 +398,8 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
             for s in both
         ],
     }
-    return _rounds("stream", cfg, cases, CACHES, cfg.size)
+    rounds = _rounds("stream", cfg, cases, CACHES, cfg.size)
+    return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
 
 
 # --- mix --------------------------------------------------------------------
@@ -442,8 +468,16 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
         None,
         cfg.pass_seconds(cfg.size),
     )
+    fio = Variant(
+        "local",
+        "fio",
+        "direct_write_best",
+        lambda ctx: clients.fio_best(ctx.local(WRITE_FILE), cfg.size, True),
+        None,
+        len(clients.FIO_DEPTHS) * cfg.pass_seconds(cfg.size),
+    )
     cases = {
-        case: ([direct] if case.startswith("seq-1-stream") else [])
+        case: ([direct, fio] if case.startswith("seq-1-stream") else [])
         + [_write_variant(s, spec, cfg) for s in ("sluice", "ganesha")]
         for case, spec in specs.items()
     }

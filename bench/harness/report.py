@@ -27,6 +27,9 @@ SLUICE_NFSRS = ("sluice", "nfs-rs", "read")
 GANESHA_NFSRS = ("ganesha", "nfs-rs", "read")
 DIRECT_READ = ("local", "dd", "direct_read")
 DIRECT_WRITE = ("local", "dd", "direct_write")
+FIO_READ = ("local", "fio", "direct_read_best")
+FIO_WRITE = ("local", "fio", "direct_write_best")
+LOOPBACK = ("local", "iperf3", "loopback_tcp")
 SLUICE_WRITE = ("sluice", "sluice-load", "write")
 GANESHA_WRITE = ("ganesha", "sluice-load", "write")
 BUFFERED_READ = ("local", "dd", "buffered_read")
@@ -105,6 +108,10 @@ RATIOS = {
         ("readahead on/off", SLUICE_READ, RAOFF_READ, "mb_per_s"),
         ("sluice/local buffered read", SLUICE_READ, BUFFERED_READ, "mb_per_s"),
         ("ganesha/direct read", GANESHA_READ, DIRECT_READ, "mb_per_s"),
+        ("sluice/best device read", SLUICE_READ, FIO_READ, "mb_per_s"),
+        ("ganesha/best device read", GANESHA_READ, FIO_READ, "mb_per_s"),
+        ("sluice/loopback TCP", SLUICE_READ, LOOPBACK, "mb_per_s"),
+        ("ganesha/loopback TCP", GANESHA_READ, LOOPBACK, "mb_per_s"),
     ],
     "mix": [
         ("IOPS sluice/ganesha", SLUICE_MIX, GANESHA_MIX, "iops"),
@@ -117,6 +124,8 @@ RATIOS = {
         ("sluice/ganesha", SLUICE_WRITE, GANESHA_WRITE, "mb_per_s"),
         ("sluice/direct write", SLUICE_WRITE, DIRECT_WRITE, "mb_per_s"),
         ("ganesha/direct write", GANESHA_WRITE, DIRECT_WRITE, "mb_per_s"),
+        ("sluice/best device write", SLUICE_WRITE, FIO_WRITE, "mb_per_s"),
+        ("ganesha/best device write", GANESHA_WRITE, FIO_WRITE, "mb_per_s"),
         ("write p99 sluice/ganesha", SLUICE_WRITE, GANESHA_WRITE, "write_p99_us"),
     ],
 }
@@ -327,6 +336,11 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
             if ix.metric(at, sluice) is None and ix.metric(at, ganesha) is None:
                 continue
             random = case == "random-8k"
+            # The machine's limit: the device's best direct read (cold), the
+            # loopback TCP ceiling (warm).
+            limit, limit_ratio = (FIO_READ, "sluice/best device read") if cache == "cold" else (
+                LOOPBACK, "sluice/loopback TCP")  # fmt: skip
+            has_limit = ix.metric(at, limit) is not None
             rows.append(
                 [
                     case,
@@ -334,6 +348,8 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
                     cell(ix.metric(at, sluice)),
                     cell(ix.metric(at, ganesha)),
                     ratio_cell(ix.ratio(at, "sluice/ganesha (nfs-rs)" if nfsrs else "sluice/ganesha")),
+                    cell(ix.metric(at, limit)) if has_limit else "",
+                    ratio_cell(ix.ratio(at, limit_ratio)) if has_limit else "",
                     cell(ix.metric(at, DIRECT_READ)) if ix.metric(at, DIRECT_READ) else "",
                     ratio_cell(ix.ratio(at, "sluice/direct read")) if ix.metric(at, DIRECT_READ) else "",
                     cell(ix.metric(at, BUFFERED_READ)) if ix.metric(at, BUFFERED_READ) else "",
@@ -343,7 +359,8 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
                     _disk_cell(ix, at, ganesha, random),
                 ]
             )
-    header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct read MB/s",
+    header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha",
+              "limit MB/s (cold: fio best direct read; warm: loopback TCP)", "sluice/limit", "direct read MB/s",
               "sluice/direct", "local buffered MB/s", "sluice readahead off MB/s", "readahead on/off", "sluice disk/asked",
               "ganesha disk/asked"]  # fmt: skip
     return _table(header, rows)
@@ -391,12 +408,15 @@ def _write_tables(ix: Index, fs: str, experiment: str = "write") -> list[str]:
         if ix.metric(at, SLUICE_WRITE) is None and ix.metric(at, GANESHA_WRITE) is None:
             continue
         direct = ix.metric(at, DIRECT_WRITE)
+        fio = ix.metric(at, FIO_WRITE)
         rows.append(
             [
                 case,
                 cell(ix.metric(at, SLUICE_WRITE)),
                 cell(ix.metric(at, GANESHA_WRITE)),
                 ratio_cell(ix.ratio(at, "sluice/ganesha")),
+                cell(fio) if fio else "",
+                ratio_cell(ix.ratio(at, "sluice/best device write")) if fio else "",
                 cell(direct) if direct else "",
                 ratio_cell(ix.ratio(at, "sluice/direct write")) if direct else "",
                 ratio_cell(ix.ratio(at, "ganesha/direct write")) if direct else "",
@@ -405,7 +425,8 @@ def _write_tables(ix: Index, fs: str, experiment: str = "write") -> list[str]:
                 cell(ix.metric(at, GANESHA_WRITE, "write_p99_us")),
             ]
         )
-    header = ["case", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "direct write MB/s", "sluice/direct",
+    header = ["case", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "fio best direct write MB/s",
+              "sluice/fio best", "direct write MB/s", "sluice/direct",
               "ganesha/direct", "sluice IOPS", "sluice write p99 us", "ganesha write p99 us"]  # fmt: skip
     return _table(header, rows)
 
@@ -459,7 +480,10 @@ SECTIONS = [
         "`seq-1-stream`: one sequential pass, 1 MiB requests, 8 in flight; `seq-4-streams`: four "
         "connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
         "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
-        "file (NFSv4.1, up to 8 reads in flight). Direct read: `dd iflag=direct bs=1M` on the server's "
+        "file (NFSv4.1, up to 8 reads in flight). Limit: for cold rounds the best direct read of the "
+        "file on the server's file system by fio (io_uring, 1 MiB requests from huge-page buffers, the "
+        "best of queue depths 1, 4, 8, 16 and 32), for warm rounds the loopback TCP ceiling (iperf3, "
+        "one stream, the file's size in 1 MiB writes). Direct read: `dd iflag=direct bs=1M` on the server's "
         "file system, in the same rounds as `seq-1-stream`; local buffered: the same `dd` without "
         "`iflag=direct` (the kernel's own readahead for a local reader). `sluice readahead off`: a second sluice "
         "with `--readahead-max 0` in the same rounds. Disk/asked (cold only): bytes the server process "
@@ -486,7 +510,9 @@ SECTIONS = [
         "sequential pass of 1 MiB UNSTABLE WRITEs, 8 in flight, then COMMIT (timed with the pass); "
         "`seq-1-stream-filesync` the same with FILE_SYNC WRITEs; `seq-4-streams-unstable` four "
         "connections each writing a quarter; `random-8k-unstable` 8 KiB UNSTABLE WRITEs at random "
-        "offsets, 8 in flight, for the configured duration, then COMMIT. Direct write: `dd "
+        "offsets, 8 in flight, for the configured duration, then COMMIT. fio best: the best direct "
+        "write of a new file of the same size by fio (io_uring, 1 MiB requests from huge-page buffers, "
+        "queue depths 1 to 32, fsync at the end). Direct write: `dd "
         "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "
         "the same rounds.",
         _write_tables,

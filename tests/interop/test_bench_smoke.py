@@ -131,6 +131,15 @@ def test_stream_has_both_servers_the_limit_and_the_independent_client(smoke):
     results, _, _ = smoke
     got = variants(results, "stream")
     assert got[("seq-1-stream", "cold", "local", "dd", "direct_read")]["mb_per_s"] > 0
+    # The machine's limits: fio's best direct read (cold rounds only, every
+    # queue depth tried) and the loopback TCP ceiling (warm rounds only).
+    fio = got[("seq-1-stream", "cold", "local", "fio", "direct_read_best")]
+    assert sorted(map(int, fio["by_depth"])) == [1, 4, 8, 16, 32] and fio["mb_per_s"] == max(fio["by_depth"].values())
+    assert ("seq-1-stream", "warm", "local", "fio", "direct_read_best") not in got
+    assert got[("seq-1-stream", "warm", "local", "iperf3", "loopback_tcp")]["bytes"] >= results["config"]["size"]
+    assert ("seq-1-stream", "cold", "local", "iperf3", "loopback_tcp") not in got
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "stream"}
+    assert {"sluice/best device read", "sluice/loopback TCP"} <= names
     for case in ("seq-1-stream", "seq-4-streams", "random-8k"):
         for server in ("sluice", "ganesha"):
             for cache in ("cold", "warm"):
@@ -198,8 +207,9 @@ def test_write_reports_both_servers_and_the_device(smoke):
             assert r["write"]["count"] > 0 and r["read"] is None
     for server in ("sluice", "ganesha"):
         assert got[("random-8k-unstable", "cold", server, "sluice-load", "write")]["iops"] > 0
+    assert got[("seq-1-stream-unstable", "cold", "local", "fio", "direct_write_best")]["mb_per_s"] > 0
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "write"}
-    assert {"sluice/ganesha", "sluice/direct write"} <= names
+    assert {"sluice/ganesha", "sluice/direct write", "sluice/best device write"} <= names
 
 
 def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
