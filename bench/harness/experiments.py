@@ -14,6 +14,9 @@ mix     16 threads of 8 KiB random reads and writes, 50/50, on one
 write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
         FILE_SYNC; 1 and 4 streams) and random 8 KiB writes, each on a new
         file, against the device's direct write rate.
+scale   1, 4, 16, 64 and 256 connections reading a cached file, 8 KiB
+        and 1 MiB random reads, one request each: throughput, p99 and
+        the server's memory (peak RSS) as connections grow.
 meta    16 NFSv4.1 clients in one new directory (sluice-meta): create
         (OPEN, 4 KiB WRITE, CLOSE), stat (LOOKUP, GETATTR), READDIR of the
         whole directory by every client, rename, remove; operations per
@@ -44,7 +47,7 @@ from .servers import Server
 from .util import MiB, Progress, log
 
 # What a run measures unless --experiments says otherwise.
-DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta"]
+DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale"]
 # NFSv3 variants of stream, mix and write.
 V3 = "-v3"
 EXPERIMENTS = DEFAULT_EXPERIMENTS + ["stream" + V3, "mix" + V3, "write" + V3]
@@ -521,7 +524,57 @@ def plan_meta(cfg: Config) -> list[Round]:
     return _rounds("meta", cfg, cases, META_CACHES, 0)
 
 
+# --- scale ------------------------------------------------------------------
+
+SCALE_CONNECTIONS = [1, 4, 16, 64, 256]
+SCALE_CONNECTIONS_SMOKE = [4, 256]
+SCALE_BLOCKS = {"8k": 8192, "1m": MiB}
+
+
+def _server_memory(pid: int) -> dict:
+    """VmRSS and VmHWM (peak) of process `pid`, in KiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def _with_memory(server: str, measure: Callable[[Context], dict]) -> Callable[[Context], dict]:
+    """`measure`, with the server's peak RSS during it (the kernel's
+    high-water mark, reset first) and its RSS at the end."""
+
+    def run(ctx: Context) -> dict:
+        pid = ctx.servers[server].proc.pid
+        Path(f"/proc/{pid}/clear_refs").write_text("5\n")  # resets VmHWM
+        result = measure(ctx)
+        mem = _server_memory(pid)
+        result["server_peak_rss_mib"] = mem.get("VmHWM", 0) / 1024
+        result["server_rss_mib"] = mem.get("VmRSS", 0) / 1024
+        return result
+
+    return run
+
+
+def plan_scale(cfg: Config) -> list[Round]:
+    path = "/" + STREAM_FILE
+    counts = SCALE_CONNECTIONS_SMOKE if cfg.smoke else SCALE_CONNECTIONS
+    cases = {}
+    for kind, bs in SCALE_BLOCKS.items():
+        for n in counts:
+            spec = LoadSpec(mode="read", pattern="random", bs=bs, inflight=1, streams=n, duration=cfg.duration)
+            variants = []
+            for s in ("sluice", BASELINE, "ganesha"):
+                v = _load_variant(s, "read", path, spec, cfg, warm=SEQ_1M)
+                v.measure = _with_memory(s, v.measure)
+                variants.append(v)
+            cases[f"{kind}-{n}"] = variants
+    return _rounds("scale", cfg, cases, ["warm"], cfg.size)
+
+
 PLANS = {
+    "scale": plan_scale,
     "meta": plan_meta,
     "sparse": plan_sparse,
     "stream": plan_stream,

@@ -35,6 +35,8 @@ GANESHA_WRITE = ("ganesha", "sluice-load", "write")
 BUFFERED_READ = ("local", "dd", "buffered_read")
 SLUICE_META = ("sluice", "sluice-meta", "meta")
 GANESHA_META = ("ganesha", "sluice-meta", "meta")
+SCALE_KINDS = {"8k": "8 KiB reads", "1m": "1 MiB reads"}
+SCALE_CONNECTIONS = [1, 4, 16, 64, 256]
 # sluice-meta's phases, in the order they run; metrics "meta.PHASE.FIELD".
 META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
 META_FIELDS = ["ops_per_s", "server_cpu_us_per_op", "p50_us", "p99_us"]
@@ -55,7 +57,7 @@ def metric_of(result: dict, metric: str) -> float | None:
 
 
 METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes", "server_disk_read_bytes", "disk_per_requested",
-           "disk_per_distinct"] + [
+           "disk_per_distinct", "server_peak_rss_mib", "server_rss_mib"] + [
     f"{kind}_{field}" for kind in ("read", "write") for field in LATENCY_FIELDS
 ] + [f"meta.{phase}.{field}" for phase in META_PHASES for field in META_FIELDS]
 
@@ -130,6 +132,10 @@ RATIOS = {
     ],
 }
 
+RATIOS["scale"] = [
+    ("sluice/ganesha", SLUICE_READ, GANESHA_READ, "mb_per_s"),
+    ("read p99 sluice/ganesha", SLUICE_READ, GANESHA_READ, "read_p99_us"),
+]
 RATIOS["meta"] = [
     ratio
     for phase in META_PHASES
@@ -431,6 +437,35 @@ def _write_tables(ix: Index, fs: str, experiment: str = "write") -> list[str]:
     return _table(header, rows)
 
 
+def _scale_cases(ix: Index, fs: str):
+    """(case, kind, connections, where) of the scale rounds that ran."""
+    for kind in SCALE_KINDS:
+        for n in SCALE_CONNECTIONS:
+            at = (fs, "scale", f"{kind}-{n}", "warm")
+            if ix.metric(at, SLUICE_READ) is not None or ix.metric(at, GANESHA_READ) is not None:
+                yield kind, n, at
+
+
+def _scale_tables(ix: Index, fs: str) -> list[str]:
+    rows = [
+        [
+            SCALE_KINDS[kind],
+            str(n),
+            cell(ix.metric(at, SLUICE_READ)),
+            cell(ix.metric(at, GANESHA_READ)),
+            ratio_cell(ix.ratio(at, "sluice/ganesha")),
+            cell(ix.metric(at, SLUICE_READ, "read_p99_us")),
+            cell(ix.metric(at, GANESHA_READ, "read_p99_us")),
+            cell(ix.metric(at, SLUICE_READ, "server_peak_rss_mib")),
+            cell(ix.metric(at, GANESHA_READ, "server_peak_rss_mib")),
+        ]
+        for kind, n, at in _scale_cases(ix, fs)
+    ]
+    header = ["reads", "connections", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "sluice p99 us",
+              "ganesha p99 us", "sluice peak RSS MiB", "ganesha peak RSS MiB"]  # fmt: skip
+    return _table(header, rows)
+
+
 def _meta_tables(ix: Index, fs: str) -> list[str]:
     at = (fs, "meta", "16-clients", "cold")
     rows = []
@@ -516,6 +551,16 @@ SECTIONS = [
         "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "
         "the same rounds.",
         _write_tables,
+        None,
+    ),
+    (
+        "scale",
+        "### scale: many connections reading cached data",
+        "N connections (each its own NFSv4.1 session, one request at a time) read random 8 KiB or 1 MiB "
+        "blocks of a file in the server's page cache (one sequential pass first) for the configured "
+        "duration. Throughput over all connections, the p99 latency of one READ, and the server's peak "
+        "resident memory during the measurement (VmHWM, reset before it).",
+        _scale_tables,
         None,
     ),
     (
@@ -915,6 +960,25 @@ def _plot_write(plt, ix: Index, fs: str, experiment: str = "write"):
     return fig
 
 
+def _plot_scale(plt, ix: Index, fs: str):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for ax, (kind, title) in zip(axes, SCALE_KINDS.items(), strict=True):
+        for server, variant in (("sluice", SLUICE_READ), ("ganesha", GANESHA_READ)):
+            pts = [(n, ix.metric(at, variant)) for k, n, at in _scale_cases(ix, fs) if k == kind]
+            pts = [(n, m) for n, m in pts if m]
+            if pts:
+                ax.errorbar([n for n, _ in pts], [m["median"] for _, m in pts],
+                            yerr=[[m["median"] - m["min"] for _, m in pts], [m["max"] - m["median"] for _, m in pts]],
+                            marker="o", capsize=2, label=server, color=COLORS.get(server))  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("connections")
+        ax.set_ylabel("MB/s")
+        ax.set_title(f"{fs}: cached {title} (median, min–max)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return fig
+
+
 def _plot_meta(plt, ix: Index, fs: str):
     fig, ax = plt.subplots(figsize=(10, 4.5))
     at = (fs, "meta", "16-clients", "cold")
@@ -936,7 +1000,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     for old in [*out.glob("sparse-*.png"), *out.glob("stream-*.png"), *out.glob("mix-*.png"),
-                *out.glob("write-*.png"), *out.glob("meta-*.png")]:
+                *out.glob("write-*.png"), *out.glob("meta-*.png"), *out.glob("scale-*.png")]:
         old.unlink()
     ix = Index(results)
     written = []
@@ -946,6 +1010,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
         ("mix", lambda fs: _plot_mix(plt, ix, fs, results["records"])),
         ("write", lambda fs: _plot_write(plt, ix, fs)),
         ("meta", lambda fs: _plot_meta(plt, ix, fs)),
+        ("scale", lambda fs: _plot_scale(plt, ix, fs)),
         ("stream-v3", lambda fs: _plot_stream(plt, ix, fs, "stream-v3")),
         ("mix-v3", lambda fs: _plot_mix(plt, ix, fs, results["records"], "mix-v3")),
         ("write-v3", lambda fs: _plot_write(plt, ix, fs, "write-v3")),

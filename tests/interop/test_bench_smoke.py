@@ -30,7 +30,7 @@ from harness.wire import names_for  # noqa: E402
 sys.path.pop(0)
 LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "dh"]
 # Every NFSv4 experiment, and the quickest NFSv3 one.
-SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "mix-v3"]
+SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale", "mix-v3"]
 META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
 
 pytestmark = pytest.mark.skipif(
@@ -229,6 +229,20 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
     assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
 
 
+def test_scale_reads_with_many_connections_and_reports_memory(smoke):
+    results, _, _ = smoke
+    got = variants(results, "scale")
+    for kind in ("8k", "1m"):
+        for n in (4, 256):  # the smoke run's connection counts
+            for server in ("sluice", "ganesha"):
+                r = got[(f"{kind}-{n}", "warm", server, "sluice-load", "read")]
+                assert r["streams"] == n and r["inflight"] == 1 and r["iops"] > 0, (kind, n, server)
+                assert r["read"]["p99_us"] > 0
+                assert 0 < r["server_rss_mib"] <= r["server_peak_rss_mib"], (kind, n, server, r)
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "scale"}
+    assert {"sluice/ganesha", "read p99 sluice/ganesha"} <= names
+
+
 def test_outputs_and_environment(smoke):
     results, out, stderr = smoke
     env = results["environment"]
@@ -240,7 +254,8 @@ def test_outputs_and_environment(smoke):
         if "loop_direct_io" in details:
             assert details["loop_direct_io"] is True
     md = (out / "results.md").read_text()
-    for heading in ("### sparse", "### stream", "### mix", "### write", "### meta", "### mix-v3", "READ_PLUS/READ"):
+    for heading in ("### sparse", "### stream", "### mix", "### write", "### meta", "### scale", "### mix-v3",
+                    "READ_PLUS/READ"):
         assert heading in md
     for plot in results["plots"]:
         assert (out / plot).stat().st_size > 1000
