@@ -722,8 +722,10 @@ DOC_HEAD = """\
 
 `bench/run` measures sluice against nfs-ganesha (Debian packages, VFS backend)
 exporting the same directory, on fresh ext4, xfs and btrfs file systems on
-loop devices (`losetup --direct-io=on`), with the local direct-read rate as
-the physical limit. It installs what it needs, sets everything up, runs the
+loop devices (`losetup --direct-io=on`), with the machine's own limits
+measured in the same runs: the device's best direct read and write (fio,
+io_uring, huge-page buffers, queue depths 1 to 32, beside `dd`) and the
+loopback TCP ceiling (iperf3). It installs what it needs, sets everything up, runs the
 experiments, tears everything down (also on failure or Ctrl-C) and writes
 this page, `results.json` (every raw figure and the environment),
 `results.md` and the plots. Run it as root:
@@ -735,9 +737,11 @@ bench/run --experiments sparse --servers sluice --wire 1gbit   # over a 1 Gbit/s
 bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds (the test suite does this)
 ```
 
-Options: `--fs`, `--experiments sparse,stream,mix,write` (the default;
-`stream-v3`, `mix-v3` and `write-v3` repeat stream, mix and write over
-NFSv3, with rpcbind started for nfs-ganesha when none runs), `--servers
+Options: `--fs`, `--experiments sparse,stream,mix,write,meta,scale` (the
+default; `stream-v3`, `mix-v3` and `write-v3` repeat stream, mix and write
+over NFSv3, with rpcbind started for nfs-ganesha when none runs),
+`--meta-files N` (files per client of the meta experiment's 16; default
+6250, a 100,000-entry directory), `--servers
 sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
 others' variants are left out), `--runs N` (at least 3 for published
 figures), `--size` (per test file), `--mixed-layout-size` (the sparse
@@ -770,7 +774,10 @@ measured one after the other, in an order rotated by one place each run, so
 that every server takes every place and none gains from going first (with
 two servers, an even `--runs` puts each first equally often). The experiments come from the design
 brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
-(001), mixed random reads and writes on one file (002).
+(001), mixed random reads and writes on one file (002); and from what users
+judge a server on besides: writes, metadata (create, stat, READDIR,
+rename, remove by 16 clients, with the server's CPU time per operation)
+and many connections (1 to 256, with the server's memory).
 
 """
 
