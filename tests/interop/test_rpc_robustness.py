@@ -1114,3 +1114,38 @@ def test_connection_memory_is_bounded(sluice_server):
         f"({peak // 1024} MiB after the drain)"
     )
     assert_serves(sluice_server)
+
+
+# --- LOOKUP from the kernel's caches or from storage -------------------------
+
+
+def test_lookup_works_whether_or_not_the_kernel_has_the_names_cached(sluice_server):
+    """LOOKUP runs on the connection's task only from the kernel's dentry
+    and inode caches (openat2 with RESOLVE_CACHED) and goes to a worker
+    when the name must be read from storage. Both ways give the same
+    handles: looked up once, then again after the kernel dropped its
+    dentries and inodes (drop_caches 2), for names that exist and for one
+    that does not."""
+    names = [f"cached-{i:03d}" for i in range(200)]
+    sub = sluice_server.export / "lk"
+    sub.mkdir()
+    for n in names:
+        (sub / n).write_text(n)
+
+    def lookups(s: Session) -> dict[str, bytes | int]:
+        out: dict[str, bytes | int] = {}
+        for n in [*names, "not-there"]:
+            r = s.compound([rc.op_putrootfh(), rc.op_lookup("lk"), rc.op_lookup(n), rc.op_getfh()])
+            out[n] = r.results[-1].fh if r.status == St.OK else r.status
+        return out
+
+    c, s = new_session(sluice_server)
+    with c:
+        first = lookups(s)
+        assert first["not-there"] == St.NOENT, first["not-there"]
+        assert all(isinstance(first[n], bytes) for n in names), [n for n in names if not isinstance(first[n], bytes)]
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2\n")  # dentries and inodes: the next LOOKUPs must read the directory
+        again = lookups(s)
+    assert again == first
+    assert_serves(sluice_server)

@@ -191,6 +191,58 @@ pub fn open_path_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Whether the kernel can look names up from its caches only
+/// (`openat2` with RESOLVE_CACHED, Linux 5.12); cleared at the first
+/// refusal, after which [`open_path_at_cached`] always says WouldBlock.
+static RESOLVE_CACHED_WORKS: AtomicBool = AtomicBool::new(true);
+
+/// Like [`open_path_at`], but only from the kernel's caches (dentries and
+/// inodes in memory): an error of kind [`io::ErrorKind::WouldBlock`] when
+/// the lookup would have to read the directory or the inode from storage,
+/// so that a caller that must not wait can hand it to one that may.
+pub fn open_path_at_cached(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
+    if !RESOLVE_CACHED_WORKS.load(Ordering::Relaxed) {
+        return Err(io::ErrorKind::WouldBlock.into());
+    }
+    // struct open_how of <linux/openat2.h>.
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_CACHED | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: valid fd, C string and open_how of the size given; the
+    // result is a fresh descriptor.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) => Err(io::ErrorKind::WouldBlock.into()),
+            // No openat2 (before 5.6) or no RESOLVE_CACHED (before 5.12).
+            Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::E2BIG) => {
+                RESOLVE_CACHED_WORKS.store(false, Ordering::Relaxed);
+                Err(io::ErrorKind::WouldBlock.into())
+            }
+            _ => Err(e),
+        };
+    }
+    // SAFETY: fresh descriptor from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as i32) })
+}
+
 /// Opens a directory path on the host as an O_PATH descriptor.
 pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     let c = cname(path.as_os_str().as_bytes())?;

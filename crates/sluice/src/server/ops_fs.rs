@@ -17,7 +17,7 @@ use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 /// Runs an op body written with `?`, turning its error into the status.
@@ -257,8 +257,28 @@ pub(super) fn restorefh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
 
 /// Opens `name` in directory `dir` as a new filehandle.
 pub(super) fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Nfsstat4> {
-    let ex = &cx.ex(dir).fs;
     let fd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+    child_of(cx, dir, fd)
+}
+
+/// Like [`child`], but where waiting is not allowed (the connection's
+/// task) only from the kernel's caches: [`Stop::WouldBlock`] when the
+/// directory or the inode would have to be read from storage.
+fn child_or_block(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Stop> {
+    let fd = if super::context::must_not_wait() {
+        match fs::open_path_at_cached(dir.fd.as_fd(), name) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Stop::WouldBlock),
+            r => r,
+        }
+    } else {
+        fs::open_path_at(dir.fd.as_fd(), name)
+    };
+    Ok(child_of(cx, dir, io(fd)?)?)
+}
+
+/// The handle and status of `fd`, just opened below `dir`.
+fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4> {
+    let ex = &cx.ex(dir).fs;
     let st = io(fs::stat(fd.as_fd()))?;
     if st.dev != ex.dev() {
         // Another file system mounted inside the export is not exported.
@@ -275,12 +295,13 @@ pub(super) fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat)
     ))
 }
 
-/// LOOKUP.
-pub(super) fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
-    run(|| {
+/// LOOKUP. On the connection's task only what the kernel has in memory;
+/// a name that must be read from storage is looked up on a worker.
+pub(super) fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> Outcome {
+    run_or_block(|| {
         let name = component(d)?;
         let (dir, _) = cur_dir(cx)?;
-        let (fh, _) = child(cx, &dir, &name)?;
+        let (fh, _) = child_or_block(cx, &dir, &name)?;
         cx.cur = Some(fh);
         Ok(())
     })

@@ -198,13 +198,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         8 + 8 + 4 + 8 + 4 + OPAQUE,
     ),
     row("LOCKU", ops_file::locku, BAD_SID, MODIFIES, SID),
-    row(
-        "LOOKUP",
-        ops_fs::lookup,
-        OnPseudo::Run(ops_pseudo::lookup),
-        CLEARS_STATEID,
-        0,
-    ),
+    OpDesc {
+        name: "LOOKUP",
+        run: Some(Handler::MayBlock(ops_fs::lookup)),
+        pseudo: OnPseudo::Run(ops_pseudo::lookup),
+        flags: CLEARS_STATEID | NO_WAIT,
+        reply_bound: 0,
+    },
     row(
         "LOOKUPP",
         ops_fs::lookupp,
