@@ -298,6 +298,29 @@ def test_lookup_missing_name_noent(c, wd):
     assert r.dir_attr is None or r.dir_attr.type == NF3DIR, r
 
 
+def test_lookup_from_the_kernel_caches_and_from_storage_agree(sluice_only, c, wd):
+    """LOOKUP is answered on the connection's task when the kernel has the
+    name in memory, and on a worker when it must read the directory: the
+    same handles and attributes before and after the kernel dropped its
+    dentries and inodes, and NOENT for a missing name both times."""
+    names = [f"lk{i:03d}" for i in range(100)]
+    made = {n: make_file(c, wd, n, n.encode()) for n in names}
+
+    def lookups():
+        out = {}
+        for n in [*names, "absent"]:
+            r = c.lookup(wd, n)
+            out[n] = (r.fh, r.attr.fileid, r.attr.size) if r.status == E.OK else r.status
+        return out
+
+    first = lookups()
+    assert first["absent"] == E.NOENT
+    assert {n: first[n][0] for n in names} == made
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")  # dentries and inodes
+    assert lookups() == first
+
+
 def test_lookup_in_a_file_notdir(c, wd):
     fh = make_file(c, wd, "f")
     expect(c.lookup(fh, "x"), E.NOTDIR)

@@ -11,7 +11,7 @@
 use super::attrs::SetAttrs;
 use super::context::{Ctx, Fh, Stop};
 use super::exports::Loc;
-use super::ops_fs::{apply_attrs, component_of, deleg_conflicts, may};
+use super::ops_fs::{apply_attrs, child_or_block, component_of, deleg_conflicts, may};
 use super::Server;
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
@@ -83,13 +83,15 @@ pub(super) fn call(
 
 /// Whether procedure `proc_` may be tried on the connection's task: it
 /// only looks at an object's attributes (as NFSv4's GETATTR and ACCESS
-/// do there), or it reads and stops with WouldBlock where it would wait.
+/// do there), or it reads or looks up and stops with WouldBlock where it
+/// would wait.
 pub(super) fn may_try(proc_: u32) -> bool {
     matches!(
         proc_,
         proc3::NULL
             | proc3::GETATTR
             | proc3::ACCESS
+            | proc3::LOOKUP
             | proc3::READ
             | proc3::FSINFO
             | proc3::PATHCONF
@@ -936,20 +938,23 @@ fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> R<(Fh, Stat)> {
 
 /// LOOKUP of `n` in `dir`: "." is the directory, ".." its parent (the
 /// export root's is the root itself, as on the Linux server).
-fn lookup(cx: &Ctx<'_>, dir: &Fh, dst: &Stat, n: &[u8]) -> R<(Fh, Stat)> {
+/// On the connection's task only from the kernel's caches (WouldBlock
+/// when the name must be read from storage), as NFSv4's LOOKUP.
+fn lookup(cx: &Ctx<'_>, dir: &Fh, dst: &Stat, n: &[u8]) -> Result<(Fh, Stat), Stop3> {
     if n.is_empty() {
-        return Err(status::NOENT);
+        return Err(status::NOENT.into());
     }
     if n.len() > 255 {
-        return Err(status::NAMETOOLONG);
+        return Err(status::NAMETOOLONG.into());
     }
     if n.contains(&b'/') || n.contains(&0) {
-        return Err(status::NOENT);
+        return Err(status::NOENT.into());
     }
     if n == b"." || (n == b".." && cx.ex(dir).fs.is_root(dst)) {
         return Ok((dir.clone(), *dst));
     }
-    child(cx, dir, &CString::new(n).map_err(|_| status::NOENT)?)
+    let name = CString::new(n).map_err(|_| status::NOENT)?;
+    Ok(child_or_block(cx, dir, &name)?)
 }
 
 /// CREATE as `how` asks.

@@ -264,7 +264,7 @@ pub(super) fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat)
 /// Like [`child`], but where waiting is not allowed (the connection's
 /// task) only from the kernel's caches: [`Stop::WouldBlock`] when the
 /// directory or the inode would have to be read from storage.
-fn child_or_block(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Stop> {
+pub(super) fn child_or_block(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Stop> {
     let fd = if super::context::must_not_wait() {
         match fs::open_path_at_cached(dir.fd.as_fd(), name) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Stop::WouldBlock),
