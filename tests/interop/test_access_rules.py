@@ -652,6 +652,8 @@ def test_max_connections(serve):
     finally:
         a.close()
         b.close()
+    # Both closed: again the server notices asynchronously.
+    poll_until("a connection to be served after closing both", served)
     assert_serves(srv)
 
 
