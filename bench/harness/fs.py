@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,13 +152,31 @@ def image_size_for(data_bytes: int) -> int:
     return -(-size // MiB) * MiB
 
 
+def fill_image(image: Path, size: int) -> None:
+    """Writes the whole image with zeros (and syncs it), so that its blocks
+    exist on the host before any measurement. A sparse image makes the
+    first writer onto fresh image blocks pay for the host's allocation:
+    measured here, the first of two servers writing 1 GiB after fio's
+    direct write got 460-680 MB/s and the second 1,400-2,000."""
+    chunk = bytes(64 * MiB)
+    started = time.monotonic()
+    with open(image, "wb") as f:
+        left = size
+        while left > 0:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    log(f"{image.name}: {size // MiB} MiB written with zeros in {time.monotonic() - started:.1f} s")
+
+
 def create_loop_fs(fs: str, scratch: Path, data_bytes: int, teardown: Teardown) -> TestFs:
     """Image file -> loop device (direct I/O) -> mkfs -> mount at scratch/fs."""
     image = scratch / f"{fs}.img"
     size = image_size_for(data_bytes)
-    with open(image, "wb") as f:
-        f.truncate(size)
     teardown.push(f"remove {image}", lambda: image.unlink(missing_ok=True))
+    fill_image(image, size)
 
     device = run(["losetup", "--find", "--show", "--direct-io=on", str(image)]).stdout.strip()
     teardown.push(f"detach {device}", lambda: run(["losetup", "--detach", device]))

@@ -157,7 +157,10 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     UNDEFINED,
     UNDEFINED,
     row("ACCESS", ops_fs::access, SAME, NO_WAIT, 8),
-    row("CLOSE", ops_file::close, BAD_SID, MODIFIES, SID),
+    // Only the state table and the readahead engine: on the connection's
+    // task. (The kernel's release of the last descriptor of a file does
+    // not wait for its data.)
+    row("CLOSE", ops_file::close, BAD_SID, MODIFIES | NO_WAIT, SID),
     row("COMMIT", ops_file::commit, ISDIR, MODIFIES, 8),
     row(
         "CREATE",
