@@ -60,20 +60,27 @@ def sluice_load(
     if spec.proto == "v3":
         cmd += ["--proto", "v3", "--mount-path", mount_path]
         cmd += ["--mount-port", str(mount_port)] if mount_port else []
-    timeout = spec.duration + 120
+    result, stderr = _json_of(cmd, spec.duration + 120)
+    if result.get("errors") and "error" not in result:
+        result["error"] = f"{result['errors']} requests failed: {stderr[-500:]}"
+    return result
+
+
+def _json_of(cmd: list[str], timeout: float) -> tuple[dict, str]:
+    """Runs one of the project's load programs with --json: its JSON
+    object (with 'error' when it failed or printed none) and its stderr."""
+    name = Path(cmd[0]).name
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"sluice-load did not finish within {timeout:.0f} s", "command": cmd}
+        return {"error": f"{name} did not finish within {timeout:.0f} s", "command": cmd}, ""
     result: dict = {}
     for line in p.stdout.splitlines():
         if line.startswith("{"):
             result = json.loads(line)
     if not result:
-        return {"error": (p.stderr.strip() or f"sluice-load exited {p.returncode}")[-1000:], "command": cmd}
-    if result.get("errors"):
-        result["error"] = f"{result['errors']} requests failed: {p.stderr.strip()[-500:]}"
-    return result
+        return {"error": (p.stderr.strip() or f"{name} exited {p.returncode}")[-1000:], "command": cmd}, p.stderr
+    return result, p.stderr.strip()
 
 
 def sluice_meta(binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None) -> dict:
@@ -82,19 +89,9 @@ def sluice_meta(binary: Path, address: str, directory: str, nclients: int, files
     did. With `pid`, the server's CPU time per operation is measured."""
     cmd = [str(binary), "--server", address, "--dir", directory, "--clients", str(nclients),
            "--files", str(files), "--json"] + (["--server-pid", str(pid)] if pid else [])  # fmt: skip
-    timeout = 600 + nclients * files / 100
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"sluice-meta did not finish within {timeout:.0f} s", "command": cmd}
-    result: dict = {}
-    for line in p.stdout.splitlines():
-        if line.startswith("{"):
-            result = json.loads(line)
-    if not result:
-        return {"error": (p.stderr.strip() or f"sluice-meta exited {p.returncode}")[-1000:], "command": cmd}
+    result, _ = _json_of(cmd, 600 + nclients * files / 100)
     failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
-    if failed:
+    if failed and "error" not in result:
         first = next(iter(failed.values()))
         result["error"] = f"operations failed in {', '.join(failed)}: {first.get('first_error')}"
     return result

@@ -109,13 +109,17 @@ def ensure_packages() -> None:
     ]
     if not missing:
         return
-    log(f"installing {' '.join(missing)}")
+    _apt_install(missing)
+
+
+def _apt_install(packages: list[str]) -> None:
+    log(f"installing {' '.join(packages)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     sudo = _root_prefix()
     subprocess.run(sudo + ["apt-get", "update", "-qq"], check=True, env=env)
     subprocess.run(
         sudo
-        + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
         check=True,
         env=env,
     )
@@ -142,12 +146,7 @@ def fetch_nsm_tools() -> dict[str, Path]:
     missing = [p for p, lib in NSM_LIBRARIES.items()
                if not _installed(p) or not _find_lib(lib)]
     if missing:
-        log(f"installing {' '.join(missing)}")
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        sudo = _root_prefix()
-        subprocess.run(sudo + ["apt-get", "update", "-qq"], check=True, env=env)
-        subprocess.run(sudo + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                       check=True, env=env)
+        _apt_install(missing)
     top = cache_dir()
     root = top / "nsm" / "root"
     with open(top / ".lock-nsm", "w") as lockf:
@@ -156,17 +155,27 @@ def fetch_nsm_tools() -> dict[str, Path]:
             log(f"fetching {' '.join(NSM_PACKAGES)} (unpacked, not installed)")
             if root.exists():
                 shutil.rmtree(root)
-            root.mkdir(parents=True)
-            with tempfile.TemporaryDirectory() as dl:
-                os.chmod(dl, 0o777)
-                subprocess.run(["apt-get", "download", "-qq", *NSM_PACKAGES], cwd=dl, check=True)
-                for deb in Path(dl).glob("*.deb"):
-                    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+            _unpack_debs(NSM_PACKAGES, root)
     tools = {"/" + t: root / t for t in NSM_TOOLS}
     for t in tools.values():
         if not t.exists():
             raise HarnessError(f"{t.name} is not in {' '.join(NSM_PACKAGES)}: remove {root} and retry")
     return tools
+
+
+def _unpack_debs(packages: list[str], root: Path) -> None:
+    """Downloads the Debian `packages` (one .deb each) and unpacks them into
+    `root`, without installing them."""
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as dl:
+        # apt drops privileges to _apt for downloads; let it write here.
+        os.chmod(dl, 0o777)
+        subprocess.run(["apt-get", "download", "-qq", *packages], cwd=dl, check=True)
+        debs = list(Path(dl).glob("*.deb"))
+        if len(debs) != len(packages):
+            raise HarnessError(f"apt-get download {' '.join(packages)} gave {debs}")
+        for deb in debs:
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
 
 
 def _find_lib(name: str) -> bool:
@@ -264,14 +273,7 @@ def _download_kernel(series: str, kdir: Path) -> None:
     if kdir.exists():
         shutil.rmtree(kdir)
     kdir.mkdir(parents=True)
-    with tempfile.TemporaryDirectory() as dl:
-        # apt drops privileges to _apt for downloads; let it write here.
-        os.chmod(dl, 0o777)
-        subprocess.run(["apt-get", "download", "-qq", pkg], cwd=dl, check=True)
-        debs = list(Path(dl).glob("*.deb"))
-        if len(debs) != 1:
-            raise HarnessError(f"apt-get download {pkg} gave {debs}")
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(kdir / "root")], check=True)
+    _unpack_debs([pkg], kdir / "root")
     releases = os.listdir(kdir / "root" / "lib" / "modules")
     if len(releases) != 1:
         raise HarnessError(f"unexpected module trees in {pkg}: {releases}")

@@ -33,22 +33,8 @@ set -o pipefail
 M=/mnt
 OPTS="vers=4.2,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
 STEP=setup
+. /etc/sluice-vm/lib/common.sh
 
-step() {
-  STEP=$1
-  echo "---- step: $STEP (guest uptime $(cut -d' ' -f1 /proc/uptime)s)"
-}
-fail() {
-  echo "FAIL in step '$STEP': $*"
-  exit 1
-}
-eq() { # actual expected what
-  [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"
-}
-ctl() { # ask the host; it answers "ok"
-  reply=$(echo "$*" | nc "$SERVER" "$CTL_PORT") || fail "control request '$*': nc failed"
-  eq "$reply" ok "reply to control request '$*'"
-}
 # "NAME COUNT" for each op of the mount on $1 (mountstats; each export is
 # a mount of its own, below the pseudo root on $M).
 opcounts() {

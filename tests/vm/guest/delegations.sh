@@ -62,15 +62,8 @@ set -o pipefail
 M=/mnt
 OPTS="vers=$VERS,port=$PORT,addr=$SERVER,proto=tcp,sec=sys"
 STEP=setup
+. /etc/sluice-vm/lib/common.sh
 
-step() {
-  STEP=$1
-  echo "---- step: $STEP (guest uptime $(cut -d' ' -f1 /proc/uptime)s)"
-}
-fail() {
-  echo "FAIL in step '$STEP': $*"
-  exit 1
-}
 on_exit() {
   rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -83,13 +76,6 @@ on_exit() {
 }
 trap on_exit EXIT
 
-eq() { # actual expected what
-  [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"
-}
-ctl() { # ask the host; it answers "ok"
-  reply=$(echo "$*" | nc "$SERVER" "$CTL_PORT") || fail "control request '$*': nc failed"
-  eq "$reply" ok "reply to control request '$*'"
-}
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 # "NAME COUNT" for each op in the per-op statistics of the mount on $M
 # (the first number of an op's line is how many times it was sent).
