@@ -588,14 +588,16 @@ fn read_op(offset: u64, count: u32) -> (u32, Vec<u8>) {
 }
 
 /// The connection task answers what needs no waiting and hands the rest
-/// on: a COMPOUND stops before an op that may wait (LOOKUP), before a
+/// on: a COMPOUND stops before an op that may wait (LOOKUPP), before a
 /// READ of data not in the page cache, and before a READ whose range a
-/// writer holds, and finishes from there with each op run once.
+/// writer holds, and finishes from there with each op run once. LOOKUP of
+/// a name the kernel has in memory does not stop.
 #[test]
 fn compounds_stop_before_waiting_and_finish_elsewhere() {
     use std::os::fd::AsRawFd;
     let (srv, dir) = server("nowait");
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::create_dir(dir.join("d")).unwrap();
     std::fs::write(dir.join("f"), &data).unwrap();
     let sid = session(&srv);
     let ops = |seq: u32, rest: &[(u32, Vec<u8>)]| {
@@ -604,35 +606,45 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
         compound(1, &all)
     };
 
-    // LOOKUP may wait: the COMPOUND stops there and finishes elsewhere.
-    let (body, stopped) = run_split(
-        &srv,
-        ops(
-            1,
-            &[
-                (op::PUTROOTFH, vec![]),
-                lookup_op("f"),
-                (op::GETFH, vec![]),
-                read_op(1000, 2000),
-            ],
-        ),
-    );
+    // LOOKUPP may wait: the COMPOUND stops there and finishes elsewhere.
+    let walk = [
+        (op::PUTROOTFH, vec![]),
+        lookup_op("d"),
+        (op::LOOKUPP, vec![]),
+        lookup_op("f"),
+        (op::GETFH, vec![]),
+        read_op(1000, 2000),
+    ];
+    let (body, stopped) = run_split(&srv, ops(1, &walk));
     assert!(stopped);
     let (st, results, got, fh) = split_results(&body);
     assert_eq!(st, status::OK, "{results:?}");
     let names: Vec<u32> = results.iter().map(|r| r.0).collect();
     assert_eq!(
         names,
-        [op::SEQUENCE, op::PUTROOTFH, op::LOOKUP, op::GETFH, op::READ]
+        [
+            op::SEQUENCE,
+            op::PUTROOTFH,
+            op::LOOKUP,
+            op::LOOKUPP,
+            op::LOOKUP,
+            op::GETFH,
+            op::READ
+        ]
     );
     assert!(got.unwrap() == data[1000..3000]);
     let fh = fh.unwrap();
     // SEQUENCE ran once: the retransmission gets the same (cached, as it
     // is small) reply, and the next sequence id is accepted below.
-    let (again, _) = run_split(
+    let (again, _) = run_split(&srv, ops(1, &walk));
+    assert!(again == body, "the retransmission got another reply");
+
+    // LOOKUP of a name the kernel has in memory, and a READ of cached
+    // data: answered without stopping.
+    let (body, stopped) = run_split(
         &srv,
         ops(
-            1,
+            2,
             &[
                 (op::PUTROOTFH, vec![]),
                 lookup_op("f"),
@@ -641,11 +653,15 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
             ],
         ),
     );
-    assert!(again == body, "the retransmission got another reply");
+    assert!(!stopped, "a LOOKUP of a cached name went to a worker");
+    let (st, _, got, fh2) = split_results(&body);
+    assert_eq!(st, status::OK);
+    assert!(got.unwrap() == data[1000..3000]);
+    assert_eq!(fh2.unwrap(), fh);
 
     let putfh = (op::PUTFH, args(&NfsFh4(fh)));
     // Cached data: answered without stopping.
-    let (body, stopped) = run_split(&srv, ops(2, &[putfh.clone(), read_op(150_000, 100_000)]));
+    let (body, stopped) = run_split(&srv, ops(3, &[putfh.clone(), read_op(150_000, 100_000)]));
     assert!(!stopped);
     let (st, results, got, _) = split_results(&body);
     assert_eq!((st, results.len()), (status::OK, 3));
@@ -653,7 +669,7 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
 
     // READ_PLUS of the cached, fully allocated file: no stop either.
     let read_plus = (op::READ_PLUS, read_op(0, 4096).1);
-    let (body, stopped) = run_split(&srv, ops(3, &[putfh.clone(), read_plus.clone()]));
+    let (body, stopped) = run_split(&srv, ops(4, &[putfh.clone(), read_plus.clone()]));
     assert!(!stopped);
     let (st, results, _, _) = split_results(&body);
     assert_eq!(st, status::OK);
@@ -665,7 +681,7 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
     f.sync_all().unwrap();
     // SAFETY: advice on a descriptor we own.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    let (body, stopped) = run_split(&srv, ops(4, &[putfh.clone(), read_op(0, 70_000)]));
+    let (body, stopped) = run_split(&srv, ops(5, &[putfh.clone(), read_op(0, 70_000)]));
     assert!(stopped, "a READ of uncached data was done without waiting");
     let (st, results, got, _) = split_results(&body);
     assert_eq!((st, results.len()), (status::OK, 3), "{results:?}");
@@ -680,7 +696,7 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
     let held = srv.locks.write(key, 0, 10);
     let paused = match super::compound::try_compound(
         &srv,
-        ops(5, &[putfh.clone(), read_op(0, 100)]),
+        ops(6, &[putfh.clone(), read_op(0, 100)]),
         0,
         root(),
         None,
