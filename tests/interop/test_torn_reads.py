@@ -6,8 +6,9 @@ that every block they read is self-consistent. The workload runs through
 two independent clients:
 
 * nfs-rs (userspace NFSv4.1), driven by bench/torn_read.py;
-* the Linux 6.12 kernel client in a QEMU guest, driven by
-  tests/tools/tornread.c with O_DIRECT (so each read and write is an RPC).
+* the Linux 6.12 kernel client in a QEMU guest, over NFSv4.2 and over
+  NFSv3, driven by tests/tools/tornread.c with O_DIRECT (so each read and
+  write is an RPC).
 
 With the server's byte-range locks on, no read may be torn. Against a
 server started with the hidden --unsafe-no-range-locks flag the same
@@ -197,7 +198,7 @@ def test_no_torn_reads_through_nfs_rs(sluice_server):
 GUEST = r"""
 set -u
 mkdir -p /mnt
-mount -t nfs4 -o vers=4.2,port=$PORT,addr=$SERVER $SERVER:/ /mnt || { echo "FAILED: mount"; exit 2; }
+mount -t $FSTYPE -o $OPTS $SERVER:/ /mnt || { echo "FAILED: mount"; exit 2; }
 $TORNREAD selftest > /dev/null || { echo "FAILED: selftest"; exit 2; }
 $TORNREAD run /mnt/torn.dat $BLOCKS $WRITERS $READERS $READS $SECONDS
 rc=$?
@@ -208,10 +209,19 @@ exit $rc
 """
 
 
+# How the guest mounts, per NFS version: NFSv4.2, or NFSv3 with MOUNT on
+# the NFS port (nolock: the detector takes no locks).
+MOUNTS = {
+    "4.2": ("nfs4", "vers=4.2,port=$PORT,addr=$SERVER"),
+    "3": ("nfs", "vers=3,proto=tcp,port=$PORT,mountport=$PORT,mountproto=tcp,nolock,addr=$SERVER"),
+}
+
+
 def run_guest(port: int, tool: Path, tmp: Path, blocks: int, writers: int, readers: int,
-              reads: int, seconds: int, kernel: str = "6.12"):
+              reads: int, seconds: int, kernel: str = "6.12", vers: str = "4.2"):
     script = tmp / "guest.sh"
-    script.write_text(GUEST)
+    fstype, opts = MOUNTS[vers]
+    script.write_text(f"FSTYPE={fstype}\nOPTS={opts}\n" + GUEST)
     env = {"TORNREAD": str(tool), "BLOCKS": blocks, "WRITERS": writers, "READERS": readers,
            "READS": reads, "SECONDS": seconds}
     cmd = [str(HARNESS), "--kernel", kernel, "--port", str(port), "--bin", str(tool),
@@ -233,15 +243,16 @@ def run_guest(port: int, tool: Path, tmp: Path, blocks: int, writers: int, reade
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
                     reason="the VM harness boots x86_64 Debian kernels")
-def test_no_torn_reads_through_linux_6_12_client(sluice_server, tornread, tmp_path):
+@pytest.mark.parametrize("vers", ["4.2", "3"], ids=lambda v: f"nfs{v}")
+def test_no_torn_reads_through_linux_6_12_client(sluice_server, tornread, tmp_path, vers):
     blocks = 4
     tr.preallocate_host(str(sluice_server.export), "torn.dat", blocks, chunk=4096)
     proc, r, stats = run_guest(sluice_server.port, tornread, tmp_path, blocks, writers=2,
-                               readers=4, reads=GUEST_READS, seconds=GUEST_SECONDS)
+                               readers=4, reads=GUEST_READS, seconds=GUEST_SECONDS, vers=vers)
     print(proc.stdout[-3000:])
     assert r is not None, (f"no result from the guest ({proc.returncode}):\n"
                            f"{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}")
-    print(f"Linux 6.12, locks on: {r['checked_reads']} checked, {r['torn_reads']} torn, "
+    print(f"Linux 6.12, NFS {vers}, locks on: {r['checked_reads']} checked, {r['torn_reads']} torn, "
           f"{r['writes']} writes, {r['reads_per_s']} reads/s; mountstats {stats}")
     assert r["errors"] == 0
     assert r["torn_reads"] == 0, proc.stdout[-6000:]
@@ -249,7 +260,7 @@ def test_no_torn_reads_through_linux_6_12_client(sluice_server, tornread, tmp_pa
     # Bounded by GUEST_SECONDS; it must still have done real work.
     assert r["checked_reads"] >= 1_000 and r["writes"] >= 100, r
     # O_DIRECT: every read and write went to the server as an RPC (6.12
-    # reads with READ_PLUS over NFSv4.2).
+    # reads with READ_PLUS over NFSv4.2, READ over NFSv3).
     assert stats.get("READ", 0) + stats.get("READ_PLUS", 0) >= r["checked_reads"], stats
     assert stats.get("WRITE", 0) >= r["writes"], stats
     assert check_host_file(sluice_server.export / "torn.dat", blocks) >= 1
