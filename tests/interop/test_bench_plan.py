@@ -46,7 +46,7 @@ def test_v3_experiments_measure_and_warm_up_over_nfsv3():
     """stream-v3, mix-v3 and write-v3 repeat their experiment's cases with
     every sluice-load run (warm-ups too) over NFSv3, and run only when
     asked for."""
-    assert set(experiments.DEFAULT_EXPERIMENTS) == {"sparse", "stream", "mix", "write"}
+    assert set(experiments.DEFAULT_EXPERIMENTS) == {"sparse", "stream", "mix", "write", "meta", "scale"}
     servers = ["sluice", "ganesha"]
     for exp in ("stream", "mix", "write"):
         v4 = experiments.plan(exp, config(1), servers)
