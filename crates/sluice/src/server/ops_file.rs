@@ -247,9 +247,10 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             return Err(status::ROFS);
         }
         let clientid = cx.clientid()?;
-        // A new open in grace is refused before it creates or truncates
-        // anything (the state table would refuse it too, but only after).
-        if !reclaim && under_deleg.is_none() {
+        // A new open in grace (any claim but CLAIM_PREVIOUS, as on the
+        // Linux server) is refused before it creates or truncates
+        // anything; the state table would refuse it too, but only after.
+        if !reclaim {
             cx.srv.state.check_not_in_grace()?;
         }
 
