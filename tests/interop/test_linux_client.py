@@ -95,7 +95,12 @@ pytestmark = pytest.mark.skipif(
 
 class GuestServer(MetricsServer):
     """The test's sluice: metrics on a free port, restarts with extra
-    options, and a log to search."""
+    options, and a log to search; with `nsm` (a GuestNsm), the options
+    that let a guest lock over NFSv3, kept as `.nsm` for boot_guest."""
+
+    def __init__(self, binary, export, state, extra_args=(), nsm=None):
+        super().__init__(binary, export, state, [*extra_args, *(nsm.server_args() if nsm else [])])
+        self.nsm = nsm
 
     def restart_with(self, *args):
         """SIGKILL, then start once with `args` added (later starts go
@@ -561,18 +566,22 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     GuestServer on fresh export and state directories (root not squashed),
     logging failed ops, checked alive and stopped at the end; with the
     delegations of the boot (DELEGATIONS)."""
-    binary = sluice_binary
     monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{FAILED_OP_LOG}")
+    params = request.node.callspec.params
+    boot = (params["kernel"], params["vers"])
+    nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
+    yield from serve_for_guest(sluice_binary, tmp_path, ["--delegations", DELEGATIONS.get(boot, "read")], nsm)
+
+
+def serve_for_guest(binary, tmp_path: Path, args, nsm=None):
+    """For a fixture: a started GuestServer with `args` (and `nsm`) on fresh
+    export and state directories under `tmp_path`; checked alive and
+    stopped once the test is done."""
     export = tmp_path / "export"
     state = tmp_path / "state"
     export.mkdir()
     state.mkdir()
-    params = request.node.callspec.params
-    boot = (params["kernel"], params["vers"])
-    delegations = DELEGATIONS.get(boot, "read")
-    nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
-    server = GuestServer(binary, export, state, ["--delegations", delegations, *(nsm.server_args() if nsm else [])])
-    server.nsm = nsm
+    server = GuestServer(binary, export, state, args, nsm)
     server.start()
     yield server
     assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"

@@ -38,13 +38,13 @@ from test_linux_client import (
     GUEST_EXIT,
     ControlServer,
     GuestNsm,
-    GuestServer,
     boot_guest,
     expect_nlm_held,
     failure_context,
     nlm_test,
     open_path,
     retire,
+    serve_for_guest,
 )
 
 GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "nlm.sh"
@@ -141,17 +141,7 @@ class NlmControl(ControlServer):
 def nlm_server(sluice_binary, tmp_path):
     """A GuestServer with its portmapper on 127.0.0.1:111, the guest's NSM
     ports to call, and a short grace period."""
-    export = tmp_path / "export"
-    state = tmp_path / "state"
-    export.mkdir()
-    state.mkdir()
-    nsm = GuestNsm()
-    server = GuestServer(sluice_binary, export, state, ["--grace-time", str(GRACE), *nsm.server_args()])
-    server.nsm = nsm
-    server.start()
-    yield server
-    assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
-    server.stop()
+    yield from serve_for_guest(sluice_binary, tmp_path, ["--grace-time", str(GRACE)], GuestNsm())
 
 
 @pytest.mark.parametrize("kernel", ["6.1", "6.12"], ids=lambda k: f"linux{k}")

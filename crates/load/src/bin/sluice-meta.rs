@@ -94,7 +94,7 @@ fn name(client: u32, i: u32, renamed: bool) -> String {
     }
 }
 
-/// PUTROOTFH and a LOOKUP per component of `dir`: the ops and their count.
+/// The components of `dir`, a path from the server's root.
 fn dir_ops(dir: &str) -> Vec<String> {
     dir.split('/')
         .filter(|p| !p.is_empty())

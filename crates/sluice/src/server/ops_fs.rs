@@ -265,15 +265,13 @@ pub(super) fn child(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat)
 /// task) only from the kernel's caches: [`Stop::WouldBlock`] when the
 /// directory or the inode would have to be read from storage.
 pub(super) fn child_or_block(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(Fh, Stat), Stop> {
-    let fd = if super::context::must_not_wait() {
-        match fs::open_path_at_cached(dir.fd.as_fd(), name) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(Stop::WouldBlock),
-            r => r,
-        }
-    } else {
-        fs::open_path_at(dir.fd.as_fd(), name)
-    };
-    Ok(child_of(cx, dir, io(fd)?)?)
+    if !super::context::must_not_wait() {
+        return Ok(child(cx, dir, name)?);
+    }
+    match fs::open_path_at_cached(dir.fd.as_fd(), name) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(Stop::WouldBlock),
+        fd => Ok(child_of(cx, dir, io(fd)?)?),
+    }
 }
 
 /// The handle and status of `fd`, just opened below `dir`.
