@@ -17,6 +17,9 @@
 //! portmap = false            # true: sluice's own portmapper on port 111
 //! portmap_listen = "0.0.0.0:111"
 //! v3_max_fh = 64             # 56 for VMware ESXi
+//! cluster = "etcd://10.0.0.5:2379/prod"   # one node of a cluster
+//! node_id = 1                # 1 to 254, unique in the cluster
+//! cluster_lease = 10         # seconds without etcd before the node stops
 //!
 //! [[export]]
 //! path = "/srv/data"
@@ -90,6 +93,13 @@ pub struct ServerSection {
     pub portmap_listen: Option<String>,
     /// Longest file handle given to NFSv3 clients (32 to 64).
     pub v3_max_fh: Option<usize>,
+    /// etcd of the cluster this node belongs to
+    /// (`etcd://HOST:PORT[,HOST:PORT...][/NAME]`).
+    pub cluster: Option<String>,
+    /// This node's number in the cluster (1 to 254).
+    pub node_id: Option<u8>,
+    /// Seconds the node's etcd lease lasts.
+    pub cluster_lease: Option<u64>,
 }
 
 /// One `[[export]]`.

@@ -6,11 +6,12 @@
 //! [`server`] (COMPOUND, the op table, sessions, state and ops) and the
 //! engine crate `sluice-engine` ([`engine`]: exports, handles, readahead
 //! and file system access, free of NFS); [`metrics`] serves counters in
-//! the Prometheus text format.
+//! the Prometheus text format; [`cluster`] makes several nodes one server.
 
 #![warn(missing_docs, unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod cluster;
 pub mod config;
 pub mod metrics;
 pub mod net;

@@ -101,6 +101,23 @@ struct ServeCli {
     /// ESXi needs 56 [default: 64].
     #[arg(long, value_name = "BYTES")]
     v3_max_fh: Option<usize>,
+    /// Serve as one node of a cluster whose grace period and client
+    /// records are kept in etcd (see docs/cluster.md): every node exports
+    /// the same shared file system and clients may move between them.
+    /// NAME tells clusters apart in one etcd [default: default].
+    #[arg(
+        long,
+        value_name = "etcd://HOST:PORT[,HOST:PORT...][/NAME]",
+        requires = "node_id"
+    )]
+    cluster: Option<String>,
+    /// This node's number in the cluster, 1 to 254, unique among its nodes.
+    #[arg(long, value_name = "N")]
+    node_id: Option<u8>,
+    /// Seconds this node keeps serving its clients' state without reaching
+    /// etcd, and how soon the other nodes notice that it died [default: 10].
+    #[arg(long, value_name = "SECS")]
+    cluster_lease: Option<u64>,
     /// Test only: find clients' lock managers and status monitors through
     /// the portmapper at this address instead of port 111 of each client.
     #[arg(long, hide = true, value_name = "ADDR:PORT")]
@@ -163,6 +180,8 @@ struct ServeArgs {
     policy: sluice::net::Policy,
     /// Where sluice's own portmapper listens, when it runs one.
     portmap: Option<String>,
+    /// The cluster this node belongs to, if any.
+    cluster: Option<sluice::cluster::ClusterConfig>,
     /// The server's settings: its defaults, overridden by the file, then
     /// by the command line.
     config: Config,
@@ -272,7 +291,27 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
             .flat_map(|(_, _, r)| r.clients.iter().copied())
             .collect();
     }
+    let cluster = match cli.cluster.or(srv.cluster) {
+        Some(url) => {
+            let (endpoints, name) = sluice::cluster::ClusterConfig::parse_url(&url)?;
+            let node = cli
+                .node_id
+                .or(srv.node_id)
+                .ok_or("a cluster node needs --node-id N (config key node_id)")?;
+            Some(sluice::cluster::ClusterConfig {
+                endpoints,
+                name,
+                node,
+                ttl: Duration::from_secs(
+                    cli.cluster_lease.or(srv.cluster_lease).unwrap_or(10).max(2),
+                ),
+                grace: config.grace.unwrap_or(config.lease),
+            })
+        }
+        None => None,
+    };
     Ok(ServeArgs {
+        cluster,
         exports,
         listen: cli
             .listen
@@ -298,13 +337,37 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         policy,
         portmap,
         config,
+        cluster,
     } = a;
-    let key = load_key(&state_dir)?;
     let mut config = config;
-    let db = state_dir.join("clients.db");
-    config.recovery = Some(Arc::new(
-        SqliteRecovery::open(&db).map_err(|e| format!("{e}; check the state directory, or move the file away to start with no client records (no client can then reclaim)"))?,
-    ));
+    let (key, cluster) = match cluster {
+        Some(c) => {
+            let endpoints = c.endpoints.join(", ");
+            let node = c.node;
+            let cluster = tokio::task::spawn_blocking(move || sluice::cluster::Cluster::join(c))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| {
+                    format!("cannot join the cluster: {e}; is etcd running at {endpoints}?")
+                })?;
+            tracing::info!(
+                node,
+                "cluster node: handle key, client records and grace in etcd"
+            );
+            config.recovery = Some(cluster.clone());
+            config.server_owner = Some(cluster.owner.clone());
+            config.boot_id = Some(cluster.boot);
+            (HandleKey::new(cluster.key), Some(cluster))
+        }
+        None => {
+            let key = load_key(&state_dir)?;
+            let db = state_dir.join("clients.db");
+            config.recovery = Some(Arc::new(
+                SqliteRecovery::open(&db).map_err(|e| format!("{e}; check the state directory, or move the file away to start with no client records (no client can then reclaim)"))?,
+            ));
+            (key, None)
+        }
+    };
     let mut list = Vec::new();
     for (id, (dir, pseudo, rules)) in exports.into_iter().enumerate() {
         let fs = Export::open(&dir, id as u8, key.clone())
@@ -338,6 +401,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     let srv = Server::with_exports(exports, config)
         .map_err(|e| format!("cannot start: {e}"))?
         .shared();
+    if let Some(c) = &cluster {
+        let s = srv.clone();
+        c.attach(Box::new(move |ev| match ev {
+            sluice::cluster::GraceEvent::Begin(owners) => s.state.cluster_grace_begin(&owners),
+            sluice::cluster::GraceEvent::End => s.state.cluster_grace_end(),
+        }));
+    }
     if local_leases {
         sluice::server::leases::watch(srv.clone())
             .map_err(|e| format!("cannot start the lease watcher: {e}"))?;
@@ -485,6 +555,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             sluice::server::portmap::unregister(port, &registered)
         })
         .await;
+    }
+    if let Some(c) = cluster {
+        // The other nodes begin grace for this node's clients now rather
+        // than when its lease runs out.
+        let _ = tokio::task::spawn_blocking(move || c.leave()).await;
     }
     // Unstable writes live in the page cache: push them to disk.
     let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();

@@ -70,6 +70,12 @@ pub struct Config {
     /// Test only: the portmapper through which clients' lock managers and
     /// status monitors are found (instead of each client's port 111).
     pub nsm_portmap: Option<std::net::SocketAddr>,
+    /// Server owner and scope given to clients (EXCHANGE_ID); None:
+    /// `sluice:<host name>`. The nodes of a cluster share theirs.
+    pub server_owner: Option<Vec<u8>>,
+    /// Boot id of this start, which client and state ids carry (None:
+    /// random). The nodes of a cluster put their number in the top byte.
+    pub boot_id: Option<u32>,
 }
 
 /// Which delegations the server grants.
@@ -113,6 +119,8 @@ impl Default for Config {
             v3_max_fh: crate::nfs3::FHSIZE,
             port: 0,
             nsm_portmap: None,
+            server_owner: None,
+            boot_id: None,
         }
     }
 }
@@ -165,8 +173,10 @@ impl Server {
         // from those of earlier starts.
         // (Never all ones: those client ids are NLM hosts', see
         // `state::nlm::NLM_CLIENTS`.)
-        let boot_id =
-            u32::from_be_bytes([random[0], random[1], random[2], random[3]]).clamp(1, u32::MAX - 1);
+        let boot_id = config
+            .boot_id
+            .unwrap_or_else(|| u32::from_be_bytes([random[0], random[1], random[2], random[3]]));
+        let boot_id = boot_id.clamp(1, u32::MAX - 1);
         let mut write_verifier = [0u8; 8];
         write_verifier.copy_from_slice(&random[4..]);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -192,7 +202,10 @@ impl Server {
             )
             .map_err(io::Error::other)?,
             write_verifier,
-            owner: format!("sluice:{}", host.trim()).into_bytes(),
+            owner: config
+                .server_owner
+                .clone()
+                .unwrap_or_else(|| format!("sluice:{}", host.trim()).into_bytes()),
             locks,
             read,
             copies: copies::Copies::new(config.lease * 2),

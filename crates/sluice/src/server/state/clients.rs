@@ -469,7 +469,11 @@ impl StateTable {
         }
         if let Err(e) = self.recovery.add(&c.owner) {
             tracing::error!(error = %e, clientid, "cannot write a client's stable record");
-            return Err(status::SERVERFAULT);
+            return Err(if e.is_transient() {
+                status::DELAY
+            } else {
+                status::SERVERFAULT
+            });
         }
         c.recorded = true;
         Ok(())

@@ -6,12 +6,19 @@
 //! may take new opens or locks (NFS4ERR_GRACE), so no reclaim can meet a
 //! conflict. Grace ends when its time is up, or as soon as every client
 //! known from before has sent RECLAIM_COMPLETE or has been judged gone.
+//!
+//! On a node of a cluster, grace is the cluster's: it begins whenever any
+//! node starts or dies and ends when the store says so (see
+//! `crate::cluster`). The node's own part (its clients from before its
+//! start reclaiming) ends by the same rules as above, which it tells the
+//! store; meanwhile every node enforces grace.
 
-use super::recovery::EpochStart;
+use super::recovery::{ClusterGrace, EpochStart};
 use super::StateTable;
 use crate::nfs4::consts::status;
 use crate::nfs4::Nfsstat4;
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Why the grace period ended.
@@ -50,6 +57,11 @@ pub(super) struct Grace {
     /// period of its own that runs its whole time; it holds back new locks
     /// (NLM and NFSv4) but not NFSv4 opens, as on the Linux server.
     nlm_ends: Option<Instant>,
+    /// Set on a node of a cluster: grace begins and ends with the
+    /// cluster's, and `waiting` holds only this node's own clients.
+    cluster: Option<ClusterGrace>,
+    /// This node's part of the cluster's grace is over (told the store).
+    own_done: bool,
 }
 
 /// Grace as operators see it.
@@ -71,6 +83,20 @@ impl Grace {
             .filter(|r| !is_nlm(r))
             .cloned()
             .collect();
+        if let Some(c) = &epoch.cluster {
+            let mine: HashSet<Vec<u8>> = c.mine.iter().filter(|r| !is_nlm(r)).cloned().collect();
+            let nlm = c.mine.iter().any(is_nlm);
+            return Grace {
+                active: epoch.recovery != 0,
+                started: Some(now),
+                ends: Some(now + length),
+                waiting: mine,
+                known,
+                nlm_ends: nlm.then_some(now + length),
+                cluster: Some(c.clone()),
+                own_done: epoch.recovery == 0,
+            };
+        }
         let nlm = epoch.reclaimable.iter().any(is_nlm);
         Grace {
             active: true,
@@ -79,6 +105,8 @@ impl Grace {
             waiting: known.clone(),
             known,
             nlm_ends: nlm.then_some(now + length),
+            cluster: None,
+            own_done: false,
         }
     }
 
@@ -93,7 +121,25 @@ impl Grace {
     /// from the clock, so no op waits for the bookkeeping of
     /// [`StateTable::grace_check_end`] to see grace end.
     pub(super) fn active_at(&self, now: Instant) -> bool {
+        if self.cluster.is_some() {
+            // The cluster's grace ends when the store says so.
+            return self.active;
+        }
         self.active && !self.waiting.is_empty() && self.ends.is_none_or(|e| now < e)
+    }
+
+    /// True when this node of a cluster cannot reach the store.
+    fn isolated(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_some_and(|c| c.isolated.load(Ordering::Acquire))
+    }
+
+    /// False while some node of the cluster does not enforce grace yet.
+    fn ready(&self) -> bool {
+        self.cluster
+            .as_ref()
+            .is_none_or(|c| c.ready.load(Ordering::Acquire))
     }
 
     /// Time until grace runs out, while it has not been ended.
@@ -119,6 +165,24 @@ impl StateTable {
     pub(super) fn grace_check_end(&self, inner: &mut super::Inner, now: Instant) {
         let g = &mut inner.grace;
         if !g.active {
+            return;
+        }
+        if g.cluster.is_some() {
+            // Only this node's part ends here; the cluster's grace ends
+            // when every node's has (cluster_grace_end).
+            if g.own_done || !(g.waiting.is_empty() || g.ends.is_some_and(|e| now >= e)) {
+                return;
+            }
+            g.own_done = true;
+            tracing::info!(
+                lasted_ms = g.started.map_or(0, |s| now.saturating_duration_since(s).as_millis() as u64),
+                not_reclaimed = g.waiting.len(),
+                "this node's clients from before its start are done reclaiming; grace goes on until every node's are"
+            );
+            g.waiting.clear();
+            if let Err(e) = self.recovery.end_grace() {
+                tracing::error!(error = %e, "cannot tell the cluster that this node's grace is over");
+            }
             return;
         }
         let why = if g.known.is_empty() {
@@ -153,6 +217,61 @@ impl StateTable {
         if let Err(e) = self.recovery.end_grace() {
             tracing::error!(error = %e, "cannot end grace in the client record store");
         }
+    }
+
+    /// A node of the cluster started or died: grace begins here too, and
+    /// the clients in `reclaimable` (those of every node in the recovery
+    /// epoch) may reclaim on this node until the cluster's grace ends.
+    /// Nothing that this node's clients hold is touched.
+    pub fn cluster_grace_begin(&self, reclaimable: &[Vec<u8>]) {
+        let mut inner = self.lock();
+        let g = &mut inner.grace;
+        if g.cluster.is_none() {
+            return;
+        }
+        let is_nlm = |r: &&Vec<u8>| r.starts_with(super::nlm::HOST_RECORD);
+        let known: HashSet<Vec<u8>> = reclaimable.iter().filter(|r| !is_nlm(r)).cloned().collect();
+        if g.active {
+            // Another node's start or death within the same grace period:
+            // its clients may reclaim too.
+            g.known.extend(known);
+            return;
+        }
+        let now = Instant::now();
+        *g = Grace {
+            active: true,
+            started: Some(now),
+            ends: None,
+            waiting: HashSet::new(),
+            known,
+            nlm_ends: None,
+            cluster: g.cluster.take(),
+            own_done: true,
+        };
+        tracing::info!(
+            clients = g.known.len(),
+            "cluster grace period started: no new opens or locks; clients known from before may reclaim here"
+        );
+    }
+
+    /// The cluster's grace period is over.
+    pub fn cluster_grace_end(&self) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let g = &mut inner.grace;
+        if g.cluster.is_none() || !g.active {
+            return;
+        }
+        g.active = false;
+        g.own_done = true;
+        tracing::info!(
+            lasted_ms = g
+                .started
+                .map_or(0, |s| now.saturating_duration_since(s).as_millis() as u64),
+            known = g.known.len(),
+            "cluster grace period ended"
+        );
+        g.waiting.clear();
     }
 
     /// The grace period as it stands now.
@@ -205,6 +324,11 @@ impl StateTable {
         if !c.reclaimable {
             return Err(status::RECLAIM_BAD);
         }
+        if !inner.grace.ready() {
+            // Some node may still grant what this reclaim would conflict
+            // with; it will not once it sees the grace period.
+            return Err(status::DELAY);
+        }
         Ok(())
     }
 
@@ -216,6 +340,11 @@ impl StateTable {
     ) -> Result<(), Nfsstat4> {
         if inner.grace.active_at(now) {
             Err(status::GRACE)
+        } else if inner.grace.isolated() {
+            // Out of touch with the cluster: another node may be granting
+            // state on the same files after a grace period this node did
+            // not see.
+            Err(status::DELAY)
         } else {
             Ok(())
         }

@@ -340,8 +340,12 @@ impl StateTable {
 
     /// The NLM hosts recorded before this start (to be told to reclaim).
     pub fn nlm_hosts_from_before(&self) -> Vec<NlmHost> {
-        self.epoch
-            .reclaimable
+        // On a node of a cluster, only the hosts that locked here.
+        let records = match &self.epoch.cluster {
+            Some(c) => &c.mine,
+            None => &self.epoch.reclaimable,
+        };
+        records
             .iter()
             .filter_map(|r| NlmHost::from_record(r))
             .collect()

@@ -22,7 +22,39 @@ use std::sync::Mutex;
 pub struct RecoveryError {
     where_: String,
     #[source]
-    source: rusqlite::Error,
+    source: Box<dyn std::error::Error + Send + Sync>,
+    transient: bool,
+}
+
+impl RecoveryError {
+    /// A failure at `where_` that retrying will not mend.
+    pub fn new(
+        where_: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        RecoveryError {
+            where_: where_.into(),
+            source: source.into(),
+            transient: false,
+        }
+    }
+
+    /// A failure at `where_` that may pass (a store out of reach): the
+    /// client is told to retry (NFS4ERR_DELAY) rather than given up on.
+    pub fn transient(
+        where_: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        RecoveryError {
+            transient: true,
+            ..Self::new(where_, source)
+        }
+    }
+
+    /// True when retrying later may succeed.
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
 }
 
 /// Result of a record store call.
@@ -35,9 +67,39 @@ pub struct EpochStart {
     pub current: u64,
     /// The epoch whose clients may reclaim (0: none).
     pub recovery: u64,
-    /// Owners (co_ownerid) of the clients that may reclaim.
+    /// Owners (co_ownerid) of the clients that may reclaim here. In a
+    /// cluster, those of every node: a node's clients reclaim on whichever
+    /// node now serves its address.
     pub reclaimable: Vec<Vec<u8>>,
+    /// Set when the grace period is the cluster's (see `crate::cluster`).
+    pub cluster: Option<ClusterGrace>,
 }
+
+/// What a node of a cluster shares with its record store about grace:
+/// it begins and ends when the cluster's does, not by this node's clock.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterGrace {
+    /// The records this node made in the recovery epoch: its own clients
+    /// from before the restart, whose reclaims may end its part of grace
+    /// early, and the NLM hosts it tells to reclaim.
+    pub mine: Vec<Vec<u8>>,
+    /// True once every live node enforces the grace period: only then may
+    /// reclaims go ahead (before, NFS4ERR_DELAY), so none meets state that
+    /// another node granted meanwhile.
+    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// True while the node cannot reach the store: it grants no new state
+    /// (NFS4ERR_DELAY) and keeps what it has until its lease in the store
+    /// runs out.
+    pub isolated: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PartialEq for ClusterGrace {
+    fn eq(&self, other: &Self) -> bool {
+        self.mine == other.mine
+    }
+}
+
+impl Eq for ClusterGrace {}
 
 /// Where client records are kept: one node's SQLite file here; a store
 /// shared by several nodes can take its place.
@@ -64,10 +126,7 @@ pub struct SqliteRecovery {
 }
 
 fn err(where_: &str) -> impl FnOnce(rusqlite::Error) -> RecoveryError + '_ {
-    move |source| RecoveryError {
-        where_: where_.to_string(),
-        source,
-    }
+    move |source| RecoveryError::new(where_, source)
 }
 
 const SCHEMA: &str = "
@@ -200,6 +259,7 @@ impl Recovery for SqliteRecovery {
             current: next as u64,
             recovery: recovery as u64,
             reclaimable,
+            cluster: None,
         })
     }
 

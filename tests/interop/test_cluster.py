@@ -1,0 +1,281 @@
+"""Several sluice nodes over one shared directory, with the cluster's grace
+period and client records in etcd (docs/cluster.md).
+
+The directory stands in for the cluster file system, a TCP proxy for the
+floating address, and another proxy for the network between a node and
+etcd. Clients speak raw NFSv4.1 (rpcclient); the Linux guest's failover is
+in test_linux_cluster.py.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from cluster import Etcd, Node, Proxy
+from rpcclient import (
+    CLAIM_PREVIOUS,
+    Client,
+    St,
+    op_exchange_id,
+    op_getattr,
+    op_getfh,
+    op_lock_new,
+    op_open,
+    op_putfh,
+    op_read,
+    op_reclaim_complete,
+    op_write,
+)
+
+LEASE = 2  # --cluster-lease: a dead node is noticed after this many seconds
+GRACE = 6
+
+
+@pytest.fixture
+def cluster(sluice_binary, tmp_path):
+    """(etcd, start_node(n, **kw)): nodes export tmp_path/export."""
+    etcd = Etcd(tmp_path)
+    etcd.start()
+    export = tmp_path / "export"
+    export.mkdir()
+    nodes: list[Node] = []
+
+    def start(n: int, etcd_url: str | None = None, grace: int = GRACE, lease: int = LEASE) -> Node:
+        node = Node(
+            sluice_binary,
+            export,
+            tmp_path / f"node{n}",
+            etcd_url or etcd.url,
+            n,
+            extra=["--grace-time", grace, "--lease-time", 10, "--cluster-lease", lease],
+        )
+        node.start()
+        nodes.append(node)
+        return node
+
+    yield etcd, start
+    for n in nodes:
+        n.stop()
+    etcd.kill()
+
+
+def settled(*nodes: Node):
+    """Waits until no node is in grace (each start begins one)."""
+    for n in nodes:
+        n.wait_grace(False, GRACE + LEASE + 5)
+
+
+def retry_delay(f, what: str, deadline: float = 10):
+    """Calls f() until it answers something other than NFS4ERR_DELAY."""
+    t0 = time.monotonic()
+    while True:
+        r = f()
+        if r.status != St.DELAY:
+            return r
+        assert time.monotonic() - t0 < deadline, f"{what}: NFS4ERR_DELAY for {deadline} s"
+        time.sleep(0.05)
+
+
+def test_nodes_are_one_server(cluster):
+    """Same handles, owner and scope on every node; client ids that cannot
+    collide; client records in etcd by node and epoch."""
+    etcd, start = cluster
+    a, b = start(1), start(2)
+    settled(a, b)
+    ca, cb = Client(a.port, owner=b"one-a"), Client(b.port, owner=b"one-b")
+    ra, rb = ca.call([op_exchange_id(ca.owner)]), cb.call([op_exchange_id(cb.owner)])
+    assert ra.status == St.OK and rb.status == St.OK, (ra, rb)
+    assert ra[0].owner_major == rb[0].owner_major == b"sluice-cluster:t"
+    assert ra[0].scope == rb[0].scope
+    assert (ra[0].clientid >> 56, rb[0].clientid >> 56) == (1, 2), "node number in the client id"
+    ca.establish()
+    cb.establish()
+    assert ca.root_fh() == cb.root_fh()
+    sid, fh = ca.must_open("shared")
+    r = ca.compound([op_putfh(fh), op_write(0, b"written on node 1", stable=2, stateid=sid)])
+    assert r.status == St.OK, r
+    # A handle node 1 gave works on node 2, and names the same file.
+    r = cb.compound([op_putfh(fh), op_read(0, 100)])
+    assert r.status == St.OK and r[2].data == b"written on node 1", r
+    r = cb.compound([op_putfh(fh), op_getattr()])
+    assert r.status == St.OK, r
+    # Both clients hold state: each is recorded by its node in the epoch.
+    epoch = int(etcd.get("sluice/t/epochs").split()[0])
+    recs = etcd.keys(f"sluice/t/clients/{epoch:020d}/")
+    assert any(k.endswith(f"/{b'one-a'.hex()}/001") for k in recs), recs
+    assert any(k.endswith(f"/{b'one-b'.hex()}/002") for k in recs), recs
+    ca.close()
+    cb.close()
+
+
+def test_failover_reclaim_on_another_node(cluster):
+    """A client of node 1 holds an open, a lock and written data; node 1 is
+    killed and its address moves to node 2. Grace begins on every node; the
+    client reclaims on node 2 and writes on; a client of node 3 cannot take
+    the lock during grace."""
+    etcd, start = cluster
+    a, b, c = start(1), start(2), start(3)
+    settled(a, b, c)
+    addr = Proxy(a.port)
+    x = Client(addr.port, owner=b"mover", verifier=b"boot-001").establish()
+    sid, fh = x.must_open("data")
+    r = x.lock(fh, sid, offset=0, length=100)
+    assert r.status == St.OK, r
+    r = x.compound([op_putfh(fh), op_write(0, b"A" * 100, stable=2, stateid=sid)])
+    assert r.status == St.OK, r
+    y = Client(c.port, owner=b"bystander").establish()
+    ysid, yfh = y.must_open("data", create=False)
+    assert yfh == fh
+
+    a.stop(signal.SIGKILL)
+    t_kill = time.monotonic()
+    addr.switch(b.port)
+    # Node 3 learns of the death when node 1's lease in etcd runs out.
+    c.wait_grace(True, LEASE + 5)
+    noticed = time.monotonic() - t_kill
+    b.wait_grace(True, 2)
+    r = y.lock(yfh, ysid, offset=50, length=10)
+    assert r.status == St.GRACE, f"new lock on node 3 during grace: {r!r}"
+    r = y.open("other")
+    assert r.status == St.GRACE, f"new open on node 3 during grace: {r!r}"
+
+    # The client follows its address to node 2 and reclaims there.
+    x.reconnect()
+    r = x.exchange_id()
+    assert r.status == St.OK, r
+    assert r[0].clientid >> 56 == 2
+    r = x.create_session()
+    assert r.status == St.OK, r
+    r = retry_delay(lambda: x.compound([op_putfh(fh), op_open(b"mover/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    assert r.status == St.OK, f"CLAIM_PREVIOUS on node 2: {r!r}"
+    sid = r[2].stateid
+    r = x.compound([op_putfh(fh), op_lock_new(sid, b"mover/lock", 0, 100, reclaim=True)])
+    assert r.status == St.OK, f"LOCK reclaim on node 2: {r!r}"
+    r = x.compound([op_reclaim_complete()])
+    assert r.status == St.OK, r
+    r = x.compound([op_putfh(fh), op_write(100, b"B" * 100, stable=2, stateid=sid)])
+    assert r.status == St.OK, r
+    assert (a.export / "data").read_bytes() == b"A" * 100 + b"B" * 100
+    # Still in grace on node 3 (node 1's clients may take its whole time).
+    r = y.lock(yfh, ysid, offset=50, length=10)
+    assert r.status == St.GRACE, f"new lock on node 3 during grace: {r!r}"
+    # The reclaim was recorded by node 2 in the new epoch.
+    cur, rec = map(int, etcd.get("sluice/t/epochs").split())
+    assert rec != 0
+    assert f"sluice/t/clients/{cur:020d}/{b'mover'.hex()}/002" in etcd.keys("sluice/t/clients/")
+    lasted = c.wait_grace(False, GRACE + 5) + noticed
+    b.wait_grace(False, 2)
+    cur2, rec2 = map(int, etcd.get("sluice/t/epochs").split())
+    assert (cur2, rec2) == (cur, 0)
+    assert not etcd.keys(f"sluice/t/clients/{rec:020d}/"), "recovery epoch records not dropped"
+    r = y.open("other")
+    assert r.status == St.OK, f"new open after grace: {r!r}"
+    print(f"\nnode 1's death noticed after {noticed:.2f} s (lease {LEASE} s); cluster grace over {lasted:.1f} s after the kill")
+    x.close()
+    y.close()
+    addr.close()
+
+
+def test_restarted_node_clients_reclaim_and_grace_ends_early(cluster):
+    """A node restarts: every node enforces grace, its clients reclaim on
+    it, and the cluster's grace ends as soon as they are done, not after
+    the grace time."""
+    etcd, start = cluster
+    a, b = start(1, grace=60), start(2, grace=60)
+    settled(a, b)
+    x = Client(a.port, owner=b"restarter", verifier=b"boot-001").establish()
+    sid, fh = x.must_open("r")
+    assert x.lock(fh, sid, offset=0, length=10).status == St.OK
+    y = Client(b.port, owner=b"other-node").establish()
+    ysid, yfh = y.must_open("r", create=False)
+    a.restart(signal.SIGKILL)  # same node id: takes its place at once
+    b.wait_grace(True, LEASE + 5)
+    assert y.lock(yfh, ysid, offset=0, length=10).status == St.GRACE
+    x.reconnect()
+    assert x.exchange_id().status == St.OK
+    assert x.create_session().status == St.OK
+    r = retry_delay(lambda: x.compound([op_putfh(fh), op_open(b"restarter/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    assert r.status == St.OK, r
+    r = x.compound([op_putfh(fh), op_lock_new(r[2].stateid, b"restarter/lock", 0, 10, reclaim=True)])
+    assert r.status == St.OK, r
+    t0 = time.monotonic()
+    assert x.compound([op_reclaim_complete()]).status == St.OK
+    b.wait_grace(False, 10)
+    a.wait_grace(False, 2)
+    ended = time.monotonic() - t0
+    assert ended < 5, f"grace went on {ended:.1f} s after the last reclaim (grace time 60 s)"
+    print(f"\ncluster grace ended {ended * 1000:.0f} ms after the restarted node's last RECLAIM_COMPLETE")
+    x.close()
+    y.close()
+
+
+def test_etcd_restart_and_node_cut_off(cluster):
+    """etcd restarts: nodes grant no new state while it is away and carry on
+    after, keeping their clients. A node cut off from etcd past its lease
+    leaves; the others begin grace; its client reclaims when it is back."""
+    etcd, start = cluster
+    cable = Proxy(etcd.port)
+    lease = 6  # longer than etcd takes to restart
+    a, b = start(1, lease=lease), start(2, etcd_url=f"127.0.0.1:{cable.port}", lease=lease)
+    settled(a, b)
+    x = Client(a.port, owner=b"stays").establish()
+    sid, fh = x.must_open("e")
+    assert x.lock(fh, sid, offset=0, length=10).status == St.OK
+    epochs = etcd.get("sluice/t/epochs")
+
+    etcd.kill()
+    t_kill = time.monotonic()
+    newcomer = Client(a.port, owner=b"newcomer").establish(reclaim_complete=False)
+    r = newcomer.compound([op_reclaim_complete()])
+    assert r.status == St.DELAY, f"a new client's record while etcd is away: {r!r}"
+    while True:
+        r = x.open("e2")
+        if r.status == St.DELAY:
+            break
+        assert r.status == St.OK, r
+        assert time.monotonic() - t_kill < 5, "new opens still granted 5 s after etcd went away"
+        time.sleep(0.1)
+    isolated = time.monotonic() - t_kill
+    # What the client holds is still served.
+    r = x.compound([op_putfh(fh), op_write(0, b"still here", stable=2, stateid=sid)])
+    assert r.status == St.OK, r
+    etcd.start()
+    r = retry_delay(lambda: x.open("e2"), "open after etcd is back")
+    assert r.status == St.OK, r
+    assert etcd.get("sluice/t/epochs") == epochs, "no grace: every node kept its lease"
+    assert not a.in_grace() and not b.in_grace()
+    assert a.alive() and b.alive()
+
+    # Node 2 loses etcd for longer than its lease.
+    z = Client(b.port, owner=b"cut-off", verifier=b"boot-001").establish()
+    zsid, zfh = z.must_open("z")
+    assert z.lock(zfh, zsid, offset=0, length=10).status == St.OK
+    cable.cut()
+    t0 = time.monotonic()
+    b.proc.wait(timeout=lease + 10)
+    left = time.monotonic() - t0
+    assert b.proc.returncode == 75, b.proc.returncode
+    assert "left the cluster" in b.log()
+    a.wait_grace(True, lease + 5)
+    # Node 2 comes back (a supervisor would start it) and its client
+    # reclaims there.
+    cable.mend()
+    b.proc = None
+    b.start()
+    z.reconnect()
+    assert z.exchange_id().status == St.OK
+    assert z.create_session().status == St.OK
+    r = retry_delay(lambda: z.compound([op_putfh(zfh), op_open(b"cut-off/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    assert r.status == St.OK, r
+    assert z.compound([op_reclaim_complete()]).status == St.OK
+    a.wait_grace(False, GRACE + 5)
+    b.wait_grace(False, 2)
+    r = newcomer.compound([op_reclaim_complete()])
+    assert r.status == St.OK, r
+    print(f"\nno new state {isolated:.1f} s after etcd went away; node 2 left {left:.1f} s after losing etcd (lease {lease} s)")
+    for c in (x, z, newcomer):
+        c.close()
+    cable.close()
