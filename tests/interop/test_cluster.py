@@ -20,6 +20,9 @@ from rpcclient import (
     Client,
     St,
     op_exchange_id,
+    op_lock_existing,
+    op_locku,
+    op_lockt,
     op_getattr,
     op_getfh,
     op_lock_new,
@@ -173,10 +176,61 @@ def test_failover_reclaim_on_another_node(cluster):
     assert not etcd.keys(f"sluice/t/clients/{rec:020d}/"), "recovery epoch records not dropped"
     r = y.open("other")
     assert r.status == St.OK, f"new open after grace: {r!r}"
+    # The reclaimed lock is on the shared file system: node 3 sees it.
+    r = y.lock(yfh, ysid, offset=50, length=10)
+    assert r.status == St.DENIED, f"node 3's LOCK against the lock reclaimed on node 2: {r!r}"
+    assert (r[2].denied_offset, r[2].denied_length) == (0, 100), r
     print(f"\nnode 1's death noticed after {noticed:.2f} s (lease {LEASE} s); cluster grace over {lasted:.1f} s after the kill")
     x.close()
     y.close()
     addr.close()
+
+
+def test_locks_conflict_between_nodes(cluster):
+    """Byte-range locks are taken on the shared file system too: a lock
+    held through one node keeps a client of another node out, read locks
+    share, and an unlock or the holder's departure frees the range."""
+    etcd, start = cluster
+    a, b = start(1), start(2)
+    settled(a, b)
+    x = Client(a.port, owner=b"locker-1").establish()
+    y = Client(b.port, owner=b"locker-2").establish()
+    xsid, fh = x.must_open("locked")
+    ysid, _ = y.must_open("locked", create=False)
+    rx = x.lock(fh, xsid, offset=0, length=100)
+    assert rx.status == St.OK, rx
+    r = y.lock(fh, ysid, offset=50, length=10)
+    assert r.status == St.DENIED, f"node 2 granted a lock that node 1 holds: {r!r}"
+    assert (r[2].denied_offset, r[2].denied_length, r[2].denied_type) == (0, 100, 2), r
+    r = y.compound([op_putfh(fh), op_lockt(b"locker-2/t", 99, 1)])
+    assert r.status == St.DENIED, f"node 2's LOCKT: {r!r}"
+    r = y.lock(fh, ysid, offset=100, length=10)
+    assert r.status == St.OK, f"the next range is free: {r!r}"
+    ylock = r.stateid
+    # Read locks share across nodes; a write lock does not.
+    r = x.compound([op_putfh(fh), op_lock_new(xsid, b"locker-1/read", 200, 10, locktype=1)])
+    assert r.status == St.OK, r
+    r = y.compound([op_putfh(fh), op_lock_existing(ylock, 205, 10, locktype=1)])
+    assert r.status == St.OK, f"read lock beside another node's read lock: {r!r}"
+    ylock = r[2].stateid
+    r = y.compound([op_putfh(fh), op_lock_existing(ylock, 205, 1)])
+    assert r.status == St.DENIED, f"write lock over another node's read lock: {r!r}"
+    # Node 1's unlock frees the range for node 2.
+    r = x.compound([op_putfh(fh), op_locku(rx.stateid, 0, 100)])
+    assert r.status == St.OK, r
+    r = y.compound([op_putfh(fh), op_lock_existing(ylock, 50, 10)])
+    assert r.status == St.OK, f"after node 1's unlock: {r!r}"
+    ylock = r[2].stateid
+    # Node 2 dies: its locks go with it.
+    r = x.lock(fh, xsid, owner=b"locker-1/again", offset=50, length=10)
+    assert r.status == St.DENIED, r
+    y.close()
+    b.stop(signal.SIGKILL)  # its descriptors close: the file system drops its locks
+    a.wait_grace(True, LEASE + 5)
+    a.wait_grace(False, GRACE + 5)
+    r = x.lock(fh, xsid, owner=b"locker-1/again", offset=50, length=10)
+    assert r.status == St.OK, f"node 2 is gone, its lock too: {r!r}"
+    x.close()
 
 
 def test_restarted_node_clients_reclaim_and_grace_ends_early(cluster):

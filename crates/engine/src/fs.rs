@@ -1108,10 +1108,107 @@ pub fn display_name(name: &[u8]) -> &OsStr {
     OsStr::from_bytes(name)
 }
 
+/// An open file description lock (F_OFD_SETLK) of [start, end) on `fd`
+/// (end u64::MAX: to the end of the file): a write lock, a read lock, or
+/// with `kind` None an unlock. Such locks belong to the open file
+/// description, so one descriptor per lock owner gives POSIX semantics per
+/// owner, and they conflict with every other process's locks on the file,
+/// on file systems that share locks between machines too. Never waits:
+/// `WouldBlock` when another holder is in the way.
+pub fn ofd_lock(fd: BorrowedFd<'_>, start: u64, end: u64, kind: Option<bool>) -> io::Result<()> {
+    let Some(fl) = flock_of(start, end, kind) else {
+        // Past what the kernel can lock: nobody else can lock there either.
+        return Ok(());
+    };
+    // SAFETY: valid descriptor and struct.
+    match cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) }) {
+        Ok(_) => Ok(()),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EAGAIN) || e.raw_os_error() == Some(libc::EACCES) =>
+        {
+            Err(io::ErrorKind::WouldBlock.into())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The first lock another holder has that keeps [start, end) from a lock
+/// of `write` kind through `fd` (F_OFD_GETLK): (start, end, write).
+pub fn ofd_conflict(
+    fd: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+    write: bool,
+) -> io::Result<Option<(u64, u64, bool)>> {
+    let Some(mut fl) = flock_of(start, end, Some(write)) else {
+        return Ok(None);
+    };
+    // SAFETY: valid descriptor and struct.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) })?;
+    if fl.l_type == libc::F_UNLCK as libc::c_short {
+        return Ok(None);
+    }
+    let s = fl.l_start as u64;
+    let e = if fl.l_len == 0 {
+        u64::MAX
+    } else {
+        s.saturating_add(fl.l_len as u64)
+    };
+    Ok(Some((s, e, fl.l_type == libc::F_WRLCK as libc::c_short)))
+}
+
+fn flock_of(start: u64, end: u64, kind: Option<bool>) -> Option<libc::flock> {
+    if start > i64::MAX as u64 {
+        return None;
+    }
+    // SAFETY: flock is plain data; zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = match kind {
+        Some(true) => libc::F_WRLCK,
+        Some(false) => libc::F_RDLCK,
+        None => libc::F_UNLCK,
+    } as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start as i64;
+    fl.l_len = if end > i64::MAX as u64 {
+        0
+    } else {
+        (end - start) as i64
+    };
+    Some(fl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn ofd_locks_are_per_description_and_seen_by_others() {
+        let f = scratch_file("ofd");
+        let a = reopen(f.as_fd(), libc::O_RDWR).unwrap();
+        let b = reopen(f.as_fd(), libc::O_RDWR).unwrap();
+        ofd_lock(a.as_fd(), 0, 100, Some(true)).unwrap();
+        // One description's ranges merge and split like one owner's.
+        ofd_lock(a.as_fd(), 50, 200, Some(false)).unwrap();
+        let e = ofd_lock(b.as_fd(), 10, 20, Some(false)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(
+            ofd_conflict(b.as_fd(), 0, u64::MAX, true).unwrap(),
+            Some((0, 50, true))
+        );
+        // Read locks share.
+        ofd_lock(b.as_fd(), 60, 70, Some(false)).unwrap();
+        ofd_lock(a.as_fd(), 0, 50, None).unwrap();
+        ofd_lock(b.as_fd(), 10, 20, Some(true)).unwrap();
+        // To the end of the file, and past what the kernel can lock.
+        assert!(ofd_lock(b.as_fd(), 300, u64::MAX, Some(true)).is_ok());
+        assert!(ofd_lock(a.as_fd(), 400, 500, Some(false)).is_err());
+        assert!(ofd_lock(a.as_fd(), 1 << 63, u64::MAX, Some(true)).is_ok());
+        // Closing a description drops its locks.
+        drop(b);
+        ofd_lock(a.as_fd(), 0, u64::MAX, Some(true)).unwrap();
+    }
 
     #[test]
     fn cached_reads_give_cached_data_and_refuse_the_rest() {

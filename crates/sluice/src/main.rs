@@ -254,8 +254,14 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     if let Some(secs) = cli.grace_time.or(srv.grace_time) {
         config.grace = Some(Duration::from_secs(secs));
     }
-    if let Some(d) = cli.delegations.or(srv.delegations) {
-        config.delegations = d.parse()?;
+    match cli.delegations.or(srv.delegations) {
+        Some(d) => config.delegations = d.parse()?,
+        // A delegation on one node would not be recalled when a client of
+        // another node changes the file.
+        None if cli.cluster.is_some() || srv.cluster.is_some() => {
+            config.delegations = sluice::server::Delegations::None
+        }
+        None => {}
     }
     if let Some(max) = cli.readahead_max.or(srv.readahead_max.map(|Size(n)| n)) {
         config.readahead.max = max;
@@ -357,6 +363,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             config.recovery = Some(cluster.clone());
             config.server_owner = Some(cluster.owner.clone());
             config.boot_id = Some(cluster.boot);
+            config.shared_locks = true;
             (HandleKey::new(cluster.key), Some(cluster))
         }
         None => {

@@ -76,6 +76,10 @@ pub struct Config {
     /// Boot id of this start, which client and state ids carry (None:
     /// random). The nodes of a cluster put their number in the top byte.
     pub boot_id: Option<u32>,
+    /// Byte-range locks are also taken on the file system (OFD locks), so
+    /// that other servers of the same shared file system see them (the
+    /// nodes of a cluster).
+    pub shared_locks: bool,
 }
 
 /// Which delegations the server grants.
@@ -121,6 +125,7 @@ impl Default for Config {
             nsm_portmap: None,
             server_owner: None,
             boot_id: None,
+            shared_locks: false,
         }
     }
 }
@@ -193,6 +198,7 @@ impl Server {
                     grace: config.grace.unwrap_or(config.lease),
                     limits: Default::default(),
                     local_leases: config.local_leases,
+                    shared_locks: config.shared_locks,
                 },
                 boot_id,
                 config

@@ -131,6 +131,9 @@ pub struct Settings {
     /// processes that open them for writing wait for the recall (the
     /// process must take the lease signal: see `server::leases`).
     pub local_leases: bool,
+    /// Byte-range locks are also taken on the file system (OFD locks), so
+    /// that the other nodes of a cluster, which share it, see them.
+    pub shared_locks: bool,
 }
 
 impl Settings {
@@ -141,6 +144,7 @@ impl Settings {
             grace: lease,
             limits: Limits::default(),
             local_leases: false,
+            shared_locks: false,
         }
     }
 }

@@ -4,10 +4,11 @@
 //! server holds.
 
 use super::{FileKey, Inner, Other, StateTable, Stateid};
+use crate::engine::fs;
 use crate::nfs4::consts::{status, LENGTH_TO_EOF};
 use crate::nfs4::Nfsstat4;
 use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,6 +44,11 @@ pub(super) struct LockState {
     pub file: FileKey,
     /// Current stateid sequence.
     pub seqid: u32,
+    /// With shared locks (a cluster node): this owner's own descriptor of
+    /// the file, holding its ranges as OFD locks on the file system, so
+    /// that other nodes see them. Closed, and the locks with it, when the
+    /// lock state goes.
+    pub shared: Option<OwnedFd>,
 }
 
 #[derive(Debug)]
@@ -350,6 +356,18 @@ impl Stateids {
             }
         }
         *ranges = out;
+    }
+}
+
+/// The conflict of a lock held through another node (or a local process):
+/// its owner is not known here.
+fn remote_denied(start: u64, end: u64, write: bool) -> Denied {
+    Denied {
+        offset: start,
+        length: range_length(start, end),
+        write,
+        clientid: 0,
+        owner: b"another node".to_vec(),
     }
 }
 
@@ -686,9 +704,11 @@ impl StateTable {
         self.check_on_file(&inner, open, file, false)?;
         // Reuse the lock state this owner already has on the file.
         let key = (clientid, owner.to_vec(), file);
+        let mut made = false;
         let other = match inner.ids.locks_by_owner.get(&key) {
             Some(o) => *o,
             None => {
+                made = true;
                 // Conflicts first, so a refused lock leaves no state.
                 if let Some(d) =
                     self.lock_conflict(&mut inner, clientid, owner, file, range, write, now)
@@ -704,12 +724,18 @@ impl StateTable {
                         open: open.other,
                         file,
                         seqid: 0,
+                        shared: None,
                     }),
                 );
                 other
             }
         };
-        self.apply_lock(&mut inner, other, range, write, reclaim, now)
+        let r = self.apply_lock(&mut inner, other, range, write, reclaim, now);
+        if made && !matches!(r, Ok(Ok(_))) {
+            // Refused (another node holds the range): no state is left.
+            inner.ids.remove(&other);
+        }
+        r
     }
 
     /// LOCK by an existing lock-owner.
@@ -780,6 +806,11 @@ impl StateTable {
         {
             return Ok(Err(d));
         }
+        if self.settings.shared_locks {
+            if let Some(d) = self.shared_lock(inner, other, (start, end), Some(write))? {
+                return Ok(Err(d));
+            }
+        }
         self.record_client(inner, clientid)?;
         if reclaim {
             self.counters
@@ -805,6 +836,64 @@ impl StateTable {
         }))
     }
 
+    /// Mirrors a change of lock-owner `other`'s ranges on the file system
+    /// (see [`LockState::shared`]): `kind` Some(write) locks, None unlocks.
+    /// A lock another node holds is reported as the conflict.
+    fn shared_lock(
+        &self,
+        inner: &mut Inner,
+        other: Other,
+        (start, end): (u64, u64),
+        kind: Option<bool>,
+    ) -> Result<Option<Denied>, Nfsstat4> {
+        let (open, has) = match inner.ids.states.get(&other) {
+            Some(StateEntry::Lock(l)) => (l.open, l.shared.is_some()),
+            _ => return Err(status::BAD_STATEID),
+        };
+        if !has {
+            if kind.is_none() {
+                return Ok(None);
+            }
+            let Some(StateEntry::Open(o)) = inner.ids.states.get(&open) else {
+                return Err(status::BAD_STATEID);
+            };
+            let fd = o.fd.clone();
+            // Its own open file description: OFD locks of one description
+            // merge, as one owner's ranges do.
+            let own = crate::engine::cred::as_root(|| {
+                fs::reopen(fd.as_fd(), libc::O_RDWR)
+                    .or_else(|_| fs::reopen(fd.as_fd(), libc::O_RDONLY))
+            })
+            .map_err(|e| {
+                tracing::error!(error = %e, "cannot open a file to lock it on the shared file system");
+                status::SERVERFAULT
+            })?;
+            if let Some(StateEntry::Lock(l)) = inner.ids.states.get_mut(&other) {
+                l.shared = Some(own);
+            }
+        }
+        let Some(StateEntry::Lock(l)) = inner.ids.states.get(&other) else {
+            return Err(status::BAD_STATEID);
+        };
+        let fd = l.shared.as_ref().expect("set above").as_fd();
+        match fs::ofd_lock(fd, start, end, kind) {
+            Ok(()) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let (s, e, w) = fs::ofd_conflict(fd, start, end, kind.unwrap_or(true))
+                    .ok()
+                    .flatten()
+                    .unwrap_or((start, end, true));
+                Ok(Some(remote_denied(s, e, w)))
+            }
+            // A write lock through a file opened for reading only.
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => Err(status::OPENMODE),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot lock a range on the shared file system");
+                Err(status::SERVERFAULT)
+            }
+        }
+    }
+
     /// LOCKT: the conflicting lock, if any; NFS4ERR_GRACE during grace.
     pub fn test_lock(
         &self,
@@ -821,6 +910,21 @@ impl StateTable {
             .lock_conflicts(clientid, owner, file, range, write)
             .next()
             .map(denied);
+        if found.is_none() && self.settings.shared_locks {
+            // Another node's locks, seen through any descriptor of the file
+            // this node has, unless the tester holds ranges of its own there
+            // (the file system would count those against it).
+            let own = inner
+                .ids
+                .ranges_of(file)
+                .iter()
+                .any(|r| r.clientid == clientid && r.owner == owner);
+            if let (false, Some(fd)) = (own, inner.ids.any_fd(file)) {
+                if let Ok(Some((s, e, w))) = fs::ofd_conflict(fd.as_fd(), range.0, range.1, write) {
+                    return Ok(Some(remote_denied(s, e, w)));
+                }
+            }
+        }
         Ok(found)
     }
 
@@ -833,6 +937,9 @@ impl StateTable {
     ) -> Result<Stateid, Nfsstat4> {
         let mut inner = self.lock();
         self.check_on_file(&inner, sid, file, true)?;
+        if self.settings.shared_locks {
+            self.shared_lock(&mut inner, sid.other, (start, end), None)?;
+        }
         inner.ids.subtract(file, &sid.other, start, end);
         let Some(StateEntry::Lock(l)) = inner.ids.states.get_mut(&sid.other) else {
             return Err(status::BAD_STATEID);
