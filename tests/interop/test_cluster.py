@@ -118,7 +118,8 @@ def test_failover_reclaim_on_another_node(cluster):
     """A client of node 1 holds an open, a lock and written data; node 1 is
     killed and its address moves to node 2. Grace begins on every node; the
     client reclaims on node 2 and writes on; a client of node 3 cannot take
-    the lock during grace."""
+    the lock during grace, nor after it. Grace ends once node 1's client
+    has sent RECLAIM_COMPLETE."""
     etcd, start = cluster
     a, b, c = start(1), start(2), start(3)
     settled(a, b, c)
@@ -157,20 +158,26 @@ def test_failover_reclaim_on_another_node(cluster):
     sid = r[2].stateid
     r = x.compound([op_putfh(fh), op_lock_new(sid, b"mover/lock", 0, 100, reclaim=True)])
     assert r.status == St.OK, f"LOCK reclaim on node 2: {r!r}"
-    r = x.compound([op_reclaim_complete()])
-    assert r.status == St.OK, r
-    r = x.compound([op_putfh(fh), op_write(100, b"B" * 100, stable=2, stateid=sid)])
-    assert r.status == St.OK, r
-    assert (a.export / "data").read_bytes() == b"A" * 100 + b"B" * 100
-    # Still in grace on node 3 (node 1's clients may take its whole time).
+    # Still in grace on node 3 until the client says it is done.
     r = y.lock(yfh, ysid, offset=50, length=10)
     assert r.status == St.GRACE, f"new lock on node 3 during grace: {r!r}"
     # The reclaim was recorded by node 2 in the new epoch.
     cur, rec = map(int, etcd.get("sluice/t/epochs").split())
     assert rec != 0
     assert f"sluice/t/clients/{cur:020d}/{b'mover'.hex()}/002" in etcd.keys("sluice/t/clients/")
-    lasted = c.wait_grace(False, GRACE + 5) + noticed
+    r = x.compound([op_reclaim_complete()])
+    assert r.status == St.OK, r
+    # Node 1's only client is done: the cluster's grace ends well before
+    # its time.
+    t0 = time.monotonic()
+    c.wait_grace(False, GRACE + 5)
     b.wait_grace(False, 2)
+    ended = time.monotonic() - t0
+    assert ended < GRACE / 2, f"grace went on {ended:.1f} s after the last client of node 1 reclaimed"
+    lasted = time.monotonic() - t_kill
+    r = x.compound([op_putfh(fh), op_write(100, b"B" * 100, stable=2, stateid=sid)])
+    assert r.status == St.OK, r
+    assert (a.export / "data").read_bytes() == b"A" * 100 + b"B" * 100
     cur2, rec2 = map(int, etcd.get("sluice/t/epochs").split())
     assert (cur2, rec2) == (cur, 0)
     assert not etcd.keys(f"sluice/t/clients/{rec:020d}/"), "recovery epoch records not dropped"
@@ -180,7 +187,8 @@ def test_failover_reclaim_on_another_node(cluster):
     r = y.lock(yfh, ysid, offset=50, length=10)
     assert r.status == St.DENIED, f"node 3's LOCK against the lock reclaimed on node 2: {r!r}"
     assert (r[2].denied_offset, r[2].denied_length) == (0, 100), r
-    print(f"\nnode 1's death noticed after {noticed:.2f} s (lease {LEASE} s); cluster grace over {lasted:.1f} s after the kill")
+    print(f"\nnode 1's death noticed after {noticed:.2f} s (lease {LEASE} s); cluster grace over "
+          f"{ended * 1000:.0f} ms after its client's RECLAIM_COMPLETE, {lasted:.1f} s after the kill")
     x.close()
     y.close()
     addr.close()
@@ -333,3 +341,47 @@ def test_etcd_restart_and_node_cut_off(cluster):
     for c in (x, z, newcomer):
         c.close()
     cable.close()
+
+
+def test_grace_edges(cluster):
+    """A node that joins a grace period in progress leaves the epochs as
+    they are; a survivor's clients are recorded again in each new epoch;
+    a client of a dead node that did not reclaim in that grace period
+    cannot reclaim after a later restart (RFC 8881 section 8.4.3)."""
+    etcd, start = cluster
+    a, b = start(1, grace=3), start(2, grace=3)
+    settled(a, b)
+    x = Client(a.port, owner=b"misses-grace", verifier=b"boot-001").establish()
+    _, xfh = x.must_open("edge")
+    w = Client(b.port, owner=b"survivor").establish()
+    w.must_open("edge2")
+    a.stop(signal.SIGKILL)
+    b.wait_grace(True, LEASE + 5)
+    during = etcd.get("sluice/t/epochs")
+    cur, rec = map(int, during.split())
+    assert rec != 0
+    # The survivor's client keeps its state into the new epoch.
+    assert f"sluice/t/clients/{cur:020d}/{b'survivor'.hex()}/002" in etcd.keys("sluice/t/clients/")
+    c = start(3, grace=3)
+    assert etcd.get("sluice/t/epochs") == during, "joining a grace period in progress changed the epochs"
+    assert c.in_grace()
+    # Nobody reclaims for node 1: its part of grace runs out.
+    b.wait_grace(False, 10)
+    c.wait_grace(False, 2)
+    assert not etcd.keys(f"sluice/t/clients/{rec:020d}/")
+    # Node 1 comes back: a new grace period, in which its old client may
+    # not reclaim (it missed the last one), while the survivor could.
+    a.proc = None
+    a.start()
+    x.reconnect()
+    assert x.exchange_id().status == St.OK
+    assert x.create_session().status == St.OK
+    r = retry_delay(lambda: x.compound([op_putfh(xfh), op_open(b"misses-grace/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    assert r.status in (St.RECLAIM_BAD, St.NO_GRACE), f"reclaim by a client that missed the last grace: {r!r}"
+    cur2, rec2 = map(int, etcd.get("sluice/t/epochs").split())
+    if rec2:
+        assert f"sluice/t/clients/{rec2:020d}/{b'survivor'.hex()}/002" in etcd.keys("sluice/t/clients/")
+    for n in (a, b, c):
+        n.wait_grace(False, 10)
+    x.close()
+    w.close()

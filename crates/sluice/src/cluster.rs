@@ -107,6 +107,7 @@ enum Cmd {
     Add(Vec<u8>, mpsc::SyncSender<Result<()>>),
     Remove(Vec<u8>, mpsc::SyncSender<Result<()>>),
     EndOwnGrace,
+    Reclaimed(Vec<u8>),
     Enforcing,
     Leave(mpsc::SyncSender<()>),
 }
@@ -135,11 +136,16 @@ impl std::fmt::Debug for Cmd {
             Cmd::Add(..) => "Add",
             Cmd::Remove(..) => "Remove",
             Cmd::EndOwnGrace => "EndOwnGrace",
+            Cmd::Reclaimed(_) => "Reclaimed",
             Cmd::Enforcing => "Enforcing",
             Cmd::Leave(_) => "Leave",
         })
     }
 }
+
+/// The value of a client record whose client sent RECLAIM_COMPLETE in
+/// that epoch (others are empty).
+const RECLAIMED: &str = "reclaimed";
 
 /// Timeout of one etcd call.
 const CALL: Duration = Duration::from_secs(2);
@@ -282,21 +288,29 @@ impl Etcd {
 
     /// Who is recorded in `epoch`: (owner, node) pairs.
     async fn records(&mut self, epoch: u64) -> Result<Vec<(Vec<u8>, u8)>> {
+        Ok(self
+            .records_with(epoch, false)
+            .await?
+            .into_iter()
+            .map(|(o, n, _)| (o, n))
+            .collect())
+    }
+
+    /// Like [`Etcd::records`], with whether each record says its client
+    /// reclaimed (read only when `values`).
+    async fn records_with(&mut self, epoch: u64, values: bool) -> Result<Vec<(Vec<u8>, u8, bool)>> {
         let dir = self.keys.epoch_records(epoch);
-        let r = Self::call(
-            "read client records",
-            self.client.get(
-                dir.clone(),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            ),
-        )
-        .await?;
+        let mut opts = GetOptions::new().with_prefix();
+        if !values {
+            opts = opts.with_keys_only();
+        }
+        let r = Self::call("read client records", self.client.get(dir.clone(), Some(opts))).await?;
         Ok(r.kvs()
             .iter()
             .filter_map(|kv| {
                 let rest = std::str::from_utf8(kv.key()).ok()?.strip_prefix(&dir)?;
                 let (owner, node) = rest.split_once('/')?;
-                Some((unhex(owner)?, node.parse().ok()?))
+                Some((unhex(owner)?, node.parse().ok()?, kv.value() == RECLAIMED.as_bytes()))
             })
             .collect())
     }
@@ -437,6 +451,10 @@ impl Recovery for Cluster {
     fn end_grace(&self) -> Result<()> {
         let _ = self.cmds.send(Cmd::EndOwnGrace);
         Ok(())
+    }
+
+    fn reclaimed(&self, owner: &[u8]) {
+        let _ = self.cmds.send(Cmd::Reclaimed(owner.to_vec()));
     }
 }
 
@@ -686,6 +704,13 @@ async fn run(
                         mine.remove(&owner);
                         let _ = tx.send(r);
                     }
+                    Cmd::Reclaimed(owner) => {
+                        // Its record says so: a dead node's grace may end
+                        // once all of its clients' records do.
+                        let k = e.keys.record(view.current, &owner, cfg.node);
+                        let _ = Etcd::call("mark a client reclaimed", e.client.put(k, RECLAIMED, None)).await;
+                        dirty = true;
+                    }
                     Cmd::EndOwnGrace => {
                         let _ = Etcd::call("end this node's grace", e.client.delete(e.keys.need(cfg.node), None)).await;
                         dirty = true;
@@ -852,6 +877,9 @@ async fn follow(
     } else if old.recovery != 0 && new.recovery == 0 {
         let _ = events.send(GraceEvent::End);
     }
+    if new.recovery != 0 {
+        end_dead_needs(e, &new).await?;
+    }
     if new.recovery != 0 && new.need.is_empty() {
         // Every node's clients are done: end the cluster's grace.
         let txn = Txn::new()
@@ -875,6 +903,44 @@ async fn follow(
         }
     }
     *old = new;
+    Ok(())
+}
+
+/// Ends the part of grace that nodes which are gone need, for each whose
+/// clients from before have all reclaimed (on whichever node): their
+/// records in the current epoch say so.
+async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
+    let dead: Vec<u8> = v.need.iter().copied().filter(|n| !v.live.contains(n)).collect();
+    if dead.is_empty() {
+        return Ok(());
+    }
+    let before = e.records(v.recovery).await?;
+    let done: HashSet<Vec<u8>> = e
+        .records_with(v.current, true)
+        .await?
+        .into_iter()
+        .filter(|(_, _, r)| *r)
+        .map(|(o, _, _)| o)
+        .collect();
+    for n in dead {
+        let waiting = before
+            .iter()
+            .filter(|(o, m)| *m == n && !done.contains(o))
+            .count();
+        if waiting > 0 {
+            continue;
+        }
+        let need = e.keys.need(n);
+        let txn = Txn::new()
+            .when(vec![
+                e.epochs_unchanged(v),
+                Compare::version(need.clone(), CompareOp::Greater, 0),
+            ])
+            .and_then(vec![TxnOp::delete(need, None)]);
+        if Etcd::call("end a gone node's grace", e.client.txn(txn)).await?.succeeded() {
+            tracing::info!(node = n, "every client of a node that left has reclaimed");
+        }
+    }
     Ok(())
 }
 

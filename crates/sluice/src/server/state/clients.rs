@@ -451,6 +451,7 @@ impl StateTable {
         if c.reclaimable {
             let owner = c.owner.clone();
             inner.grace.client_done(&owner);
+            self.recovery.reclaimed(&owner);
         }
         self.grace_check_end(&mut inner, Instant::now());
         Ok(())

@@ -113,6 +113,11 @@ pub trait Recovery: Send + Sync + std::fmt::Debug {
     fn remove(&self, owner: &[u8]) -> Result<()>;
     /// Grace is over: drops the recovery epoch.
     fn end_grace(&self) -> Result<()>;
+    /// `owner`, known from before, sent RECLAIM_COMPLETE. A cluster's
+    /// store uses it to end the grace period of a node that died as soon
+    /// as all of its clients have reclaimed elsewhere; one node's store
+    /// needs nothing.
+    fn reclaimed(&self, _owner: &[u8]) {}
 }
 
 /// Client records in an SQLite database (`clients.db` in the state
