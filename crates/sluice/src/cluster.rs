@@ -304,13 +304,21 @@ impl Etcd {
         if !values {
             opts = opts.with_keys_only();
         }
-        let r = Self::call("read client records", self.client.get(dir.clone(), Some(opts))).await?;
+        let r = Self::call(
+            "read client records",
+            self.client.get(dir.clone(), Some(opts)),
+        )
+        .await?;
         Ok(r.kvs()
             .iter()
             .filter_map(|kv| {
                 let rest = std::str::from_utf8(kv.key()).ok()?.strip_prefix(&dir)?;
                 let (owner, node) = rest.split_once('/')?;
-                Some((unhex(owner)?, node.parse().ok()?, kv.value() == RECLAIMED.as_bytes()))
+                Some((
+                    unhex(owner)?,
+                    node.parse().ok()?,
+                    kv.value() == RECLAIMED.as_bytes(),
+                ))
             })
             .collect())
     }
@@ -526,6 +534,9 @@ async fn connect_and_join(
     let mut tries = 0;
     loop {
         tries += 1;
+        if tries > 50 {
+            return Err("cannot join the cluster: its keys keep changing".into());
+        }
         let v = e.view().await.map_err(fail("read the cluster's keys"))?;
         let live = e.keys.live(cfg.node);
         if v.live.contains(&cfg.node) {
@@ -586,9 +597,6 @@ async fn connect_and_join(
             .await
             .map_err(fail("join the cluster"))?;
         if !done.succeeded() {
-            if tries > 50 {
-                return Err("cannot join the cluster: its keys keep changing".into());
-            }
             continue;
         }
         let records = if nr != 0 {
@@ -651,6 +659,9 @@ async fn run(
     let mut last_ok = Instant::now();
     let mut tick = tokio::time::interval(TICK);
     let mut dirty = true;
+    // The state table enforces a grace period begun since this node last
+    // said so in etcd.
+    let mut enforcing = false;
     loop {
         if watch.is_none() {
             let (from, to) = e.keys.watched();
@@ -661,6 +672,19 @@ async fn run(
                 watch = Some(w);
                 dirty = true;
             }
+        }
+        if enforcing {
+            let r = Etcd::call(
+                "say this node enforces grace",
+                e.client.put(
+                    e.keys.enforcing(cfg.node),
+                    view.current.to_string(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            )
+            .await;
+            // Retried on the next round when etcd did not take it.
+            enforcing = r.is_err();
         }
         if dirty {
             dirty = false;
@@ -716,13 +740,8 @@ async fn run(
                         dirty = true;
                     }
                     Cmd::Enforcing => {
-                        let r = Etcd::call(
-                            "say this node enforces grace",
-                            e.client.put(e.keys.enforcing(cfg.node), view.current.to_string(), Some(PutOptions::new().with_lease(lease))),
-                        ).await;
-                        if r.is_err() {
-                            dirty = true;
-                        }
+                        enforcing = true;
+                        dirty = true;
                     }
                     Cmd::Leave(tx) => {
                         let _ = Etcd::call("leave the cluster", e.client.lease_revoke(lease)).await;
@@ -910,7 +929,12 @@ async fn follow(
 /// clients from before have all reclaimed (on whichever node): their
 /// records in the current epoch say so.
 async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
-    let dead: Vec<u8> = v.need.iter().copied().filter(|n| !v.live.contains(n)).collect();
+    let dead: Vec<u8> = v
+        .need
+        .iter()
+        .copied()
+        .filter(|n| !v.live.contains(n))
+        .collect();
     if dead.is_empty() {
         return Ok(());
     }
@@ -937,7 +961,10 @@ async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
                 Compare::version(need.clone(), CompareOp::Greater, 0),
             ])
             .and_then(vec![TxnOp::delete(need, None)]);
-        if Etcd::call("end a gone node's grace", e.client.txn(txn)).await?.succeeded() {
+        if Etcd::call("end a gone node's grace", e.client.txn(txn))
+            .await?
+            .succeeded()
+        {
             tracing::info!(node = n, "every client of a node that left has reclaimed");
         }
     }
