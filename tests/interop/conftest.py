@@ -195,3 +195,7 @@ def sluice_factory(sluice_binary, tmp_path):
     for s in factory.servers:
         s.stop()
     assert not dead, "sluice died during the test; log:\n" + "\n".join(s.log_path.read_text(errors="replace") for s in dead)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "direct: run test_write_durability's server with its default direct writes")

@@ -55,13 +55,18 @@ class Disk:
 
 
 @pytest.fixture
-def disk_server(sluice_binary, tmp_path):
+def disk_server(sluice_binary, tmp_path, request):
+    """The server on an ext4 image; WRITEs go through the page cache
+    (--direct-write-min 0), where the probe can tell UNSTABLE from stable,
+    unless the test is marked `direct`."""
     disk = Disk(tmp_path)
     server = None
+    direct = request.node.get_closest_marker("direct") is not None
     try:
         (disk.mnt / "export").mkdir()
         (tmp_path / "state").mkdir()
-        server = SluiceServer(sluice_binary, disk.mnt / "export", tmp_path / "state", ["--grace-time", "0"])
+        args = ["--grace-time", "0"] + ([] if direct else ["--direct-write-min", "0"])
+        server = SluiceServer(sluice_binary, disk.mnt / "export", tmp_path / "state", args)
         server.start()
         yield disk, server
     finally:
@@ -114,6 +119,33 @@ def test_file_sync_write_is_on_the_device_when_answered(disk_server):
     write_all(c, open_new(c, "sync"), data, FILE_SYNC)
     synced = (disk.sectors_written() - before) * 512
     assert synced >= len(data), f"FILE_SYNC WRITEs of {len(data)} bytes were answered with {synced} on the device"
+
+
+@pytest.mark.direct
+def test_large_aligned_writes_go_past_the_page_cache(disk_server):
+    """By default 512 KiB WRITEs at aligned offsets are written with
+    O_DIRECT: on the device when answered, even UNSTABLE ones, and what
+    reads see afterwards, also after unaligned writes over them."""
+    disk, srv = disk_server
+    c = Client(srv.port).establish()
+    data = bytearray(os.urandom(4 * MiB))
+    before = disk.sectors_written()
+    f = open_new(c, "direct")
+    write_all(c, f, bytes(data), UNSTABLE)
+    direct = (disk.sectors_written() - before) * 512
+    assert direct >= len(data), f"4 MiB of aligned UNSTABLE WRITEs put only {direct} bytes on the device"
+    # A small unaligned write through the page cache, then a direct one
+    # over part of it: each read sees the latest.
+    r = c.compound([rc.op_putfh(f[1]), rc.op_write(1000, b"x" * 5000, UNSTABLE, stateid=f[0])])
+    expect_ok(r, "small WRITE")
+    data[1000:6000] = b"x" * 5000
+    assert read_all(c, "direct", len(data)) == bytes(data)
+    fresh = os.urandom(CHUNK)
+    r = c.compound([rc.op_putfh(f[1]), rc.op_write(0, fresh, UNSTABLE, stateid=f[0])])
+    expect_ok(r, "WRITE over the small one")
+    data[:CHUNK] = fresh
+    assert read_all(c, "direct", len(data)) == bytes(data)
+    assert (disk.mnt / "export" / "direct").read_bytes() == bytes(data)
 
 
 def test_commit_puts_unstable_writes_on_the_device(disk_server):

@@ -963,6 +963,36 @@ pub fn read_direct(fd: BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<By
 static NOWAIT_WORKS: AtomicBool = AtomicBool::new(true);
 
 /// Writes all of `buf` at `offset`.
+/// Writes `buf` at `offset` of the file `fd` is open on past the page
+/// cache (O_DIRECT), through a descriptor of its own, from an aligned copy.
+/// `offset` and `buf.len()` must be multiples of 4096. What the page cache
+/// held of the range is written back first and dropped (the kernel does
+/// so), so buffered readers see the new data. `Unsupported` when the file
+/// system takes no O_DIRECT writes: the caller writes through the cache.
+pub fn write_direct_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
+    if !offset.is_multiple_of(4096) || !buf.len().is_multiple_of(4096) {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    // The caller checked the client's right to write when it opened.
+    let direct = crate::cred::as_root(|| reopen(fd, libc::O_WRONLY | libc::O_DIRECT)).map_err(
+        |e| match e.raw_os_error() {
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => io::ErrorKind::Unsupported.into(),
+            _ => e,
+        },
+    )?;
+    let mut staged = hugebuf::Buf::new(buf.len())?;
+    // SAFETY: the buffer holds at least buf.len() bytes and is not buf.
+    let aligned = unsafe {
+        std::ptr::copy_nonoverlapping(buf.as_ptr(), staged.as_mut_ptr(), buf.len());
+        std::slice::from_raw_parts(staged.as_mut_ptr(), buf.len())
+    };
+    write_at(direct.as_fd(), aligned, offset).map_err(|e| match e.raw_os_error() {
+        Some(libc::EINVAL) => io::ErrorKind::Unsupported.into(),
+        _ => e,
+    })
+}
+
+/// Writes all of `buf` at `offset` (short only when the disk fills).
 pub fn write_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
@@ -1182,6 +1212,30 @@ fn flock_of(start: u64, end: u64, kind: Option<bool>) -> Option<libc::flock> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn direct_writes_replace_what_the_page_cache_held() {
+        let f = disk_file("direct-write", &vec![b'a'; 3 << 20]);
+        let w = reopen(f.as_fd(), libc::O_RDWR).unwrap();
+        // Dirty pages over part of the range, then a direct write over all
+        // of it: readers through the cache see the direct write's data.
+        write_at(w.as_fd(), &vec![b'b'; 100_000], 4096).unwrap();
+        let data: Vec<u8> = (0..(1 << 20)).map(|i| (i % 251) as u8).collect();
+        match write_direct_at(w.as_fd(), &data, 4096) {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => return, // no O_DIRECT here
+            r => assert_eq!(r.unwrap(), data.len()),
+        }
+        let (b, _) = read_buf(w.as_fd(), 0, 3 << 20).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == b'a'));
+        assert_eq!(&b[4096..4096 + data.len()], &data[..]);
+        assert!(b[4096 + data.len()..].iter().all(|&x| x == b'a'));
+        // Past the end: the file grows.
+        write_direct_at(w.as_fd(), &data[..8192], 3 << 20).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), (3 << 20) + 8192);
+        let e = write_direct_at(w.as_fd(), &data[..1000], 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(write_direct_at(w.as_fd(), &data[..4096], 100).is_err());
+    }
 
     #[test]
     fn ofd_locks_are_per_description_and_seen_by_others() {

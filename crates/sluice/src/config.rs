@@ -10,6 +10,7 @@
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
 //! direct_read_min = "256K"
+//! direct_write_min = "256K"
 //! read_cache = "2G"
 //! read_plus_min_hole = "32K"
 //! require_privileged_port = false
@@ -79,6 +80,8 @@ pub struct ServerSection {
     pub readahead_max: Option<Size>,
     /// Smallest READ of a cold sequential stream read with O_DIRECT.
     pub direct_read_min: Option<Size>,
+    /// Smallest aligned WRITE written with O_DIRECT.
+    pub direct_write_min: Option<Size>,
     /// Memory for data read with O_DIRECT, kept for the next reader.
     pub read_cache: Option<Size>,
     /// READ_PLUS hole reporting threshold.

@@ -79,6 +79,12 @@ struct ServeCli {
     /// O_DIRECT, past the page cache; 0 never does [default: 256K].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_read_min: Option<u64>,
+    /// WRITEs of at least this many bytes (suffixes K, M, G), at offsets
+    /// and of lengths that are multiples of 4 KiB, are written past the
+    /// page cache (O_DIRECT), so that a stream of them is not held back by
+    /// writeback; 0 never does [default: 256K].
+    #[arg(long, value_parser = sluice::config::parse_size)]
+    direct_write_min: Option<u64>,
     /// Memory (suffixes K, M, G) for data read with O_DIRECT, kept so that
     /// the next pass over a file is served from it [default: an eighth of
     /// the machine's memory].
@@ -268,6 +274,12 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(min) = cli.direct_read_min.or(srv.direct_read_min.map(|Size(n)| n)) {
         config.readahead.direct_min = min;
+    }
+    if let Some(n) = cli
+        .direct_write_min
+        .or(srv.direct_write_min.map(|Size(n)| n))
+    {
+        config.direct_write_min = n;
     }
     if let Some(n) = cli.read_cache.or(srv.read_cache.map(|Size(n)| n)) {
         config.read_cache = n;

@@ -80,6 +80,9 @@ pub struct Config {
     /// that other servers of the same shared file system see them (the
     /// nodes of a cluster).
     pub shared_locks: bool,
+    /// WRITEs of at least this many bytes, at offsets and of lengths that
+    /// are multiples of 4 KiB, go past the page cache (O_DIRECT); 0: none.
+    pub direct_write_min: u64,
 }
 
 /// Which delegations the server grants.
@@ -126,6 +129,7 @@ impl Default for Config {
             server_owner: None,
             boot_id: None,
             shared_locks: false,
+            direct_write_min: 256 << 10,
         }
     }
 }

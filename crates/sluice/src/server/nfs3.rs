@@ -506,7 +506,13 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     let n = {
                         let _exclusive =
                             cx.srv.locks.write(key, offset, offset + data.len() as u64);
-                        let n = io3(fs::write_at(fd.as_fd(), data, offset));
+                        let n = io3(super::ops_file::write_data(
+                            cx.srv,
+                            key,
+                            fd.as_fd(),
+                            data,
+                            offset,
+                        ));
                         cx.srv.file_changed(key);
                         n?
                     };

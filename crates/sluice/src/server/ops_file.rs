@@ -706,7 +706,7 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
                 .srv
                 .locks
                 .write(file_key(&st), offset, offset + data.len() as u64);
-            let n = io(fs::write_at(fd.as_fd(), data, offset))?;
+            let n = io(write_data(cx.srv, file_key(&st), fd.as_fd(), data, offset))?;
             cx.srv.file_changed(file_key(&st));
             n
         };
@@ -723,6 +723,33 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         .encode(e);
         Ok(())
     })
+}
+
+/// Writes a WRITE's data: large aligned writes past the page cache
+/// (O_DIRECT), where writeback would hold a stream back; the rest, and
+/// everything on file systems without O_DIRECT, through it.
+/// Not while the file has a delegation: the descriptor of its own that
+/// such a write opens would break the delegation's kernel lease.
+pub(super) fn write_data(
+    srv: &super::Server,
+    file: (u64, u64),
+    fd: std::os::fd::BorrowedFd<'_>,
+    data: &[u8],
+    offset: u64,
+) -> std::io::Result<usize> {
+    let min = srv.config.direct_write_min;
+    if min > 0
+        && data.len() as u64 >= min
+        && offset.is_multiple_of(4096)
+        && data.len().is_multiple_of(4096)
+        && !srv.state.file_delegated(file)
+    {
+        match fs::write_direct_at(fd, data, offset) {
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+            r => return r,
+        }
+    }
+    fs::write_at(fd, data, offset)
 }
 
 /// COMMIT: flushes the file to stable storage.

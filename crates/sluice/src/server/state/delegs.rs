@@ -312,6 +312,15 @@ impl StateTable {
             })
     }
 
+    /// Whether `file` has any delegation (whose kernel lease an open of
+    /// the file for writing would break).
+    pub fn file_delegated(&self, file: FileKey) -> bool {
+        if self.delegated_files.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.lock().delegs.by_file.contains_key(&file)
+    }
+
     /// Whether `file` has a write delegation whose kernel lease is held.
     pub fn write_delegated(&self, file: FileKey) -> bool {
         if self.write_delegs.load(Ordering::Relaxed) == 0 {
