@@ -312,7 +312,12 @@ def test_etcd_restart_and_node_cut_off(cluster):
     assert a.alive() and b.alive()
 
     # Node 2 loses etcd for longer than its lease.
-    z = Client(b.port, owner=b"cut-off", verifier=b"boot-001").establish()
+    z = Client(b.port, owner=b"cut-off", verifier=b"boot-001")
+    z.exchange_id()
+    z.create_session()
+    # Node 2 renews its lease again too, then grants new state.
+    r = retry_delay(lambda: z.compound([op_reclaim_complete()]), "node 2's first client record after etcd is back")
+    assert r.status == St.OK, r
     zsid, zfh = z.must_open("z")
     assert z.lock(zfh, zsid, offset=0, length=10).status == St.OK
     cable.cut()
@@ -433,3 +438,89 @@ def test_records_survive_sigkill_during_churn(cluster):
             assert a.in_grace() and waiting == len(recorded), (round_, waiting, len(recorded))
     assert total >= 500, f"only {total} arrivals and departures in 5 rounds"
     print(f"\n{total} client arrivals and departures on a cluster node, 5 SIGKILLs: etcd consistent every time")
+
+
+def stays_in_grace(node: Node, seconds: float, what: str):
+    """The node stays in grace for `seconds` (when grace would end, it ends
+    within about 0.1 s of the last reclaim)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert node.in_grace(), what
+        time.sleep(0.05)
+
+
+def reclaim(c: Client, fh: bytes, what: str):
+    """A client reconnects (to whatever its port leads to now) and
+    reclaims its open, then says it is done."""
+    c.reconnect()
+    assert c.exchange_id().status == St.OK
+    assert c.create_session().status == St.OK
+    r = retry_delay(lambda: c.compound([op_putfh(fh), op_open(c.owner + b"/open", claim=CLAIM_PREVIOUS), op_getfh()]), what)
+    assert r.status == St.OK, f"{what}: {r!r}"
+    r = c.compound([op_reclaim_complete()])
+    assert r.status == St.OK, f"{what}: RECLAIM_COMPLETE: {r!r}"
+
+
+def test_node_dies_during_grace(cluster):
+    """Node 1 dies; its client X reclaims on node 2, which then dies too
+    before grace is over: X lost its state again, and grace waits until X
+    has reclaimed once more, on node 3."""
+    etcd, start = cluster
+    a, b, c = start(1, grace=30), start(2, grace=30), start(3, grace=30)
+    settled(a, b, c)
+    to_a, to_b = Proxy(a.port), Proxy(b.port)
+    x = Client(to_a.port, owner=b"twice", verifier=b"boot-001").establish()
+    _, xfh = x.must_open("x")
+    w = Client(to_a.port, owner=b"late", verifier=b"boot-001").establish()
+    _, wfh = w.must_open("w")
+    a.stop(signal.SIGKILL)
+    c.wait_grace(True, LEASE + 5)
+    to_a.switch(b.port)
+    reclaim(x, xfh, "X on node 2")
+    b.stop(signal.SIGKILL)
+    t0 = time.monotonic()
+    while b"twice".hex() not in (etcd.get("sluice/t/need/002") or ""):
+        assert time.monotonic() - t0 < LEASE + 5, f"node 2's death not handled: {etcd.keys('sluice/t/need/')}"
+        time.sleep(0.05)
+    to_a.switch(c.port)
+    reclaim(w, wfh, "W on node 3")
+    # W is done, X is not (its reclaim on node 2 went with node 2).
+    stays_in_grace(c, 1.0, "grace ended while node 2's reclaimed client had lost its state again")
+    reclaim(x, xfh, "X on node 3")
+    ended = c.wait_grace(False, 5)
+    print(f"\ngrace ended {ended * 1000:.0f} ms after the twice-moved client reclaimed again")
+    for cl in (x, w):
+        cl.close()
+    to_a.close()
+    to_b.close()
+
+
+def test_whole_cluster_down(cluster):
+    """Both nodes go down; node 1 comes back alone: grace waits for node
+    2's clients too, which reclaim on node 1."""
+    etcd, start = cluster
+    a, b = start(1, grace=30), start(2, grace=30)
+    settled(a, b)
+    to_b = Proxy(b.port)
+    x = Client(a.port, owner=b"of-node-1", verifier=b"boot-001").establish()
+    _, xfh = x.must_open("x1")
+    y = Client(to_b.port, owner=b"of-node-2", verifier=b"boot-001").establish()
+    _, yfh = y.must_open("y1")
+    a.stop(signal.SIGKILL)
+    b.stop(signal.SIGKILL)
+    t0 = time.monotonic()
+    while etcd.keys("sluice/t/live/"):  # both leases run out in etcd
+        assert time.monotonic() - t0 < LEASE + 5, etcd.keys("sluice/t/live/")
+        time.sleep(0.05)
+    a.proc = None
+    a.start()
+    assert a.in_grace()
+    assert etcd.get("sluice/t/need/002") is not None, etcd.keys("sluice/t/need/")
+    reclaim(x, xfh, "node 1's client")
+    stays_in_grace(a, 1.0, "grace ended before node 2's client could reclaim")
+    to_b.switch(a.port)
+    reclaim(y, yfh, "node 2's client on node 1")
+    a.wait_grace(False, 5)
+    for cl in (x, y):
+        cl.close()
+    to_b.close()

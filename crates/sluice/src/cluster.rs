@@ -92,9 +92,14 @@ impl ClusterConfig {
 /// A grace event for the node's state table.
 #[derive(Debug)]
 pub enum GraceEvent {
-    /// The cluster's grace began: these clients (every node's records in
-    /// the recovery epoch) may reclaim here.
-    Begin(Vec<Vec<u8>>),
+    /// The cluster's grace began in `epoch`: `owners` (every node's
+    /// records in the recovery epoch) may reclaim here.
+    Begin {
+        /// The current epoch of the grace period.
+        epoch: u64,
+        /// Who may reclaim.
+        owners: Vec<Vec<u8>>,
+    },
     /// The cluster's grace ended.
     End,
 }
@@ -105,10 +110,10 @@ pub type GraceSink = Box<dyn Fn(GraceEvent) + Send>;
 
 enum Cmd {
     Add(Vec<u8>, mpsc::SyncSender<Result<()>>),
-    Remove(Vec<u8>, mpsc::SyncSender<Result<()>>),
+    Remove(Vec<u8>),
     EndOwnGrace,
     Reclaimed(Vec<u8>),
-    Enforcing,
+    Enforcing(u64),
     Leave(mpsc::SyncSender<()>),
 }
 
@@ -137,7 +142,7 @@ impl std::fmt::Debug for Cmd {
             Cmd::Remove(..) => "Remove",
             Cmd::EndOwnGrace => "EndOwnGrace",
             Cmd::Reclaimed(_) => "Reclaimed",
-            Cmd::Enforcing => "Enforcing",
+            Cmd::Enforcing(_) => "Enforcing",
             Cmd::Leave(_) => "Leave",
         })
     }
@@ -221,7 +226,10 @@ struct View {
     /// Mod revision of `epochs` (0: absent).
     epochs_rev: i64,
     live: BTreeSet<u8>,
-    need: BTreeSet<u8>,
+    /// Nodes whose clients may still reclaim, with the key's value.
+    need: BTreeMap<u8, Vec<u8>>,
+    /// Mod revisions of the `need` keys.
+    need_rev: BTreeMap<u8, i64>,
     enforcing: BTreeMap<u8, u64>,
 }
 
@@ -273,7 +281,12 @@ impl Etcd {
                         v.epochs_rev = kv.mod_revision();
                     }
                     1 => v.live.extend(node_of(kv.key(), "live/")),
-                    2 => v.need.extend(node_of(kv.key(), "need/")),
+                    2 => {
+                        if let Some(n) = node_of(kv.key(), "need/") {
+                            v.need.insert(n, kv.value().to_vec());
+                            v.need_rev.insert(n, kv.mod_revision());
+                        }
+                    }
                     _ => {
                         if let Some(n) = node_of(kv.key(), "enforcing/") {
                             let e = String::from_utf8_lossy(kv.value()).parse().unwrap_or(0);
@@ -405,12 +418,15 @@ impl Cluster {
             .name("sluice-grace".into())
             .spawn(move || {
                 while let Ok(ev) = rx.recv() {
-                    let begun = matches!(ev, GraceEvent::Begin(_));
+                    let begun = match &ev {
+                        GraceEvent::Begin { epoch, .. } => Some(*epoch),
+                        GraceEvent::End => None,
+                    };
                     sink(ev);
-                    if begun {
+                    if let Some(epoch) = begun {
                         // The state table enforces it now: say so.
                         if let Some(c) = me.upgrade() {
-                            let _ = c.cmds.send(Cmd::Enforcing);
+                            let _ = c.cmds.send(Cmd::Enforcing(epoch));
                         }
                     }
                 }
@@ -434,8 +450,9 @@ impl Cluster {
         self.cmds
             .send(cmd(tx))
             .map_err(|_| transient("write a client record", "the cluster task stopped"))?;
-        rx.recv()
-            .map_err(|_| transient("write a client record", "the cluster task stopped"))?
+        // The caller holds the state table: never longer than two calls.
+        rx.recv_timeout(CALL * 2)
+            .map_err(|_| transient("write a client record", "etcd did not answer in time"))?
     }
 }
 
@@ -453,7 +470,9 @@ impl Recovery for Cluster {
     }
 
     fn remove(&self, owner: &[u8]) -> Result<()> {
-        self.ask(|tx| Cmd::Remove(owner.to_vec(), tx))
+        // Retried by the cluster task until etcd takes it.
+        let _ = self.cmds.send(Cmd::Remove(owner.to_vec()));
+        Ok(())
     }
 
     fn end_grace(&self) -> Result<()> {
@@ -578,6 +597,31 @@ async fn connect_and_join(
                 Some(PutOptions::new().with_lease(g)),
             ));
         }
+        if nr != 0 {
+            // Nodes that are gone but have clients in the recovery epoch
+            // (the whole cluster was down, or they died unseen): grace
+            // waits for their clients too, for one grace time at most.
+            let mut gone: BTreeSet<u8> = e
+                .records(nr)
+                .await
+                .map_err(fail("read client records"))?
+                .into_iter()
+                .map(|(_, m)| m)
+                .filter(|m| *m != cfg.node && !v.live.contains(m) && !v.need.contains_key(m))
+                .collect();
+            gone.remove(&cfg.node);
+            for m in gone {
+                let g = e
+                    .grace_lease(cfg.grace)
+                    .await
+                    .map_err(fail("grant a lease"))?;
+                ops.push(TxnOp::put(
+                    e.keys.need(m),
+                    DIED,
+                    Some(PutOptions::new().with_lease(g)),
+                ));
+            }
+        }
         if r != 0 {
             // Restarted during grace: whoever this node recorded since
             // holds nothing now; its clients from before may still reclaim.
@@ -654,14 +698,21 @@ async fn run(
         };
     let _ = ready.send(Ok((key, boot, epoch)));
     drop(ready);
-    let mut keeper: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    tokio::spawn(keep_alive(
+        e.client.clone(),
+        lease,
+        cfg.clone(),
+        grace.clone(),
+    ));
     let mut watch: Option<etcd_client::WatchStream> = None;
-    let mut last_ok = Instant::now();
     let mut tick = tokio::time::interval(TICK);
     let mut dirty = true;
-    // The state table enforces a grace period begun since this node last
-    // said so in etcd.
-    let mut enforcing = false;
+    // The epoch of a grace period the state table enforces now, until
+    // etcd has been told.
+    let mut enforcing: Option<u64> = None;
+    // Changes etcd did not take yet, retried every round.
+    let mut retry: Vec<Cmd> = Vec::new();
+    let mut recorded_in = view.current;
     loop {
         if watch.is_none() {
             let (from, to) = e.keys.watched();
@@ -673,26 +724,40 @@ async fn run(
                 dirty = true;
             }
         }
-        if enforcing {
-            let r = Etcd::call(
-                "say this node enforces grace",
-                e.client.put(
-                    e.keys.enforcing(cfg.node),
-                    view.current.to_string(),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            )
-            .await;
-            // Retried on the next round when etcd did not take it.
-            enforcing = r.is_err();
+        if let Some(epoch) = enforcing {
+            if epoch != view.current {
+                // A later grace period's Begin follows.
+                enforcing = None;
+            } else {
+                let r = Etcd::call(
+                    "say this node enforces grace",
+                    e.client.put(
+                        e.keys.enforcing(cfg.node),
+                        epoch.to_string(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                )
+                .await;
+                if r.is_ok() {
+                    enforcing = None;
+                }
+            }
+        }
+        for cmd in std::mem::take(&mut retry) {
+            if let Err(cmd) = background(&mut e, &cfg, &view, &mut mine, cmd).await {
+                retry.push(cmd);
+            }
         }
         if dirty {
             dirty = false;
             match e.view().await {
                 Ok(v) => {
-                    last_ok = Instant::now();
-                    grace.isolated.store(false, Ordering::Release);
-                    if let Err(err) = follow(&mut e, &cfg, &mut view, v, &mine, &events).await {
+                    if !v.live.contains(&cfg.node) {
+                        fence(&cfg, "its registration in etcd is gone (its lease ran out, or another process took its node id)");
+                    }
+                    if let Err(err) =
+                        follow(&mut e, &cfg, &mut view, v, &mine, &mut recorded_in, &events).await
+                    {
                         tracing::warn!(error = %err, "cannot follow the cluster's grace period; retrying");
                         dirty = true;
                     }
@@ -714,39 +779,24 @@ async fn run(
                         let k = e.keys.record(view.current, &owner, cfg.node);
                         let r = Etcd::call("write a client record", e.client.put(k, Vec::new(), None)).await.map(drop);
                         if r.is_ok() {
-                            last_ok = Instant::now();
                             mine.insert(owner);
                         }
                         let _ = tx.send(r);
                     }
-                    Cmd::Remove(owner, tx) => {
-                        let mut ops = vec![TxnOp::delete(e.keys.record(view.current, &owner, cfg.node), None)];
-                        if view.recovery != 0 {
-                            ops.push(TxnOp::delete(e.keys.owner_records(view.recovery, &owner), Some(DeleteOptions::new().with_prefix())));
-                        }
-                        let r = Etcd::call("remove a client record", e.client.txn(Txn::new().and_then(ops))).await.map(drop);
-                        mine.remove(&owner);
-                        let _ = tx.send(r);
-                    }
-                    Cmd::Reclaimed(owner) => {
-                        // Its record says so: a dead node's grace may end
-                        // once all of its clients' records do.
-                        let k = e.keys.record(view.current, &owner, cfg.node);
-                        let _ = Etcd::call("mark a client reclaimed", e.client.put(k, RECLAIMED, None)).await;
-                        dirty = true;
-                    }
-                    Cmd::EndOwnGrace => {
-                        let _ = Etcd::call("end this node's grace", e.client.delete(e.keys.need(cfg.node), None)).await;
-                        dirty = true;
-                    }
-                    Cmd::Enforcing => {
-                        enforcing = true;
+                    Cmd::Enforcing(epoch) => {
+                        enforcing = Some(epoch);
                         dirty = true;
                     }
                     Cmd::Leave(tx) => {
                         let _ = Etcd::call("leave the cluster", e.client.lease_revoke(lease)).await;
                         let _ = tx.send(());
                         return;
+                    }
+                    cmd => {
+                        dirty = true;
+                        if let Err(cmd) = background(&mut e, &cfg, &view, &mut mine, cmd).await {
+                            retry.push(cmd);
+                        }
                     }
                 }
             }
@@ -761,36 +811,110 @@ async fn run(
                     _ => { watch = None; dirty = true; }
                 }
             }
-            _ = tick.tick() => {
-                dirty = true;
-                let renewed = renew(&mut e, lease, &mut keeper).await;
-                match renewed {
-                    Ok(true) => last_ok = Instant::now(),
-                    Ok(false) => fence(&cfg, "its lease in etcd is gone"),
-                    Err(_) => keeper = None,
-                }
-                let silent = last_ok.elapsed();
+            _ = tick.tick() => dirty = true,
+        }
+    }
+}
+
+/// Carries out a change nobody waits for; hands it back when etcd did not
+/// take it, to be tried again.
+async fn background(
+    e: &mut Etcd,
+    cfg: &ClusterConfig,
+    view: &View,
+    mine: &mut HashSet<Vec<u8>>,
+    cmd: Cmd,
+) -> std::result::Result<(), Cmd> {
+    let r = match &cmd {
+        Cmd::Remove(owner) => {
+            mine.remove(owner);
+            let mut ops = vec![TxnOp::delete(
+                e.keys.record(view.current, owner, cfg.node),
+                None,
+            )];
+            if view.recovery != 0 {
+                ops.push(TxnOp::delete(
+                    e.keys.owner_records(view.recovery, owner),
+                    Some(DeleteOptions::new().with_prefix()),
+                ));
+            }
+            Etcd::call(
+                "remove a client record",
+                e.client.txn(Txn::new().and_then(ops)),
+            )
+            .await
+            .map(drop)
+        }
+        Cmd::Reclaimed(owner) => {
+            // Its record says so: a dead node's grace may end once all of
+            // its clients' records do.
+            let k = e.keys.record(view.current, owner, cfg.node);
+            Etcd::call("mark a client reclaimed", e.client.put(k, RECLAIMED, None))
+                .await
+                .map(drop)
+        }
+        Cmd::EndOwnGrace => Etcd::call(
+            "end this node's grace",
+            e.client.delete(e.keys.need(cfg.node), None),
+        )
+        .await
+        .map(drop),
+        _ => Ok(()),
+    };
+    r.map_err(|_| cmd)
+}
+
+/// Renews the node's lease twice a second, and says when the node must
+/// grant no new state (no renewal for [`ISOLATED_AFTER`]) or leave (its
+/// lease is about to run out in etcd, which counts from a renewal's
+/// arrival, never earlier than its sending).
+async fn keep_alive(mut client: Client, lease: i64, cfg: ClusterConfig, grace: ClusterGrace) {
+    let renewed = Arc::new(Mutex::new(Instant::now()));
+    {
+        let renewed = renewed.clone();
+        let cfg = cfg.clone();
+        let grace = grace.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let silent = renewed.lock().unwrap_or_else(|e| e.into_inner()).elapsed();
                 if silent >= ISOLATED_AFTER && !grace.isolated.swap(true, Ordering::AcqRel) {
-                    tracing::error!(silent_ms = silent.as_millis() as u64, "etcd is out of reach: no new opens or locks until it is back; existing state is served until this node's lease runs out");
+                    tracing::error!(
+                        silent_ms = silent.as_millis() as u64,
+                        "etcd is out of reach: no new opens or locks until it is back; existing state is served until this node's lease runs out"
+                    );
                 }
-                // Gone before etcd drops the lease, not after.
-                if silent + TICK >= cfg.ttl {
+                if silent + Duration::from_millis(300) >= cfg.ttl {
                     fence(&cfg, "etcd was out of reach for longer than its lease");
                 }
             }
+        });
+    }
+    let mut keeper: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        let sent = Instant::now();
+        match renew(&mut client, lease, &mut keeper).await {
+            Ok(true) => {
+                *renewed.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+                if grace.isolated.swap(false, Ordering::AcqRel) {
+                    tracing::info!("etcd is back: new state is granted again");
+                }
+            }
+            Ok(false) => fence(&cfg, "its lease in etcd is gone"),
+            Err(_) => keeper = None,
         }
     }
 }
 
 /// Renews the node's lease: Ok(false) when etcd says it is gone.
 async fn renew(
-    e: &mut Etcd,
+    client: &mut Client,
     lease: i64,
     keeper: &mut Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)>,
 ) -> Result<bool> {
     if keeper.is_none() {
-        *keeper =
-            Some(Etcd::call("renew the node's lease", e.client.lease_keep_alive(lease)).await?);
+        *keeper = Some(Etcd::call("renew the node's lease", client.lease_keep_alive(lease)).await?);
     }
     let (k, s) = keeper.as_mut().expect("set above");
     Etcd::call("renew the node's lease", k.keep_alive()).await?;
@@ -811,14 +935,15 @@ fn fence(cfg: &ClusterConfig, why: &str) -> ! {
     std::process::exit(75);
 }
 
-/// Acts on what changed between `old` and `new`: grace begun or ended,
-/// nodes gone, every need met.
+/// Acts on what changed between `old` and `new`: nodes gone, grace begun
+/// or ended, a new epoch to record this node's clients in, every need met.
 async fn follow(
     e: &mut Etcd,
     cfg: &ClusterConfig,
     old: &mut View,
     new: View,
     mine: &HashSet<Vec<u8>>,
+    recorded_in: &mut u64,
     events: &mpsc::Sender<GraceEvent>,
 ) -> Result<()> {
     // A node that died: begin grace for its clients.
@@ -830,60 +955,32 @@ async fn follow(
         .collect();
     let mut new = new;
     if !gone.is_empty() {
-        let mut v = new.clone();
         for &n in &gone {
-            if v.need.contains(&n) && v.recovery != 0 {
-                continue;
-            }
-            let (c, r) = (v.current, v.recovery);
-            let (nc, nr) = if r == 0 { (c + 1, c) } else { (c, r) };
-            let g = e.grace_lease(cfg.grace).await?;
-            let txn = Txn::new()
-                .when(vec![
-                    e.epochs_unchanged(&v),
-                    Compare::version(e.keys.live(n), CompareOp::Equal, 0),
-                    Compare::version(e.keys.need(n), CompareOp::Equal, 0),
-                ])
-                .and_then(vec![
-                    TxnOp::put(e.keys.epochs(), format!("{nc} {nr}"), None),
-                    TxnOp::put(
-                        e.keys.need(n),
-                        "died",
-                        Some(PutOptions::new().with_lease(g)),
-                    ),
-                ]);
-            let done = Etcd::call("begin grace for a node that died", e.client.txn(txn)).await?;
-            if done.succeeded() {
-                tracing::warn!(
-                    node = n,
-                    epoch = nc,
-                    "node left the cluster: grace begins for its clients"
-                );
-            }
-            v = e.view().await?;
+            node_died(e, cfg, n).await?;
         }
         // Handled: what follows compares with the keys as they are now.
         for n in &gone {
             old.live.remove(n);
         }
-        new = v;
+        new = e.view().await?;
+    }
+    if new.current != *recorded_in {
+        // Clients of this node hold state on into the new epoch.
+        let ops: Vec<TxnOp> = mine
+            .iter()
+            .map(|o| TxnOp::put(e.keys.record(new.current, o, cfg.node), Vec::new(), None))
+            .collect();
+        for chunk in ops.chunks(100) {
+            Etcd::call(
+                "record clients in the new epoch",
+                e.client.txn(Txn::new().and_then(chunk.to_vec())),
+            )
+            .await?;
+        }
+        *recorded_in = new.current;
     }
     let began = new.recovery != 0 && (old.recovery != new.recovery || old.current != new.current);
     if began {
-        if new.current != old.current && !mine.is_empty() {
-            // Clients of this node hold state on into the new epoch.
-            let ops: Vec<TxnOp> = mine
-                .iter()
-                .map(|o| TxnOp::put(e.keys.record(new.current, o, cfg.node), Vec::new(), None))
-                .collect();
-            for chunk in ops.chunks(100) {
-                Etcd::call(
-                    "record clients in the new epoch",
-                    e.client.txn(Txn::new().and_then(chunk.to_vec())),
-                )
-                .await?;
-            }
-        }
         let mut owners: Vec<Vec<u8>> = e
             .records(new.recovery)
             .await?
@@ -892,27 +989,41 @@ async fn follow(
             .collect();
         owners.sort();
         owners.dedup();
-        let _ = events.send(GraceEvent::Begin(owners));
+        let _ = events.send(GraceEvent::Begin {
+            epoch: new.current,
+            owners,
+        });
     } else if old.recovery != 0 && new.recovery == 0 {
         let _ = events.send(GraceEvent::End);
     }
     if new.recovery != 0 {
         end_dead_needs(e, &new).await?;
     }
-    if new.recovery != 0 && new.need.is_empty() {
-        // Every node's clients are done: end the cluster's grace.
-        let txn = Txn::new()
-            .when(vec![
-                e.epochs_unchanged(&new),
-                Compare::version(e.keys.dir("need"), CompareOp::Equal, 0).with_prefix(),
-            ])
-            .and_then(vec![
-                TxnOp::put(e.keys.epochs(), format!("{} 0", new.current), None),
-                TxnOp::delete(
-                    e.keys.epoch_records(new.recovery),
-                    Some(DeleteOptions::new().with_prefix()),
-                ),
-            ]);
+    let all_enforce = new
+        .live
+        .iter()
+        .all(|n| new.enforcing.get(n) == Some(&new.current));
+    if new.recovery != 0 && new.need.is_empty() && all_enforce {
+        // Every node's clients are done, and every node has recorded its
+        // own in the current epoch: end the cluster's grace.
+        let mut when = vec![
+            e.epochs_unchanged(&new),
+            Compare::version(e.keys.dir("need"), CompareOp::Equal, 0).with_prefix(),
+        ];
+        for &n in &new.live {
+            when.push(Compare::value(
+                e.keys.enforcing(n),
+                CompareOp::Equal,
+                new.current.to_string(),
+            ));
+        }
+        let txn = Txn::new().when(when).and_then(vec![
+            TxnOp::put(e.keys.epochs(), format!("{} 0", new.current), None),
+            TxnOp::delete(
+                e.keys.epoch_records(new.recovery),
+                Some(DeleteOptions::new().with_prefix()),
+            ),
+        ]);
         let done = Etcd::call("end the cluster's grace", e.client.txn(txn)).await?;
         if done.succeeded() {
             tracing::info!(
@@ -925,13 +1036,96 @@ async fn follow(
     Ok(())
 }
 
+/// The value of a `need/N` key set for a node that died: then the owners
+/// (hex, comma-separated) it had recorded in the current epoch, whose
+/// records go (they hold nothing now) but who must reclaim before grace
+/// may end.
+const DIED: &str = "died:";
+
+/// Begins (or extends) grace for node `n`, gone: its clients from the
+/// recovery epoch, and those it recorded in the current one, may reclaim
+/// on any node. The first survivor to see the death does it; the others
+/// find it done.
+async fn node_died(e: &mut Etcd, cfg: &ClusterConfig, n: u8) -> Result<()> {
+    for _ in 0..20 {
+        let v = e.view().await?;
+        if v.live.contains(&n)
+            || v.need
+                .get(&n)
+                .is_some_and(|x| x.starts_with(DIED.as_bytes()))
+        {
+            return Ok(());
+        }
+        let (c, r) = (v.current, v.recovery);
+        let (nc, nr) = if r == 0 { (c + 1, c) } else { (c, r) };
+        // In a grace period in progress the epochs stay: what the dead
+        // node recorded in the current one is listed in its need instead.
+        let held: Vec<Vec<u8>> = if r != 0 {
+            e.records(c)
+                .await?
+                .into_iter()
+                .filter(|(_, m)| *m == n)
+                .map(|(o, _)| o)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let list: Vec<String> = held.iter().map(|o| hex(o)).collect();
+        let g = e.grace_lease(cfg.grace).await?;
+        let need_now = match v.need_rev.get(&n) {
+            Some(&rev) => Compare::mod_revision(e.keys.need(n), CompareOp::Equal, rev),
+            None => Compare::version(e.keys.need(n), CompareOp::Equal, 0),
+        };
+        let txn = Txn::new()
+            .when(vec![
+                e.epochs_unchanged(&v),
+                Compare::version(e.keys.live(n), CompareOp::Equal, 0),
+                need_now,
+            ])
+            .and_then(vec![
+                TxnOp::put(e.keys.epochs(), format!("{nc} {nr}"), None),
+                TxnOp::put(
+                    e.keys.need(n),
+                    format!("{DIED}{}", list.join(",")),
+                    Some(PutOptions::new().with_lease(g)),
+                ),
+            ]);
+        let done = Etcd::call("begin grace for a node that died", e.client.txn(txn)).await?;
+        if !done.succeeded() {
+            continue;
+        }
+        tracing::warn!(
+            node = n,
+            epoch = nc,
+            "node left the cluster: grace begins for its clients"
+        );
+        let ops: Vec<TxnOp> = held
+            .iter()
+            .map(|o| TxnOp::delete(e.keys.record(c, o, n), None))
+            .collect();
+        for chunk in ops.chunks(100) {
+            Etcd::call(
+                "drop a dead node's records",
+                e.client.txn(Txn::new().and_then(chunk.to_vec())),
+            )
+            .await?;
+        }
+        return Ok(());
+    }
+    Err(transient(
+        "begin grace for a node that died",
+        "the cluster's keys keep changing",
+    ))
+}
+
 /// Ends the part of grace that nodes which are gone need, for each whose
-/// clients from before have all reclaimed (on whichever node): their
-/// records in the current epoch say so.
+/// clients have all reclaimed (on whichever node) since: their records in
+/// the current epoch say so. A gone node's clients are those it recorded
+/// in the recovery epoch and those its need lists.
 async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
     let dead: Vec<u8> = v
         .need
-        .iter()
+        .keys()
         .copied()
         .filter(|n| !v.live.contains(n))
         .collect();
@@ -947,9 +1141,23 @@ async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
         .map(|(o, _, _)| o)
         .collect();
     for n in dead {
+        let listed: Vec<Vec<u8>> = v.need[&n]
+            .strip_prefix(DIED.as_bytes())
+            .map(|l| {
+                std::str::from_utf8(l)
+                    .unwrap_or("")
+                    .split(',')
+                    .filter_map(unhex)
+                    .filter(|o| !o.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
         let waiting = before
             .iter()
-            .filter(|(o, m)| *m == n && !done.contains(o))
+            .filter(|(_, m)| *m == n)
+            .map(|(o, _)| o)
+            .chain(listed.iter())
+            .filter(|o| !done.contains(*o))
             .count();
         if waiting > 0 {
             continue;
@@ -958,7 +1166,7 @@ async fn end_dead_needs(e: &mut Etcd, v: &View) -> Result<()> {
         let txn = Txn::new()
             .when(vec![
                 e.epochs_unchanged(v),
-                Compare::version(need.clone(), CompareOp::Greater, 0),
+                Compare::mod_revision(need.clone(), CompareOp::Equal, v.need_rev[&n]),
             ])
             .and_then(vec![TxnOp::delete(need, None)]);
         if Etcd::call("end a gone node's grace", e.client.txn(txn))

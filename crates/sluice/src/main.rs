@@ -423,7 +423,9 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     if let Some(c) = &cluster {
         let s = srv.clone();
         c.attach(Box::new(move |ev| match ev {
-            sluice::cluster::GraceEvent::Begin(owners) => s.state.cluster_grace_begin(&owners),
+            sluice::cluster::GraceEvent::Begin { owners, .. } => {
+                s.state.cluster_grace_begin(&owners)
+            }
             sluice::cluster::GraceEvent::End => s.state.cluster_grace_end(),
         }));
     }
@@ -575,11 +577,6 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         })
         .await;
     }
-    if let Some(c) = cluster {
-        // The other nodes begin grace for this node's clients now rather
-        // than when its lease runs out.
-        let _ = tokio::task::spawn_blocking(move || c.leave()).await;
-    }
     // Unstable writes live in the page cache: push them to disk.
     let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();
     let _ = tokio::task::spawn_blocking(move || {
@@ -590,6 +587,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         }
     })
     .await;
+    if let Some(c) = cluster {
+        // The other nodes begin grace for this node's clients now rather
+        // than when its lease runs out. (Its locks on the file system go
+        // when the process exits just after; a reclaim that meets one
+        // meanwhile is told to retry.)
+        let _ = tokio::task::spawn_blocking(move || c.leave()).await;
+    }
     Ok(())
 }
 

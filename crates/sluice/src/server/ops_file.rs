@@ -862,14 +862,23 @@ pub(super) fn lockt(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
     let st = run(|| {
         let args = x(LocktArgs::decode(d))?;
         let write = lock_kind(args.locktype)?;
-        let (_, st) = cur_file(cx)?;
+        let (fh, st) = cur_file(cx)?;
         let range = lock_range(args.offset, args.length)?;
         let clientid = cx.clientid()?;
-        match cx
-            .srv
-            .state
-            .test_lock(clientid, &args.owner.owner, file_key(&st), range, write)?
-        {
+        // Other nodes' locks are seen through a descriptor of the file.
+        let probe = if cx.srv.config.shared_locks {
+            cred::as_root(|| fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)).ok()
+        } else {
+            None
+        };
+        match cx.srv.state.test_lock(
+            clientid,
+            &args.owner.owner,
+            file_key(&st),
+            range,
+            write,
+            probe.as_ref(),
+        )? {
             None => Ok(()),
             Some(dn) => {
                 denied = Some(dn);

@@ -324,6 +324,10 @@ impl StateTable {
         if !c.reclaimable {
             return Err(status::RECLAIM_BAD);
         }
+        if inner.grace.isolated() {
+            // Out of touch with the cluster, whose grace may be over.
+            return Err(status::DELAY);
+        }
         if !inner.grace.ready() {
             // Some node may still grant what this reclaim would conflict
             // with; it will not once it sees the grace period.

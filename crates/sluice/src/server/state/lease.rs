@@ -74,7 +74,12 @@ impl StateTable {
                     dead.push((*id, "courtesy time ran out"));
                 }
             } else if silent > confirmed_limit {
-                if inner.ids.client_has_state(*id) || inner.delegs.client_has(*id) {
+                // With locks on a shared file system, other nodes' clients
+                // cannot make a courtesy client give its locks up: it goes.
+                let shared_locks = self.settings.shared_locks && inner.ids.client_has_locks(*id);
+                if shared_locks {
+                    dead.push((*id, "lease ran out (its locks are shared with other nodes)"));
+                } else if inner.ids.client_has_state(*id) || inner.delegs.client_has(*id) {
                     courteous.push(*id);
                 } else {
                     dead.push((*id, "lease ran out"));

@@ -162,6 +162,13 @@ impl Stateids {
     }
 
     /// True when the client holds opens or lock states.
+    pub(super) fn client_has_locks(&self, id: u64) -> bool {
+        self.by_client.get(&id).is_some_and(|s| {
+            s.iter()
+                .any(|o| matches!(self.states.get(o), Some(StateEntry::Lock(_))))
+        })
+    }
+
     pub(super) fn client_has_state(&self, id: u64) -> bool {
         self.by_client.get(&id).is_some_and(|s| !s.is_empty())
     }
@@ -808,6 +815,13 @@ impl StateTable {
         }
         if self.settings.shared_locks {
             if let Some(d) = self.shared_lock(inner, other, (start, end), Some(write))? {
+                if reclaim {
+                    // A lock a gone node still holds on the file system
+                    // (its process is exiting, or the cluster file system
+                    // has not evicted it yet): it goes soon, and then the
+                    // reclaim can be granted.
+                    return Err(status::DELAY);
+                }
                 return Ok(Err(d));
             }
         }
@@ -895,6 +909,9 @@ impl StateTable {
     }
 
     /// LOCKT: the conflicting lock, if any; NFS4ERR_GRACE during grace.
+    /// With shared locks, also another node's, looked for through the
+    /// tester's own lock descriptor or else `probe` (a descriptor of the
+    /// file the caller opened).
     pub fn test_lock(
         &self,
         clientid: u64,
@@ -902,6 +919,7 @@ impl StateTable {
         file: FileKey,
         range: (u64, u64),
         write: bool,
+        probe: Option<&OwnedFd>,
     ) -> Result<Option<Denied>, Nfsstat4> {
         let inner = self.lock();
         self.check_new_lock(&inner, Instant::now())?;
@@ -911,15 +929,18 @@ impl StateTable {
             .next()
             .map(denied);
         if found.is_none() && self.settings.shared_locks {
-            // Another node's locks, seen through any descriptor of the file
-            // this node has, unless the tester holds ranges of its own there
-            // (the file system would count those against it).
+            // Through the tester's own descriptor the file system leaves
+            // out its own locks; a fresh one has none. This node's other
+            // owners were looked at above.
             let own = inner
                 .ids
-                .ranges_of(file)
-                .iter()
-                .any(|r| r.clientid == clientid && r.owner == owner);
-            if let (false, Some(fd)) = (own, inner.ids.any_fd(file)) {
+                .locks_by_owner
+                .get(&(clientid, owner.to_vec(), file))
+                .and_then(|o| match inner.ids.states.get(o) {
+                    Some(StateEntry::Lock(l)) => l.shared.as_ref(),
+                    _ => None,
+                });
+            if let Some(fd) = own.or(probe) {
                 if let Ok(Some((s, e, w))) = fs::ofd_conflict(fd.as_fd(), range.0, range.1, write) {
                     return Ok(Some(remote_denied(s, e, w)));
                 }

@@ -254,11 +254,11 @@ fn locks_conflict_split_and_release() {
         .unwrap()
         .unwrap();
     assert!(t
-        .test_lock(c2, b"lb", file, lock_range(0, 1).unwrap(), false)
+        .test_lock(c2, b"lb", file, lock_range(0, 1).unwrap(), false, None)
         .unwrap()
         .is_some());
     assert!(t
-        .test_lock(c1, b"la", file, lock_range(0, 1).unwrap(), true)
+        .test_lock(c1, b"la", file, lock_range(0, 1).unwrap(), true, None)
         .unwrap()
         .is_none());
     assert_eq!(t.free(&lb), Err(status::LOCKS_HELD));
@@ -268,7 +268,14 @@ fn locks_conflict_split_and_release() {
     // Closing the open drops the lock state and its locks.
     t.close(&oa).unwrap();
     assert!(t
-        .test_lock(c2, b"x", file, lock_range(0, LENGTH_TO_EOF).unwrap(), true)
+        .test_lock(
+            c2,
+            b"x",
+            file,
+            lock_range(0, LENGTH_TO_EOF).unwrap(),
+            true,
+            None
+        )
         .unwrap()
         .is_none());
     assert_eq!(t.test(&la), status::BAD_STATEID);
