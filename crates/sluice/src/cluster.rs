@@ -13,20 +13,24 @@
 //! - When a node starts, it joins: if R is 0 it begins a grace period
 //!   (R = C, C = C + 1); otherwise it joins the one in progress. When a
 //!   node dies (its etcd lease ran out), the first survivor to see it does
-//!   the same on its behalf. Either way a `need/N` key says whose clients
-//!   are reclaiming; it lives on an etcd lease of one grace time, and the
-//!   node that set it for itself removes it as soon as all of its clients
-//!   from before have reclaimed.
+//!   the same on its behalf, and the clients the dead node had recorded in
+//!   the current epoch lose those records and are listed in its need.
+//!   Either way a `need/N` key says whose clients are reclaiming; it lives
+//!   on an etcd lease of one grace time. The node that set it for itself
+//!   removes it as soon as all of its clients from before have reclaimed;
+//!   any node removes a dead node's once all of that node's clients have
+//!   sent RECLAIM_COMPLETE somewhere (their records are marked).
 //! - Every live node watches these keys. When grace begins it stops
 //!   granting new opens and locks, records its own clients again in the
 //!   new epoch, and says so in `enforcing/N`. Reclaims go ahead only once
 //!   every live node enforces the new grace period (NFS4ERR_DELAY before).
-//! - When no `need/` key is left, any node ends grace (R = 0) and drops
-//!   the recovery epoch's records, in one transaction that compares
-//!   revisions, as every change of `epochs` does.
+//! - When no `need/` key is left and every live node enforces grace, any
+//!   node ends it (R = 0) and drops the recovery epoch's records, in one
+//!   transaction that compares revisions, as every change of `epochs`
+//!   does.
 //! - A node that cannot reach etcd grants no new state; it keeps serving
-//!   what its clients hold until its own etcd lease has run out, and then
-//!   exits: by then the other nodes have begun a grace period for its
+//!   what its clients hold until its own etcd lease is about to run out,
+//!   and then exits: by then the other nodes begin a grace period for its
 //!   clients, who may reclaim wherever its address goes.
 //!
 //! Keys, under `sluice/<cluster name>/`: `key` (the handle key), `epochs`
