@@ -973,3 +973,163 @@ fn indexes_follow_close_free_and_client_removal() {
     t.expire_at(Instant::now() + Duration::from_secs(2 * 24 * 3600 + 1000));
     assert_eq!(t.usage(), Usage::default());
 }
+
+/// A cluster's record store as a node's state table sees it: the epoch it
+/// joined with, and what the table told it.
+#[derive(Debug, Default)]
+struct FakeCluster {
+    start: std::sync::Mutex<Option<recovery::EpochStart>>,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl recovery::Recovery for FakeCluster {
+    fn start_epoch(&self) -> recovery::Result<recovery::EpochStart> {
+        Ok(self.start.lock().unwrap().take().unwrap())
+    }
+    fn add(&self, owner: &[u8]) -> recovery::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("add {}", String::from_utf8_lossy(owner)));
+        Ok(())
+    }
+    fn remove(&self, owner: &[u8]) -> recovery::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("remove {}", String::from_utf8_lossy(owner)));
+        Ok(())
+    }
+    fn end_grace(&self) -> recovery::Result<()> {
+        self.calls.lock().unwrap().push("end_grace".into());
+        Ok(())
+    }
+    fn reclaimed(&self, owner: &[u8]) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("reclaimed {}", String::from_utf8_lossy(owner)));
+    }
+}
+
+/// A node that joined with `recovery` (0: no grace), every node's
+/// `reclaimable` clients and its own `mine`.
+fn cluster_node(
+    recovery: u64,
+    reclaimable: &[&[u8]],
+    mine: &[&[u8]],
+) -> (StateTable, Arc<FakeCluster>, recovery::ClusterGrace) {
+    let grace = recovery::ClusterGrace {
+        mine: mine.iter().map(|o| o.to_vec()).collect(),
+        ..Default::default()
+    };
+    let store = Arc::new(FakeCluster::default());
+    *store.start.lock().unwrap() = Some(recovery::EpochStart {
+        current: recovery + 1,
+        recovery,
+        reclaimable: reclaimable.iter().map(|o| o.to_vec()).collect(),
+        cluster: Some(grace.clone()),
+    });
+    let settings = Settings {
+        grace: Duration::from_secs(60),
+        ..Settings::new(Duration::from_secs(60))
+    };
+    let t = StateTable::start(settings, 5, store.clone()).unwrap();
+    (t, store, grace)
+}
+
+#[test]
+fn cluster_grace_rows() {
+    use std::sync::atomic::Ordering;
+    // A node restarts: every node's clients may reclaim here, but not
+    // before every node enforces grace (ready).
+    let (t, store, g) = cluster_node(4, &[b"mine", b"theirs"], &[b"mine"]);
+    assert!(t.grace_status().active);
+    let (m, _) = confirmed(&t, b"mine", 1);
+    let (o, _) = confirmed(&t, b"theirs", 1);
+    let (n, _) = confirmed(&t, b"new", 1);
+    assert_eq!(
+        t.open(reclaim_req(m, (1, 1)), |_| devnull()).unwrap_err(),
+        status::DELAY,
+        "a reclaim before every node enforces grace"
+    );
+    g.ready.store(true, Ordering::Release);
+    t.open(reclaim_req(m, (1, 1)), |_| devnull()).unwrap();
+    t.open(reclaim_req(o, (1, 2)), |_| devnull()).unwrap();
+    assert_eq!(
+        t.open(reclaim_req(n, (1, 3)), |_| devnull()).unwrap_err(),
+        status::RECLAIM_BAD
+    );
+    assert_eq!(
+        t.open(open_req(n, b"o", (1, 3), 3, 0), |_| devnull())
+            .unwrap_err(),
+        status::GRACE
+    );
+    // Another node's client finishing does not end this node's part ...
+    t.reclaim_complete(o, false).unwrap();
+    assert!(!store
+        .calls
+        .lock()
+        .unwrap()
+        .contains(&"end_grace".to_string()));
+    // ... its own last client does, but grace goes on until the cluster's
+    // ends.
+    t.reclaim_complete(m, false).unwrap();
+    let calls = store.calls.lock().unwrap().clone();
+    assert!(calls.contains(&"end_grace".to_string()), "{calls:?}");
+    assert!(calls.contains(&"reclaimed theirs".to_string()), "{calls:?}");
+    assert!(calls.contains(&"reclaimed mine".to_string()), "{calls:?}");
+    assert!(t.grace_status().active);
+    assert_eq!(
+        t.open(open_req(n, b"o", (1, 3), 3, 0), |_| devnull())
+            .unwrap_err(),
+        status::GRACE
+    );
+    t.cluster_grace_end();
+    assert!(!t.grace_status().active);
+    t.open(open_req(n, b"o", (1, 3), 3, 0), |_| devnull())
+        .unwrap();
+    assert_eq!(
+        t.open(reclaim_req(o, (1, 4)), |_| devnull()).unwrap_err(),
+        status::NO_GRACE
+    );
+
+    // Another node died: grace begins here too; what this node's clients
+    // hold stays; the dead node's clients may reclaim.
+    t.cluster_grace_begin(&[b"moved".to_vec()]);
+    assert!(t.grace_status().active);
+    assert_eq!(
+        t.open(open_req(n, b"o2", (1, 5), 3, 0), |_| devnull())
+            .unwrap_err(),
+        status::GRACE
+    );
+    let (mv, _) = confirmed(&t, b"moved", 1);
+    t.open(reclaim_req(mv, (1, 6)), |_| devnull()).unwrap();
+    // Out of touch with etcd: no new state, no reclaims.
+    g.isolated.store(true, Ordering::Release);
+    t.cluster_grace_end();
+    assert_eq!(
+        t.open(open_req(n, b"o2", (1, 5), 3, 0), |_| devnull())
+            .unwrap_err(),
+        status::DELAY
+    );
+    g.isolated.store(false, Ordering::Release);
+    t.open(open_req(n, b"o2", (1, 5), 3, 0), |_| devnull())
+        .unwrap();
+}
+
+#[test]
+fn cluster_node_without_grace_and_with_no_own_clients() {
+    // First node of a cluster: no grace at all.
+    let (t, store, _) = cluster_node(0, &[], &[]);
+    assert!(!t.grace_status().active);
+    let (n, _) = confirmed(&t, b"n", 1);
+    t.open(open_req(n, b"o", (1, 1), 3, 0), |_| devnull())
+        .unwrap();
+    assert_eq!(store.calls.lock().unwrap().as_slice(), ["add n"]);
+    // A node whose own clients are none: its part is over at once, the
+    // cluster's grace is not.
+    let (t, store, _) = cluster_node(3, &[b"elsewhere"], &[]);
+    assert!(t.grace_status().active);
+    assert_eq!(store.calls.lock().unwrap().as_slice(), ["end_grace"]);
+}
