@@ -481,7 +481,7 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
     )
     cases = {
         case: ([direct, fio] if case.startswith("seq-1-stream") else [])
-        + [_write_variant(s, spec, cfg) for s in ("sluice", "ganesha")]
+        + [_write_variant(s, spec, cfg) for s in ("sluice", BASELINE, "ganesha")]
         for case, spec in specs.items()
     }
     return _rounds("write" + (V3 if proto == "v3" else ""), cfg, cases, WRITE_CACHES, cfg.size)

@@ -82,6 +82,35 @@ def retry_delay(f, what: str, deadline: float = 10):
         time.sleep(0.05)
 
 
+def stays_in_grace(node: Node, seconds: float, what: str):
+    """The node stays in grace for `seconds` (when grace would end, it ends
+    within about 0.1 s of the last reclaim)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        assert node.in_grace(), what
+        time.sleep(0.05)
+
+
+def reclaim_open(c: Client, fh: bytes, what: str):
+    """A client reconnects (to whatever its port leads to now), makes a new
+    client id and session and reclaims its open of `fh` (CLAIM_PREVIOUS,
+    retried while NFS4ERR_DELAY): the reply."""
+    c.reconnect()
+    r = c.exchange_id()
+    assert r.status == St.OK, f"{what}: EXCHANGE_ID: {r!r}"
+    r = c.create_session()
+    assert r.status == St.OK, f"{what}: CREATE_SESSION: {r!r}"
+    return retry_delay(lambda: c.compound([op_putfh(fh), op_open(c.owner + b"/open", claim=CLAIM_PREVIOUS), op_getfh()]), what)
+
+
+def reclaim(c: Client, fh: bytes, what: str):
+    """reclaim_open, which must succeed, then RECLAIM_COMPLETE."""
+    r = reclaim_open(c, fh, what)
+    assert r.status == St.OK, f"{what}: {r!r}"
+    r = c.compound([op_reclaim_complete()])
+    assert r.status == St.OK, f"{what}: RECLAIM_COMPLETE: {r!r}"
+
+
 def test_nodes_are_one_server(cluster):
     """Same handles, owner and scope on every node; client ids that cannot
     collide; client records in etcd by node and epoch."""
@@ -256,10 +285,7 @@ def test_restarted_node_clients_reclaim_and_grace_ends_early(cluster):
     a.restart(signal.SIGKILL)  # same node id: takes its place at once
     b.wait_grace(True, LEASE + 5)
     assert y.lock(yfh, ysid, offset=0, length=10).status == St.GRACE
-    x.reconnect()
-    assert x.exchange_id().status == St.OK
-    assert x.create_session().status == St.OK
-    r = retry_delay(lambda: x.compound([op_putfh(fh), op_open(b"restarter/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    r = reclaim_open(x, fh, "CLAIM_PREVIOUS on the restarted node")
     assert r.status == St.OK, r
     r = x.compound([op_putfh(fh), op_lock_new(r[2].stateid, b"restarter/lock", 0, 10, reclaim=True)])
     assert r.status == St.OK, r
@@ -332,12 +358,7 @@ def test_etcd_restart_and_node_cut_off(cluster):
     cable.mend()
     b.proc = None
     b.start()
-    z.reconnect()
-    assert z.exchange_id().status == St.OK
-    assert z.create_session().status == St.OK
-    r = retry_delay(lambda: z.compound([op_putfh(zfh), op_open(b"cut-off/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
-    assert r.status == St.OK, r
-    assert z.compound([op_reclaim_complete()]).status == St.OK
+    reclaim(z, zfh, "node 2's client after node 2 is back")
     a.wait_grace(False, GRACE + 5)
     b.wait_grace(False, 2)
     r = newcomer.compound([op_reclaim_complete()])
@@ -378,10 +399,7 @@ def test_grace_edges(cluster):
     # not reclaim (it missed the last one), while the survivor could.
     a.proc = None
     a.start()
-    x.reconnect()
-    assert x.exchange_id().status == St.OK
-    assert x.create_session().status == St.OK
-    r = retry_delay(lambda: x.compound([op_putfh(xfh), op_open(b"misses-grace/open", claim=CLAIM_PREVIOUS), op_getfh()]), "CLAIM_PREVIOUS")
+    r = reclaim_open(x, xfh, "reclaim by a client that missed the last grace")
     assert r.status in (St.RECLAIM_BAD, St.NO_GRACE), f"reclaim by a client that missed the last grace: {r!r}"
     cur2, rec2 = map(int, etcd.get("sluice/t/epochs").split())
     if rec2:
@@ -398,9 +416,8 @@ def test_records_survive_sigkill_during_churn(cluster):
     acknowledged, in the epoch it recorded into, and none whose departure
     it acknowledged; the restarted node waits in grace for exactly those."""
     import random
-    import threading
 
-    from test_state_recovery import churn
+    from test_state_recovery import churn_then_kill
 
     etcd, start = cluster
     a = start(1, grace=2)
@@ -410,21 +427,8 @@ def test_records_survive_sigkill_during_churn(cluster):
     for round_ in range(5):
         a.wait_grace(False, 15)
         epoch = int(etcd.get("sluice/t/epochs").split()[0])
-        stop = threading.Event()
-        progress = [0]
-        acked, departed, leaving = set(), set(), set()
-        t = threading.Thread(target=churn, args=(a.port, round_, stop, progress, acked, departed, leaving))
-        t.start()
-        kill_after = rng.randrange(100, 300)
-        deadline = time.monotonic() + 60
-        while progress[0] < kill_after and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert progress[0] >= kill_after, f"only {progress[0]} arrivals/departures in 60 s"
-        a.proc.send_signal(signal.SIGKILL)
-        a.proc.wait()
-        stop.set()
-        t.join(30)
-        total += progress[0]
+        done, acked, departed, leaving = churn_then_kill(a, round_, rng.randrange(100, 300))
+        total += done
         keys = etcd.keys(f"sluice/t/clients/{epoch:020d}/")
         recorded = {bytes.fromhex(k.split("/")[-2]) for k in keys if k.endswith("/001")}
         missing = (acked - leaving) - recorded
@@ -438,27 +442,6 @@ def test_records_survive_sigkill_during_churn(cluster):
             assert a.in_grace() and waiting == len(recorded), (round_, waiting, len(recorded))
     assert total >= 500, f"only {total} arrivals and departures in 5 rounds"
     print(f"\n{total} client arrivals and departures on a cluster node, 5 SIGKILLs: etcd consistent every time")
-
-
-def stays_in_grace(node: Node, seconds: float, what: str):
-    """The node stays in grace for `seconds` (when grace would end, it ends
-    within about 0.1 s of the last reclaim)."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        assert node.in_grace(), what
-        time.sleep(0.05)
-
-
-def reclaim(c: Client, fh: bytes, what: str):
-    """A client reconnects (to whatever its port leads to now) and
-    reclaims its open, then says it is done."""
-    c.reconnect()
-    assert c.exchange_id().status == St.OK
-    assert c.create_session().status == St.OK
-    r = retry_delay(lambda: c.compound([op_putfh(fh), op_open(c.owner + b"/open", claim=CLAIM_PREVIOUS), op_getfh()]), what)
-    assert r.status == St.OK, f"{what}: {r!r}"
-    r = c.compound([op_reclaim_complete()])
-    assert r.status == St.OK, f"{what}: RECLAIM_COMPLETE: {r!r}"
 
 
 def test_node_dies_during_grace(cluster):

@@ -117,6 +117,27 @@ def churn(port, tag, stop, progress, acked, departed, started_leaving):
             c.close()
 
 
+def churn_then_kill(srv, tag, kill_after: int):
+    """Runs `churn` against `srv` and SIGKILLs the server once it has seen
+    `kill_after` arrivals and departures. Returns (how many it saw, acked,
+    departed, started leaving)."""
+    stop = threading.Event()
+    progress = [0]
+    acked, departed, leaving = set(), set(), set()
+    t = threading.Thread(target=churn, args=(srv.port, tag, stop, progress, acked, departed, leaving))
+    t.start()
+    deadline = time.monotonic() + 60
+    while progress[0] < kill_after and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert t.is_alive(), "the churn stopped before the kill"
+    assert progress[0] >= kill_after, f"only {progress[0]} arrivals/departures in 60 s"
+    srv.proc.send_signal(signal.SIGKILL)
+    srv.proc.wait()
+    stop.set()
+    t.join(30)
+    return progress[0], acked, departed, leaving
+
+
 def test_record_store_survives_sigkill_during_client_churn(serve_state):
     """SIGKILL at random points of 1,000+ arrivals and departures, five
     times: the store is whole and says exactly what was acknowledged."""
@@ -132,22 +153,8 @@ def test_record_store_survives_sigkill_during_client_churn(serve_state):
             while metric(srv, "sluice_in_grace") != 0:
                 assert time.monotonic() < deadline, "grace did not end after its time"
                 time.sleep(0.05)
-        stop = threading.Event()
-        progress = [0]
-        acked, departed, leaving = set(), set(), set()
-        t = threading.Thread(target=churn, args=(srv.port, round_, stop, progress, acked, departed, leaving))
-        t.start()
-        kill_after = rng.randrange(120, 320)
-        deadline = time.monotonic() + 60
-        while progress[0] < kill_after and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert t.is_alive(), "the churn stopped before the kill"
-        assert progress[0] >= kill_after, f"only {progress[0]} arrivals/departures in 60 s"
-        srv.proc.send_signal(signal.SIGKILL)
-        srv.proc.wait()
-        stop.set()
-        t.join(30)
-        total += progress[0]
+        done, acked, departed, leaving = churn_then_kill(srv, round_, rng.randrange(120, 320))
+        total += done
         all_acked |= acked
         all_departed |= departed
         integrity, (current, recovery), rows = store_rows(srv.state)
