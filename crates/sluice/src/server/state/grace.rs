@@ -144,8 +144,10 @@ impl Grace {
 
     /// Time until grace runs out, while it has not been ended.
     pub(super) fn time_left(&self, now: Instant) -> Option<Duration> {
+        // A cluster node's own part, once over, has nothing left to time.
+        let timing = self.active && !(self.cluster.is_some() && self.own_done);
         self.ends
-            .filter(|_| self.active)
+            .filter(|_| timing)
             .map(|e| e.saturating_duration_since(now))
     }
 

@@ -161,7 +161,7 @@ impl Stateids {
         self.ranges.values().map(Vec::len).sum()
     }
 
-    /// True when the client holds opens or lock states.
+    /// True when the client holds lock states.
     pub(super) fn client_has_locks(&self, id: u64) -> bool {
         self.by_client.get(&id).is_some_and(|s| {
             s.iter()
@@ -169,6 +169,7 @@ impl Stateids {
         })
     }
 
+    /// True when the client holds opens or lock states.
     pub(super) fn client_has_state(&self, id: u64) -> bool {
         self.by_client.get(&id).is_some_and(|s| !s.is_empty())
     }

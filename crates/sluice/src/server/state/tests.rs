@@ -1075,6 +1075,8 @@ fn cluster_grace_rows() {
     // ... its own last client does, but grace goes on until the cluster's
     // ends.
     t.reclaim_complete(m, false).unwrap();
+    // Nothing left to time on this node (the expiry round does not spin).
+    assert_eq!(t.expiry_interval(), Duration::from_secs(15));
     let calls = store.calls.lock().unwrap().clone();
     assert!(calls.contains(&"end_grace".to_string()), "{calls:?}");
     assert!(calls.contains(&"reclaimed theirs".to_string()), "{calls:?}");
