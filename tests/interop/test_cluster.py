@@ -327,6 +327,7 @@ def test_etcd_restart_and_node_cut_off(cluster):
         assert time.monotonic() - t_kill < 5, "new opens still granted 5 s after etcd went away"
         time.sleep(0.1)
     isolated = time.monotonic() - t_kill
+    assert a.metrics()["sluice_cluster_isolated"] == 1
     # What the client holds is still served.
     r = x.compound([op_putfh(fh), op_write(0, b"still here", stable=2, stateid=sid)])
     assert r.status == St.OK, r
@@ -334,6 +335,7 @@ def test_etcd_restart_and_node_cut_off(cluster):
     r = retry_delay(lambda: x.open("e2"), "open after etcd is back")
     assert r.status == St.OK, r
     assert etcd.get("sluice/t/epochs") == epochs, "no grace: every node kept its lease"
+    assert a.metrics()["sluice_cluster_isolated"] == 0
     assert not a.in_grace() and not b.in_grace()
     assert a.alive() and b.alive()
 
@@ -344,7 +346,9 @@ def test_etcd_restart_and_node_cut_off(cluster):
     # Node 2 renews its lease again too, then grants new state.
     r = retry_delay(lambda: z.compound([op_reclaim_complete()]), "node 2's first client record after etcd is back")
     assert r.status == St.OK, r
-    zsid, zfh = z.must_open("z")
+    r = retry_delay(lambda: z.open("z"), "node 2's first open after etcd is back")
+    assert r.status == St.OK, r
+    zsid, zfh = r.stateid, r.fh
     assert z.lock(zfh, zsid, offset=0, length=10).status == St.OK
     cable.cut()
     t0 = time.monotonic()

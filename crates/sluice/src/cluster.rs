@@ -895,8 +895,13 @@ async fn keep_alive(mut client: Client, lease: i64, cfg: ClusterConfig, grace: C
         });
     }
     let mut keeper: Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> = None;
+    // Renewals start every TICK from the last one's start: after a slow
+    // one (etcd coming back) the next goes at once, so a renewal sent
+    // long ago does not leave the node short of time.
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(TICK).await;
+        every.tick().await;
         let sent = Instant::now();
         match renew(&mut client, lease, &mut keeper).await {
             Ok(true) => {

@@ -179,7 +179,7 @@ impl Collector for Collect {
         }
         let u = srv.state.usage();
         let g = srv.state.grace_status();
-        let gauges: [(&str, &str, u64); 14] = [
+        let gauges: [(&str, &str, u64); 15] = [
             (
                 "sluice_async_copies",
                 "Asynchronous COPY operations running now.",
@@ -233,6 +233,11 @@ impl Collector for Collect {
                 "sluice_grace_waiting_clients",
                 "Clients known from before the start that have not finished reclaiming.",
                 g.waiting as u64,
+            ),
+            (
+                "sluice_cluster_isolated",
+                "1 while this cluster node cannot reach etcd: it grants no new state.",
+                srv.state.cluster_isolated() as u64,
             ),
         ];
         for (name, help, v) in gauges {

@@ -286,6 +286,12 @@ impl StateTable {
         }
     }
 
+    /// True while this node of a cluster cannot reach the cluster's store
+    /// and so grants no new state.
+    pub fn cluster_isolated(&self) -> bool {
+        self.lock().grace.isolated()
+    }
+
     /// NFS4ERR_GRACE while in grace: for ops that would take or change
     /// state that a reclaim might conflict with (REMOVE, RENAME, I/O with
     /// a special stateid). Never waits (no store write).
