@@ -198,4 +198,4 @@ def sluice_factory(sluice_binary, tmp_path):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "direct: run test_write_durability's server with its default direct writes")
+    config.addinivalue_line("markers", "direct: run test_write_durability's server with direct writes (--direct-write-min 256K)")

@@ -57,15 +57,16 @@ class Disk:
 @pytest.fixture
 def disk_server(sluice_binary, tmp_path, request):
     """The server on an ext4 image; WRITEs go through the page cache
-    (--direct-write-min 0), where the probe can tell UNSTABLE from stable,
-    unless the test is marked `direct`."""
+    (--direct-write-min 0, the default), where the probe can tell UNSTABLE
+    from stable, unless the test is marked `direct` (--direct-write-min
+    256K)."""
     disk = Disk(tmp_path)
     server = None
     direct = request.node.get_closest_marker("direct") is not None
     try:
         (disk.mnt / "export").mkdir()
         (tmp_path / "state").mkdir()
-        args = ["--grace-time", "0"] + ([] if direct else ["--direct-write-min", "0"])
+        args = ["--grace-time", "0", "--direct-write-min", "256K" if direct else "0"]
         server = SluiceServer(sluice_binary, disk.mnt / "export", tmp_path / "state", args)
         server.start()
         yield disk, server
@@ -123,9 +124,10 @@ def test_file_sync_write_is_on_the_device_when_answered(disk_server):
 
 @pytest.mark.direct
 def test_large_aligned_writes_go_past_the_page_cache(disk_server):
-    """By default 512 KiB WRITEs at aligned offsets are written with
-    O_DIRECT: on the device when answered, even UNSTABLE ones, and what
-    reads see afterwards, also after unaligned writes over them."""
+    """With --direct-write-min 256K, 512 KiB WRITEs at aligned offsets are
+    written with O_DIRECT: on the device when answered, even UNSTABLE
+    ones, and what reads see afterwards, also after unaligned writes over
+    them."""
     disk, srv = disk_server
     c = Client(srv.port).establish()
     data = bytearray(os.urandom(4 * MiB))

@@ -10,7 +10,7 @@
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
 //! direct_read_min = "256K"
-//! direct_write_min = "256K"
+//! direct_write_min = "256K"  # default 0: no WRITE past the page cache
 //! read_cache = "2G"
 //! read_plus_min_hole = "32K"
 //! require_privileged_port = false

@@ -82,7 +82,9 @@ struct ServeCli {
     /// WRITEs of at least this many bytes (suffixes K, M, G), at offsets
     /// and of lengths that are multiples of 4 KiB, are written past the
     /// page cache (O_DIRECT), so that a stream of them is not held back by
-    /// writeback; 0 never does [default: 256K].
+    /// writeback; what is written so is not in the page cache afterwards,
+    /// so readers that follow soon read it from the device. 256K suits
+    /// write-mostly streams (backups, ingest); 0 never does [default: 0].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_write_min: Option<u64>,
     /// Memory (suffixes K, M, G) for data read with O_DIRECT, kept so that

@@ -81,7 +81,9 @@ pub struct Config {
     /// nodes of a cluster).
     pub shared_locks: bool,
     /// WRITEs of at least this many bytes, at offsets and of lengths that
-    /// are multiples of 4 KiB, go past the page cache (O_DIRECT); 0: none.
+    /// are multiples of 4 KiB, go past the page cache (O_DIRECT); 0: none
+    /// (the default: what is written that way is not in the page cache
+    /// for readers that come soon after).
     pub direct_write_min: u64,
 }
 
@@ -129,7 +131,7 @@ impl Default for Config {
             server_owner: None,
             boot_id: None,
             shared_locks: false,
-            direct_write_min: 256 << 10,
+            direct_write_min: 0,
         }
     }
 }
