@@ -133,7 +133,6 @@ pub struct Cluster {
     pub boot: u32,
     /// The server owner and scope every node gives (EXCHANGE_ID).
     pub owner: Vec<u8>,
-    node: u8,
     grace: ClusterGrace,
     join: Mutex<Option<EpochStart>>,
     events: Mutex<Option<mpsc::Receiver<GraceEvent>>>,
@@ -206,6 +205,14 @@ impl Keys {
     }
 }
 
+/// The clients among `records` ((owner, node) pairs), each once, sorted.
+fn owners(records: &[(Vec<u8>, u8)]) -> Vec<Vec<u8>> {
+    let mut o: Vec<Vec<u8>> = records.iter().map(|(o, _)| o.clone()).collect();
+    o.sort();
+    o.dedup();
+    o
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -235,6 +242,15 @@ struct View {
     /// Mod revisions of the `need` keys.
     need_rev: BTreeMap<u8, i64>,
     enforcing: BTreeMap<u8, u64>,
+}
+
+impl View {
+    /// Every live node enforces the grace period of the current epoch.
+    fn all_enforce(&self) -> bool {
+        self.live
+            .iter()
+            .all(|n| self.enforcing.get(n) == Some(&self.current))
+    }
 }
 
 fn node_of(key: &[u8], dir: &str) -> Option<u8> {
@@ -340,6 +356,16 @@ impl Etcd {
             .collect())
     }
 
+    /// Carries out `ops` in transactions of at most 100 (etcd's default
+    /// limit is 128 operations a transaction); each is whole, the set is
+    /// not.
+    async fn in_chunks(&mut self, what: &str, ops: Vec<TxnOp>) -> Result<()> {
+        for chunk in ops.chunks(100) {
+            Self::call(what, self.client.txn(Txn::new().and_then(chunk.to_vec()))).await?;
+        }
+        Ok(())
+    }
+
     /// The epochs compare of a transaction that changes them.
     fn epochs_unchanged(&self, v: &View) -> Compare {
         if v.epochs_rev == 0 {
@@ -398,16 +424,10 @@ impl Cluster {
             key,
             boot,
             owner: format!("sluice-cluster:{}", cfg.name).into_bytes(),
-            node: cfg.node,
             grace,
             join: Mutex::new(Some(epoch)),
             events: Mutex::new(Some(ev_rx)),
         }))
-    }
-
-    /// This node's number.
-    pub fn node(&self) -> u8 {
-        self.node
     }
 
     /// Hands grace events to `sink` from now on, in order, on a thread of
@@ -495,7 +515,7 @@ type Joined = std::result::Result<([u8; 32], u32, EpochStart), String>;
 async fn connect_and_join(
     cfg: &ClusterConfig,
     grace: &ClusterGrace,
-) -> std::result::Result<(Etcd, i64, [u8; 32], u32, EpochStart, View, HashSet<Vec<u8>>), String> {
+) -> std::result::Result<(Etcd, i64, [u8; 32], u32, EpochStart, View), String> {
     let opts = ConnectOptions::new()
         .with_connect_timeout(CALL)
         .with_timeout(CALL);
@@ -591,21 +611,21 @@ async fn connect_and_join(
             ),
         ];
         if nr != 0 {
+            // One lease of one grace time for this node's need and for
+            // those of nodes that are gone but have clients in the
+            // recovery epoch (the whole cluster was down, or they died
+            // unseen): grace waits for their clients too.
             let g = e
                 .grace_lease(cfg.grace)
                 .await
                 .map_err(fail("grant a lease"))?;
+            let on_g = || Some(PutOptions::new().with_lease(g));
             ops.push(TxnOp::put(
                 e.keys.need(cfg.node),
                 format!("{boot:08x}"),
-                Some(PutOptions::new().with_lease(g)),
+                on_g(),
             ));
-        }
-        if nr != 0 {
-            // Nodes that are gone but have clients in the recovery epoch
-            // (the whole cluster was down, or they died unseen): grace
-            // waits for their clients too, for one grace time at most.
-            let mut gone: BTreeSet<u8> = e
+            let gone: BTreeSet<u8> = e
                 .records(nr)
                 .await
                 .map_err(fail("read client records"))?
@@ -613,17 +633,8 @@ async fn connect_and_join(
                 .map(|(_, m)| m)
                 .filter(|m| *m != cfg.node && !v.live.contains(m) && !v.need.contains_key(m))
                 .collect();
-            gone.remove(&cfg.node);
             for m in gone {
-                let g = e
-                    .grace_lease(cfg.grace)
-                    .await
-                    .map_err(fail("grant a lease"))?;
-                ops.push(TxnOp::put(
-                    e.keys.need(m),
-                    DIED,
-                    Some(PutOptions::new().with_lease(g)),
-                ));
+                ops.push(TxnOp::put(e.keys.need(m), DIED, on_g()));
             }
         }
         if r != 0 {
@@ -652,16 +663,13 @@ async fn connect_and_join(
         } else {
             Vec::new()
         };
-        let mut reclaimable: Vec<Vec<u8>> = records.iter().map(|(o, _)| o.clone()).collect();
-        reclaimable.sort();
-        reclaimable.dedup();
+        let reclaimable = owners(&records);
         let mine: Vec<Vec<u8>> = records
             .iter()
             .filter(|(_, n)| *n == cfg.node)
             .map(|(o, _)| o.clone())
             .collect();
-        let mut view = e.view().await.map_err(fail("read the cluster's keys"))?;
-        view.live.insert(cfg.node);
+        let view = e.view().await.map_err(fail("read the cluster's keys"))?;
         tracing::info!(
             node = cfg.node,
             epoch = nc,
@@ -681,7 +689,7 @@ async fn connect_and_join(
                 ..grace.clone()
             }),
         };
-        return Ok((e, lease, key, boot, epoch, view, HashSet::new()));
+        return Ok((e, lease, key, boot, epoch, view));
     }
 }
 
@@ -692,14 +700,14 @@ async fn run(
     ready: mpsc::SyncSender<Joined>,
     events: mpsc::Sender<GraceEvent>,
 ) {
-    let (mut e, lease, key, boot, epoch, mut view, mut mine) =
-        match connect_and_join(&cfg, &grace).await {
-            Ok(j) => j,
-            Err(err) => {
-                let _ = ready.send(Err(err));
-                return;
-            }
-        };
+    let mut mine = HashSet::new();
+    let (mut e, lease, key, boot, epoch, mut view) = match connect_and_join(&cfg, &grace).await {
+        Ok(j) => j,
+        Err(err) => {
+            let _ = ready.send(Err(err));
+            return;
+        }
+    };
     let _ = ready.send(Ok((key, boot, epoch)));
     drop(ready);
     tokio::spawn(keep_alive(
@@ -765,11 +773,7 @@ async fn run(
                         tracing::warn!(error = %err, "cannot follow the cluster's grace period; retrying");
                         dirty = true;
                     }
-                    let ok = view.recovery == 0
-                        || view
-                            .live
-                            .iter()
-                            .all(|n| view.enforcing.get(n) == Some(&view.current));
+                    let ok = view.recovery == 0 || view.all_enforce();
                     grace.ready.store(ok, Ordering::Release);
                 }
                 Err(_) => dirty = true,
@@ -975,29 +979,16 @@ async fn follow(
     }
     if new.current != *recorded_in {
         // Clients of this node hold state on into the new epoch.
-        let ops: Vec<TxnOp> = mine
+        let ops = mine
             .iter()
             .map(|o| TxnOp::put(e.keys.record(new.current, o, cfg.node), Vec::new(), None))
             .collect();
-        for chunk in ops.chunks(100) {
-            Etcd::call(
-                "record clients in the new epoch",
-                e.client.txn(Txn::new().and_then(chunk.to_vec())),
-            )
-            .await?;
-        }
+        e.in_chunks("record clients in the new epoch", ops).await?;
         *recorded_in = new.current;
     }
     let began = new.recovery != 0 && (old.recovery != new.recovery || old.current != new.current);
     if began {
-        let mut owners: Vec<Vec<u8>> = e
-            .records(new.recovery)
-            .await?
-            .into_iter()
-            .map(|(o, _)| o)
-            .collect();
-        owners.sort();
-        owners.dedup();
+        let owners = owners(&e.records(new.recovery).await?);
         let _ = events.send(GraceEvent::Begin {
             epoch: new.current,
             owners,
@@ -1008,11 +999,7 @@ async fn follow(
     if new.recovery != 0 {
         end_dead_needs(e, &new).await?;
     }
-    let all_enforce = new
-        .live
-        .iter()
-        .all(|n| new.enforcing.get(n) == Some(&new.current));
-    if new.recovery != 0 && new.need.is_empty() && all_enforce {
+    if new.recovery != 0 && new.need.is_empty() && new.all_enforce() {
         // Every node's clients are done, and every node has recorded its
         // own in the current epoch: end the cluster's grace.
         let mut when = vec![
@@ -1108,17 +1095,11 @@ async fn node_died(e: &mut Etcd, cfg: &ClusterConfig, n: u8) -> Result<()> {
             epoch = nc,
             "node left the cluster: grace begins for its clients"
         );
-        let ops: Vec<TxnOp> = held
+        let ops = held
             .iter()
             .map(|o| TxnOp::delete(e.keys.record(c, o, n), None))
             .collect();
-        for chunk in ops.chunks(100) {
-            Etcd::call(
-                "drop a dead node's records",
-                e.client.txn(Txn::new().and_then(chunk.to_vec())),
-            )
-            .await?;
-        }
+        e.in_chunks("drop a dead node's records", ops).await?;
         return Ok(());
     }
     Err(transient(
