@@ -114,7 +114,8 @@ pub type GraceSink = Box<dyn Fn(GraceEvent) + Send>;
 
 enum Cmd {
     Add(Vec<u8>, mpsc::SyncSender<Result<()>>),
-    Remove(Vec<u8>),
+    /// With a reply: someone waits for the record to go.
+    Remove(Vec<u8>, Option<mpsc::SyncSender<Result<()>>>),
     EndOwnGrace,
     Reclaimed(Vec<u8>),
     Enforcing(u64),
@@ -494,9 +495,12 @@ impl Recovery for Cluster {
     }
 
     fn remove(&self, owner: &[u8]) -> Result<()> {
-        // Retried by the cluster task until etcd takes it.
-        let _ = self.cmds.send(Cmd::Remove(owner.to_vec()));
-        Ok(())
+        // Gone from etcd before the departure is acknowledged; what etcd
+        // does not take now, the cluster task retries until it does.
+        if self.grace.isolated.load(Ordering::Acquire) {
+            let _ = self.cmds.send(Cmd::Remove(owner.to_vec(), None));
+        }
+        self.ask(|tx| Cmd::Remove(owner.to_vec(), Some(tx)))
     }
 
     fn end_grace(&self) -> Result<()> {
@@ -791,6 +795,14 @@ async fn run(
                         }
                         let _ = tx.send(r);
                     }
+                    Cmd::Remove(owner, Some(tx)) => {
+                        dirty = true;
+                        let r = background(&mut e, &cfg, &view, &mut mine, Cmd::Remove(owner, None)).await;
+                        let _ = tx.send(r.map_err(|cmd| {
+                            retry.push(cmd);
+                            transient("remove a client record", "etcd did not take it; retrying")
+                        }));
+                    }
                     Cmd::Enforcing(epoch) => {
                         enforcing = Some(epoch);
                         dirty = true;
@@ -834,7 +846,7 @@ async fn background(
     cmd: Cmd,
 ) -> std::result::Result<(), Cmd> {
     let r = match &cmd {
-        Cmd::Remove(owner) => {
+        Cmd::Remove(owner, _) => {
             mine.remove(owner);
             let mut ops = vec![TxnOp::delete(
                 e.keys.record(view.current, owner, cfg.node),
