@@ -876,6 +876,12 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// asked with `cachestat(2)` (Linux 6.5), which starts no I/O: a
 /// non-blocking read of a missing page would itself start reading it.
 /// None when the kernel cannot tell.
+///
+/// Newer kernels answer cachestat only to a caller that may write the
+/// file (or owns it), so that unprivileged users cannot watch each
+/// other's reads through the cache. The server asks for itself, not for
+/// the client whose identity the thread has taken on: when that identity
+/// is refused, it asks again as root.
 pub fn cached_fully(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Option<bool> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
@@ -889,19 +895,31 @@ pub fn cached_fully(fd: BorrowedFd<'_>, offset: u64, len: u64) -> Option<bool> {
         let range: [u64; 2] = [first, end - first];
         // nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
         let mut out = [0u64; 5];
-        // SAFETY: both pointers are to live arrays of the kernel's layout
-        // (struct cachestat_range, struct cachestat); flags must be 0.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                fd.as_raw_fd(),
-                range.as_ptr(),
-                out.as_mut_ptr(),
-                0u32,
-            )
+        let mut ask = || {
+            // SAFETY: both pointers are to live arrays of the kernel's
+            // layout (struct cachestat_range, struct cachestat); flags
+            // must be 0.
+            let r = unsafe {
+                libc::syscall(
+                    SYS_CACHESTAT,
+                    fd.as_raw_fd(),
+                    range.as_ptr(),
+                    out.as_mut_ptr(),
+                    0u32,
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error().raw_os_error())
+            }
         };
-        if r != 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        let mut r = ask();
+        if r == Err(Some(libc::EPERM)) {
+            r = crate::cred::as_root(&mut ask);
+        }
+        if let Err(errno) = r {
+            if errno == Some(libc::ENOSYS) {
                 CACHESTAT_WORKS.store(false, Ordering::Relaxed);
             }
             return None;
@@ -1329,6 +1347,33 @@ mod tests {
         if let Some(c) = cached_fully(f.as_fd(), 0, 262_144) {
             assert!(!c, "a direct read filled the page cache");
         }
+    }
+
+    /// The kernel answers cachestat only to callers that may write the
+    /// file; the server's threads take on clients' identities, which
+    /// often may not. The answer must not depend on that, or cold
+    /// streams never go past the page cache.
+    #[test]
+    fn cachestat_answers_whatever_identity_the_thread_has() {
+        let f = disk_file("cachestat-id", &vec![7u8; 65_536]);
+        let Some(as_root) = cached_fully(f.as_fd(), 0, 65_536) else {
+            return; // no cachestat in this kernel: nothing to compare
+        };
+        std::thread::spawn(move || {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                return; // cannot take on another identity
+            }
+            let _nobody = crate::cred::assume(&crate::cred::Identity {
+                uid: 65534,
+                gid: 65534,
+                groups: Vec::new(),
+            });
+            // The file is root's, mode 0644: not writable by this identity.
+            assert_eq!(cached_fully(f.as_fd(), 0, 65_536), Some(as_root));
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
