@@ -97,13 +97,16 @@ class Sluice(Server):
     name = "sluice"
 
     def drop_caches(self) -> None:
-        """Empty sluice's read cache (SIGUSR1) and wait until its log says so."""
+        """Empty sluice's read cache (SIGUSR1) and wait until its log says so
+        (where new huge pages are slow to come by, sluice first turns the
+        ordinary memory it keeps for reuse into huge pages: seconds per
+        gigabyte, before anything is measured)."""
         if not self.alive():
             return
         mark = "read cache dropped"
         seen = self._log_text().count(mark)
         os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while self._log_text().count(mark) <= seen:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not drop its read cache on SIGUSR1; log:\n{self.log_tail()}")

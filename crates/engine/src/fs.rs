@@ -998,6 +998,7 @@ pub fn write_direct_at(fd: BorrowedFd<'_>, buf: &[u8], offset: u64) -> io::Resul
             _ => e,
         },
     )?;
+    hugebuf::busy();
     let mut staged = hugebuf::Buf::new(buf.len())?;
     // SAFETY: the buffer holds at least buf.len() bytes and is not buf.
     let aligned = unsafe {

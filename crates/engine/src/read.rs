@@ -128,6 +128,7 @@ impl ReadPath {
     /// engine decides), and tells the readahead engine about the request.
     /// In [`Mode::NoWait`], only what is in memory is served.
     pub fn read(&self, r: &ReadAt<'_>, mode: Mode) -> Result<Bytes, ReadError> {
+        crate::hugebuf::busy();
         let (file, st, fd) = (r.file, r.st, r.fd);
         let count64 = r.count as u64;
         if let Some(data) = self.bufcache.get(file, st, r.offset, r.count) {

