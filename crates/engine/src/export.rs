@@ -201,6 +201,18 @@ impl Export {
         (st.dev == self.root_stat.dev).then_some((fd, st))
     }
 
+    /// Keeps `fd`, just opened by name, as the descriptor of handle
+    /// `wire`: the client that looked the name up or created it sends the
+    /// handle next, and [`Export::resolve`] then need not open it again.
+    pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>) {
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() >= CACHE_LIMIT {
+                c.clear();
+            }
+            c.entry(wire.to_vec()).or_insert_with(|| fd.clone());
+        }
+    }
+
     /// Forgets the cached descriptor of a handle (after removal).
     pub fn forget(&self, wire: &[u8]) {
         if let Ok(mut c) = self.cache.lock() {

@@ -155,10 +155,13 @@ fn open_create(
         Err(e) => return io(Err(e)),
     };
     let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-    let wire = io(cx.ex(dir).fs.handle_of(pfd.as_fd()))?;
+    let ex = &cx.ex(dir).fs;
+    let wire = io(ex.handle_of(pfd.as_fd()))?;
+    let pfd = Arc::new(pfd);
+    ex.remember(&wire, &pfd);
     let fh = Fh {
         wire,
-        fd: Arc::new(pfd),
+        fd: pfd,
         loc: dir.loc,
     };
     let st = stat_of(&fh)?;
@@ -260,11 +263,14 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 let (fh, fd, set) = match &how {
                     How::NoCreate => {
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        let wire = io(cx.ex(&dir).fs.handle_of(pfd.as_fd()))?;
+                        let ex = &cx.ex(&dir).fs;
+                        let wire = io(ex.handle_of(pfd.as_fd()))?;
+                        let pfd = Arc::new(pfd);
+                        ex.remember(&wire, &pfd);
                         (
                             Fh {
                                 wire,
-                                fd: Arc::new(pfd),
+                                fd: pfd,
                                 loc: dir.loc,
                             },
                             None,

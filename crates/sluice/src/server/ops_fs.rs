@@ -283,10 +283,12 @@ fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4>
         return Err(status::NOENT);
     }
     let wire = io(ex.handle_of(fd.as_fd()))?;
+    let fd = Arc::new(fd);
+    ex.remember(&wire, &fd);
     Ok((
         Fh {
             wire,
-            fd: Arc::new(fd),
+            fd,
             loc: dir.loc,
         },
         st,

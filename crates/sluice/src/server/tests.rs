@@ -737,3 +737,45 @@ fn handles_of_files_removed_locally_let_go_of_their_blocks() {
         "the removed file's descriptor stays cached"
     );
 }
+
+#[test]
+fn a_looked_up_name_is_kept_for_its_handle() {
+    // The client that looks a name up sends its handle next: the
+    // descriptor LOOKUP opened is the one PUTFH finds, not a new one.
+    let (srv, dir) = server("remember");
+    std::fs::write(dir.join("f"), b"data").unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let root = ex.root_fd();
+    let wire = ex
+        .handle_in(std::os::fd::AsFd::as_fd(&*root), c"f")
+        .unwrap();
+    let before = ex.cached();
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        1,
+        None,
+        &[(op::PUTROOTFH, vec![]), lookup_op("f")],
+    );
+    assert_eq!(st, status::OK);
+    assert_eq!(ex.cached(), before + 1, "LOOKUP kept no descriptor");
+    let a = ex.resolve(&wire).unwrap();
+    let b = ex.resolve(&wire).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a, &b));
+    // Removed through the server, it is forgotten again.
+    let (st, _) = run_from(
+        &srv,
+        &sid,
+        2,
+        None,
+        &[
+            (op::PUTROOTFH, vec![]),
+            (op::REMOVE, args(&Component4::new("f"))),
+        ],
+    );
+    assert_eq!(st, status::OK);
+    assert_eq!(ex.cached(), before);
+    assert!(ex.resolve(&wire).is_err());
+    let _ = std::fs::remove_dir_all(dir);
+}
