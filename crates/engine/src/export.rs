@@ -163,12 +163,7 @@ impl Export {
         if due {
             self.sweep();
         }
-        if let Ok(mut c) = self.cache.lock() {
-            if c.len() >= CACHE_LIMIT {
-                c.clear();
-            }
-            c.insert(wire.to_vec(), fd.clone());
-        }
+        self.remember(wire, &fd);
         Ok(fd)
     }
 
@@ -201,9 +196,10 @@ impl Export {
         (st.dev == self.root_stat.dev).then_some((fd, st))
     }
 
-    /// Keeps `fd`, just opened by name, as the descriptor of handle
-    /// `wire`: the client that looked the name up or created it sends the
-    /// handle next, and [`Export::resolve`] then need not open it again.
+    /// Keeps `fd` as the descriptor of handle `wire` (one just opened by
+    /// handle, or by name: the client that looked the name up or created
+    /// it sends the handle next, and [`Export::resolve`] then need not
+    /// open it again). A full cache is emptied first.
     pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>) {
         if let Ok(mut c) = self.cache.lock() {
             if c.len() >= CACHE_LIMIT {

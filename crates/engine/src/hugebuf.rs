@@ -371,21 +371,17 @@ fn new_region() -> io::Result<Mapping> {
     if let Some(m) = lock(&FREE).huge.pop() {
         return Ok(m);
     }
-    if HUGE.load(Ordering::Relaxed) {
-        let plain = lock(&FREE).plain.pop();
-        return match plain {
-            Some(m) => Ok(m),
-            None => Mapping::new(REGION, true),
-        };
-    }
-    want_more();
-    if let Some(m) = lock(&STOCK).pop() {
-        return Ok(m);
+    let huge = HUGE.load(Ordering::Relaxed);
+    if !huge {
+        want_more();
+        if let Some(m) = lock(&STOCK).pop() {
+            return Ok(m);
+        }
     }
     let plain = lock(&FREE).plain.pop();
     match plain {
         Some(m) => Ok(m),
-        None => Mapping::new(REGION, false),
+        None => Mapping::new(REGION, huge),
     }
 }
 /// The region buffers are being cut from, and how much of it is taken.

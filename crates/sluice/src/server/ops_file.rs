@@ -4,8 +4,8 @@
 use super::attrs::{self, MAX_IO};
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
-    apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, io, put_stateid, run, run_or_block,
-    stat_of, stateid, x,
+    apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, fh_at, io, put_stateid, run,
+    run_or_block, stat_of, stateid, x,
 };
 use super::state::{lock_range, DelegRequest, Denied, FileKey, OpenRequest, Stateid};
 use super::Delegations;
@@ -141,29 +141,11 @@ fn open_create(
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
-            let wire = io(cx.ex(dir).fs.handle_of(fd.as_fd()))?;
-            return Ok((
-                Fh {
-                    wire,
-                    fd: Arc::new(fd),
-                    loc: dir.loc,
-                },
-                None,
-                [0; 3],
-            ));
+            return Ok((fh_at(cx, dir, fd)?, None, [0; 3]));
         }
         Err(e) => return io(Err(e)),
     };
-    let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-    let ex = &cx.ex(dir).fs;
-    let wire = io(ex.handle_of(pfd.as_fd()))?;
-    let pfd = Arc::new(pfd);
-    ex.remember(&wire, &pfd);
-    let fh = Fh {
-        wire,
-        fd: pfd,
-        loc: dir.loc,
-    };
+    let fh = fh_at(cx, dir, io(fs::open_path_at(dir.fd.as_fd(), name))?)?;
     let st = stat_of(&fh)?;
     let mut set = a.mask;
     if made {
@@ -263,19 +245,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 let (fh, fd, set) = match &how {
                     How::NoCreate => {
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        let ex = &cx.ex(&dir).fs;
-                        let wire = io(ex.handle_of(pfd.as_fd()))?;
-                        let pfd = Arc::new(pfd);
-                        ex.remember(&wire, &pfd);
-                        (
-                            Fh {
-                                wire,
-                                fd: pfd,
-                                loc: dir.loc,
-                            },
-                            None,
-                            [0; 3],
-                        )
+                        (fh_at(cx, &dir, pfd)?, None, [0; 3])
                     }
                     h => {
                         // Creating opens an existing file for writing (or

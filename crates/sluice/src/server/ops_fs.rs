@@ -282,17 +282,22 @@ fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4>
         // Another file system mounted inside the export is not exported.
         return Err(status::NOENT);
     }
+    Ok((fh_at(cx, dir, fd)?, st))
+}
+
+/// The file handle of `fd`, just opened by name below `dir`. Its
+/// descriptor goes into the handle cache: the client sends the handle
+/// next, and PUTFH then need not open the object again.
+pub(super) fn fh_at(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<Fh, Nfsstat4> {
+    let ex = &cx.ex(dir).fs;
     let wire = io(ex.handle_of(fd.as_fd()))?;
     let fd = Arc::new(fd);
     ex.remember(&wire, &fd);
-    Ok((
-        Fh {
-            wire,
-            fd,
-            loc: dir.loc,
-        },
-        st,
-    ))
+    Ok(Fh {
+        wire,
+        fd,
+        loc: dir.loc,
+    })
 }
 
 /// LOOKUP. On the connection's task only what the kernel has in memory;
