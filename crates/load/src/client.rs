@@ -371,6 +371,20 @@ impl Client {
         Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(()))
     }
 
+    /// Leaves as a client does when it unmounts: ends the session, then
+    /// gives the client id back (DESTROY_CLIENTID, which the server
+    /// refuses while the client still holds state). Without it, every
+    /// client id stays on the server until its lease runs out, and a run
+    /// of many short-lived clients can fill the server's client table.
+    pub async fn leave(&self) -> Result<()> {
+        self.destroy_session().await?;
+        let mut a = Encoder::new();
+        compound_header(&mut a, self.minor, 1);
+        a.u32(op::DESTROY_CLIENTID);
+        self.clientid.encode(&mut a);
+        Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(()))
+    }
+
     /// Runs SEQUENCE plus the `nops` ops written by `ops` and returns the
     /// reply positioned after SEQUENCE's result.
     pub async fn compound(&self, nops: u32, ops: impl FnOnce(&mut Encoder)) -> Result<Reply> {

@@ -226,7 +226,7 @@ impl Nfs {
     async fn finish(&self) {
         if let Nfs::V4 { client, file } = self {
             let _ = client.close(file).await;
-            let _ = client.destroy_session().await;
+            let _ = client.leave().await;
         }
     }
 

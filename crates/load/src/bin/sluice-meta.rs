@@ -405,7 +405,7 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         phases.insert(r.name.to_string(), json_of(&r));
     }
     for m in &clients {
-        let _ = m.c.destroy_session().await;
+        let _ = m.c.leave().await;
     }
     Ok(serde_json::json!({
         "clients": a.clients,
