@@ -416,7 +416,12 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
         let max_cached = session.fore.max_response_cached as usize;
         // The caller's identity follows the export of the current
         // filehandle, whose squash rules apply.
+        // Taken only for the ops that need it (see `OpDesc::runs_as_caller`):
+        // SEQUENCE, PUTFH, READ is the most common COMPOUND of all, and
+        // switching identities costs the kernel two new credentials each way.
         let mut as_caller: Option<(Loc, cred::IdentityGuard)> = None;
+        // The export cx.id was worked out for.
+        let mut id_loc = Loc::Export(0);
         while *left > 0 {
             let op_at = d.position();
             let Ok(opnum) = d.u32() else {
@@ -446,10 +451,14 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                 Loc::Pseudo(_) => Loc::Export(0),
                 l => l,
             });
-            if as_caller.as_ref().map(|(l, _)| *l) != Some(loc) {
-                // The old guard must go first: dropping it resets to root.
-                drop(as_caller.take());
+            if id_loc != loc {
                 cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
+                id_loc = loc;
+            }
+            if desc.runs_as_caller() && as_caller.as_ref().map(|(l, _)| *l) != Some(loc) {
+                // The old guard goes first: it gives back the identity
+                // from before the COMPOUND.
+                drop(as_caller.take());
                 as_caller = Some((loc, cred::assume(&cx.id)));
             }
             // An op that changes things must be sure its result fits the

@@ -320,6 +320,9 @@ fn open_io(cx: &Ctx<'_>, fh: &Fh, st: &Stat, write: bool) -> R<Arc<OwnedFd>> {
         }
     }
     cx.srv.state.before_own_open((st.dev, st.ino));
+    // The caller's permissions decide (READ does not run as the caller
+    // otherwise; WRITE already does).
+    let _as = cred::assume(&cx.id);
     let fd = match fs::reopen(fh.fd.as_fd(), flags) {
         Ok(fd) => Arc::new(fd),
         Err(e) if e.raw_os_error() == Some(libc::EACCES) && cx.id.uid == st.uid => {
@@ -1041,7 +1044,9 @@ fn read(
 ) -> Result<(), Stop3> {
     let started = std::time::Instant::now();
     let fh = resolve(cx, fh)?;
-    let _as = cred::assume(&cx.id);
+    // No identity switch for READ itself: `open_io` takes the caller's
+    // identity where it opens the file, and a descriptor it kept needs
+    // none.
     let st = io3(fs::stat(fh.fd.as_fd()))?;
     *fail_attrs = Some(fattr(cx, fh.loc, &st));
     file(&st)?;

@@ -140,7 +140,7 @@ struct NlmFile<'a> {
 }
 
 fn file_of<'a>(srv: &'a Server, fh: &[u8], peer: Option<IpAddr>) -> Result<NlmFile<'a>, u32> {
-    let (fd, loc) = match cred::as_root(|| srv.exports.resolve(fh)) {
+    let (fd, loc) = match srv.exports.resolve(fh) {
         Ok(r) => r,
         Err(HandleError::Bad) | Err(HandleError::Stale) => return Err(nlmstat::STALE_FH),
     };

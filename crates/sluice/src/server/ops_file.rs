@@ -512,6 +512,9 @@ pub(super) fn io_fd(
             libc::O_RDONLY
         };
         cx.srv.state.before_own_open(file_key(st));
+        // READ runs with whatever identity the thread has (see
+        // `flags::ANY_IDENTITY`): the open is the caller's.
+        let _as = cred::assume(&cx.id);
         return io(fs::reopen(fh.fd.as_fd(), flags)).map(Arc::new);
     }
     let (fd, access) = cx.srv.state.io_state(&sid, file_key(st))?;

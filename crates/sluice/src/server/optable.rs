@@ -70,6 +70,13 @@ pub(super) mod flags {
     /// had before those (SEEK, READ_PLUS, ALLOCATE, DEALLOCATE, CLONE)
     /// stay allowed in 4.1 for the clients that use them there.
     pub(crate) const V42_ONLY: u16 = 1 << 9;
+    /// Works alike whatever the thread's file system identity: touches
+    /// no object as the caller, or takes the caller's identity itself
+    /// for the one step that does (READ with a special stateid opens the
+    /// file as the caller). The COMPOUND loop does not switch to the
+    /// caller for it; ops that move filehandles and ops on no object need
+    /// no switch either. Each switch costs the kernel a new credential.
+    pub(crate) const ANY_IDENTITY: u16 = 1 << 10;
 }
 
 /// One row of the op table.
@@ -97,6 +104,12 @@ impl OpDesc {
     /// True when the op acts on the object behind the current filehandle.
     pub(super) fn uses_cur_object(&self) -> bool {
         !self.has(flags::MOVES_FH | flags::NO_OBJECT)
+    }
+
+    /// True when the op must run with the caller's file system identity
+    /// (see [`flags::ANY_IDENTITY`]).
+    pub(super) fn runs_as_caller(&self) -> bool {
+        !self.has(flags::MOVES_FH | flags::NO_OBJECT | flags::ANY_IDENTITY)
     }
 }
 
@@ -160,7 +173,13 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
     // Only the state table and the readahead engine: on the connection's
     // task. (The kernel's release of the last descriptor of a file does
     // not wait for its data.)
-    row("CLOSE", ops_file::close, BAD_SID, MODIFIES | NO_WAIT, SID),
+    row(
+        "CLOSE",
+        ops_file::close,
+        BAD_SID,
+        MODIFIES | NO_WAIT | ANY_IDENTITY,
+        SID,
+    ),
     row("COMMIT", ops_file::commit, ISDIR, MODIFIES, 8),
     row(
         "CREATE",
@@ -175,7 +194,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         name: "GETATTR",
         run: Some(Handler::MayBlock(ops_fs::getattr)),
         pseudo: SAME,
-        flags: NO_WAIT,
+        flags: NO_WAIT | ANY_IDENTITY,
         reply_bound: 0,
     },
     row("GETFH", ops_fs::getfh, SAME, MOVES_FH | NO_WAIT, 4 + 128),
@@ -257,7 +276,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         name: "READ",
         run: Some(Handler::MayBlock(ops_file::read)),
         pseudo: ISDIR,
-        flags: NO_WAIT,
+        flags: NO_WAIT | ANY_IDENTITY,
         reply_bound: 0,
     },
     row(
@@ -426,7 +445,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         name: "READ_PLUS",
         run: Some(Handler::MayBlock(ops_sparse::read_plus)),
         pseudo: ISDIR,
-        flags: NO_WAIT,
+        flags: NO_WAIT | ANY_IDENTITY,
         reply_bound: 0,
     },
     row("SEEK", ops_sparse::seek, ISDIR, 0, 0),

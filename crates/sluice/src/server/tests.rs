@@ -779,3 +779,94 @@ fn a_looked_up_name_is_kept_for_its_handle() {
     assert!(ex.resolve(&wire).is_err());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The thread's file system ids as the kernel has them (fsuid, fsgid).
+fn thread_fs_ids() -> (u32, u32) {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let field = |name: &str| -> u32 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(4).unwrap().parse().unwrap()
+    };
+    (field("Uid:"), field("Gid:"))
+}
+
+/// A client that does not work as root pays for a change of identity
+/// only where an op acts as the caller: not for SEQUENCE and PUTFH (the
+/// export opens a handle as root itself, and only when its cache does
+/// not have the descriptor), not for GETATTR, and for READ only to open
+/// the file when the stateid is a special one. The caller's permissions
+/// still decide that open, and the thread is root again after every
+/// COMPOUND.
+#[test]
+fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
+    use std::os::unix::fs::PermissionsExt;
+    let (srv, dir) = server("identity");
+    std::fs::create_dir(dir.join("private")).unwrap();
+    let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.join("private/f"), &data).unwrap();
+    std::fs::write(dir.join("private/secret"), b"root only").unwrap();
+    std::fs::set_permissions(
+        dir.join("private/secret"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let handle = |p: &std::ffi::CStr| {
+        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), p)
+            .unwrap()
+    };
+    let (f, secret) = (handle(c"private/f"), handle(c"private/secret"));
+    let user = Cred {
+        uid: 1000,
+        gid: 1000,
+        gids: vec![],
+        flavor: crate::rpc::AUTH_SYS,
+    };
+    let mut seq = 0;
+    // Runs SEQUENCE, PUTFH `fh` and `op`: the results and the credential
+    // changes the thread made.
+    let mut run = |fh: &[u8], op: (u32, Vec<u8>)| {
+        seq += 1;
+        let ops = [
+            sequence(&sid, seq, 0, false),
+            (op::PUTFH, args(&NfsFh4(fh.to_vec()))),
+            op,
+        ];
+        let before = crate::engine::cred::changes();
+        let body = pc(&srv, &user, &compound(1, &ops)).expect("framed");
+        let changes = crate::engine::cred::changes() - before;
+        assert_eq!(thread_fs_ids(), (0, 0), "the thread kept the caller's ids");
+        (split_results(&body), changes)
+    };
+    let getattr = || (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])));
+    // Not cached yet: opened by handle as root (fsuid and fsgid there and
+    // back) in a directory only root may search.
+    let ((st, results, _, _), changes) = run(&f, getattr());
+    assert_eq!(st, status::OK, "{results:?}");
+    assert_eq!(changes, 0, "GETATTR ran as the caller");
+    let ((st, results, _, _), changes) = run(&f, getattr());
+    assert_eq!(st, status::OK, "{results:?}");
+    assert_eq!(changes, 0);
+    // READ with the anonymous stateid: the open is the caller's, taken
+    // (fsgid, fsuid) and given back.
+    let ((st, results, got, _), changes) = run(&f, read_op(0, 8192));
+    assert_eq!(st, status::OK, "{results:?}");
+    assert_eq!(got.as_deref(), Some(&data[..]));
+    assert_eq!(changes, 4);
+    let ((st, _, got, _), _) = run(&secret, read_op(0, 100));
+    assert_eq!(st, status::ACCESS, "read a file only root may read");
+    assert_eq!(got, None);
+    // As root, the same READ works.
+    seq += 1;
+    let ops = [
+        sequence(&sid, seq, 0, false),
+        (op::PUTFH, args(&NfsFh4(secret.clone()))),
+        read_op(0, 100),
+    ];
+    let (st, _, got, _) = split_results(&pc(&srv, &root(), &compound(1, &ops)).unwrap());
+    assert_eq!(st, status::OK);
+    assert_eq!(got.as_deref(), Some(&b"root only"[..]));
+    let _ = std::fs::remove_dir_all(dir);
+}
