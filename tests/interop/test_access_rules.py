@@ -85,9 +85,11 @@ def toml_str(s) -> str:
 class ConfigServer:
     """`sluice serve --config FILE` on 127.0.0.1, port picked by the kernel."""
 
-    def __init__(self, binary: Path, base: Path, server: str = "", export: str = ""):
+    def __init__(self, binary: Path, base: Path, server: str = "", export: str = "", wrapper=()):
         base.mkdir()
         self.binary = binary
+        # A command the server is started through (e.g. setpriv).
+        self.wrapper = list(wrapper)
         self.export = base / "export"
         self.state = base / "state"
         self.export.mkdir()
@@ -109,7 +111,7 @@ class ConfigServer:
     def start(self):
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(self.binary), "serve", "--config", str(self.config)],
+                [*self.wrapper, str(self.binary), "serve", "--config", str(self.config)],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
@@ -146,8 +148,8 @@ def serve(binary, tmp_path):
     """Starts servers from config snippets; stops them all at the end."""
     servers: list[ConfigServer] = []
 
-    def start(server: str = "", export: str = "", name: str | None = None) -> ConfigServer:
-        s = ConfigServer(binary, tmp_path / (name or f"srv{len(servers)}"), server, export)
+    def start(server: str = "", export: str = "", name: str | None = None, wrapper=()) -> ConfigServer:
+        s = ConfigServer(binary, tmp_path / (name or f"srv{len(servers)}"), server, export, wrapper)
         servers.append(s)
         s.start()
         return s
@@ -582,6 +584,32 @@ def test_squashed_root_cannot_touch_root_only_files(serve):
                 assert r[3].data == b"root only"
         assert_serves(srv)
         srv.stop()
+
+
+def test_callers_do_not_get_the_servers_own_groups(serve):
+    """A server started with supplementary groups of its own (root under
+    sudo or a service manager often has group 0) does not lend them to
+    callers: requests run with the caller's groups only. The server here
+    has groups 0 and 4; a file of group 4, mode 0640, is readable by a
+    caller in group 4 and by nobody else."""
+    srv = serve(wrapper=["setpriv", "--groups=0,4", "--"])
+    (srv.export / "adm").write_bytes(b"group 4 only")
+    os.chown(srv.export / "adm", 0, 4)
+    os.chmod(srv.export / "adm", 0o640)
+    ops = [rc.op_putrootfh(), rc.op_lookup("adm"), rc.op_read(0, 100)]
+    with Conn(srv.port) as c:
+        s = Session(c)
+        # Callers with no supplementary groups first (a root squashed loses
+        # group 0), several times, so that threads that have not switched
+        # groups yet serve them.
+        for uid, gid in [(1000, 1000), (0, 0)] * 10:
+            cred = rc.auth_sys(uid=uid, gid=gid, gids=[])
+            r = c.call(rc.PROC_COMPOUND, rc.compound_args([s.seq_op()] + ops, 1), cred_body=cred)
+            r = Reply(r.body)
+            assert r.status == NFS4ERR_ACCESS, f"READ of a 0640 file of group 4 as {uid}:{gid} with no other groups (root squashed): expected NFS4ERR_ACCESS, got {r!r}"
+        r = expect_ok(compound(s, ops, uid=1000, gid=4), "READ of a 0640 file of group 4 as 1000:4")
+        assert r[3].data == b"group 4 only"
+    assert_serves(srv)
 
 
 # --- 6. READ and WRITE size limits -------------------------------------------

@@ -19,9 +19,12 @@ pub struct Identity {
 
 thread_local! {
     /// The calling thread's file system identity, so switching to the
-    /// identity it already has costs no system calls.
+    /// identity it already has costs no system calls. Read from the
+    /// kernel when the thread first switches: a thread inherits the
+    /// identity of the one that started it, which need not be root, and
+    /// the process may have supplementary groups of its own.
     static CURRENT: std::cell::RefCell<(u32, u32, Vec<u32>)> =
-        const { std::cell::RefCell::new((0, 0, Vec::new())) };
+        std::cell::RefCell::new(kernel_identity());
     /// Credential changes this thread has asked the kernel for.
     static CHANGES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
@@ -32,6 +35,37 @@ thread_local! {
 /// requests a second that shows, so tests count them.
 pub fn changes() -> u64 {
     CHANGES.with(|c| c.get())
+}
+
+/// The calling thread's fsuid, fsgid and supplementary groups as the
+/// kernel has them.
+fn kernel_identity() -> (u32, u32, Vec<u32>) {
+    // SAFETY: plain system calls; setfsuid and setfsgid with an id that
+    // cannot be valid change nothing and answer the current one;
+    // getgroups writes at most `n` entries into a buffer of `n`.
+    unsafe {
+        let uid = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
+        let gid = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
+        let n = libc::syscall(libc::SYS_getgroups, 0, std::ptr::null_mut::<u32>());
+        let mut groups = vec![0u32; n.max(0) as usize];
+        let got = libc::syscall(libc::SYS_getgroups, groups.len(), groups.as_mut_ptr());
+        groups.truncate(got.max(0) as usize);
+        (uid, gid, groups)
+    }
+}
+
+/// Gives up the process's own supplementary groups, in every thread
+/// (the C library's setgroups applies to all of them). The server calls
+/// it at start: a root started by `sudo` or a service manager often has
+/// group 0 in its list, which every request that takes on a caller's
+/// identity would otherwise have to drop and take back.
+pub fn drop_supplementary_groups() -> std::io::Result<()> {
+    // SAFETY: an empty list; no pointer is read.
+    if unsafe { libc::setgroups(0, std::ptr::null()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    CURRENT.with(|c| c.borrow_mut().2.clear());
+    Ok(())
 }
 
 fn counted(n: u64) {
@@ -168,6 +202,55 @@ mod tests {
             };
             let _g = assume(&root);
             assert_eq!(fs_ids(), (0, 0));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A thread started while another ran as a caller has the caller's
+    /// identity from the kernel: `as_root` still gets it root, and the
+    /// guard of an identity it takes gives the inherited one back.
+    /// Groups the thread has before its first switch are dropped for a
+    /// caller with none (a process started with group 0 must not lend
+    /// it to every caller).
+    #[test]
+    fn the_kernels_identity_is_where_a_thread_starts() {
+        std::thread::spawn(|| {
+            let a = Identity {
+                uid: 1000,
+                gid: 1000,
+                groups: vec![],
+            };
+            let _g = assume(&a);
+            std::thread::spawn(|| {
+                assert_eq!(fs_ids(), (1000, 1000), "not inherited");
+                as_root(|| assert_eq!(fs_ids(), (0, 0)));
+                assert_eq!(fs_ids(), (1000, 1000));
+            })
+            .join()
+            .unwrap();
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(|| {
+            // SAFETY: raw setgroups on this thread only, before the
+            // thread's first switch.
+            unsafe {
+                let g: [u32; 2] = [0, 4];
+                libc::syscall(libc::SYS_setgroups, 2, g.as_ptr());
+            }
+            assert_eq!(groups(), vec![0, 4]);
+            let nobody = Identity {
+                uid: 65534,
+                gid: 65534,
+                groups: vec![],
+            };
+            {
+                let _g = assume(&nobody);
+                assert_eq!(fs_ids(), (65534, 65534));
+                assert!(groups().is_empty(), "the caller kept groups 0 and 4");
+            }
+            assert_eq!(groups(), vec![0, 4]);
         })
         .join()
         .unwrap();

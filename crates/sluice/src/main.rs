@@ -656,6 +656,10 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Serve(c) => resolve(c).and_then(|mut args| {
             args.config.local_leases = leases;
+            // Requests run with each caller's groups and nothing else: the
+            // groups root was started with (often 0) are not lent to them.
+            sluice::engine::cred::drop_supplementary_groups()
+                .map_err(|e| format!("cannot drop the supplementary groups: {e}"))?;
             tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .max_blocking_threads(REQUEST_THREADS)
