@@ -636,8 +636,8 @@ pub fn statfs(fd: BorrowedFd<'_>) -> io::Result<FsStat> {
 /// One directory entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
-    /// Entry name.
-    pub name: Vec<u8>,
+    /// Entry name, ready to hand to the `*at` calls.
+    pub name: CString,
     /// Inode number.
     pub ino: u64,
     /// Position to resume reading after this entry (stable cookie).
@@ -723,15 +723,17 @@ impl DirReader {
                 continue;
             }
             let name_raw = &b[19..reclen];
-            let end = name_raw
-                .iter()
-                .position(|&c| c == 0)
-                .unwrap_or(name_raw.len());
-            let name = name_raw[..end].to_vec();
             self.pos += reclen;
+            // The kernel ends each name with a NUL within the record.
+            let Some(end) = name_raw.iter().position(|&c| c == 0) else {
+                continue;
+            };
+            let name = &name_raw[..end];
             if !self.dots && (name == b"." || name == b"..") {
                 continue;
             }
+            let name =
+                CString::from_vec_with_nul(name_raw[..=end].to_vec()).expect("one NUL, at the end");
             return Ok(Some(DirEntry {
                 name,
                 ino,

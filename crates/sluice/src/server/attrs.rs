@@ -177,10 +177,19 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
     let mut v = Encoder::with_capacity(256);
     let st = src.st;
     let fs = src.fs.unwrap_or_default();
-    for n in 0..96u32 {
-        if !has(req, n) || !has(&sup, n) {
-            continue;
-        }
+    // Only the bits asked for and supported, in order (a READDIR encodes
+    // this for every entry).
+    let wanted = (0..3).flat_map(|i| {
+        let mut w = req.get(i).copied().unwrap_or(0) & sup[i];
+        std::iter::from_fn(move || {
+            (w != 0).then(|| {
+                let b = w.trailing_zeros();
+                w &= w - 1;
+                i as u32 * 32 + b
+            })
+        })
+    });
+    for n in wanted {
         match n {
             attr::SUPPORTED_ATTRS => v.bitmap(&sup),
             attr::TYPE => v.u32(nfs_type(st.mode)),
@@ -217,8 +226,8 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
             attr::MAXWRITE => v.u64(src.max_write as u64),
             attr::MODE => v.u32(st.mode & 0o7777),
             attr::NUMLINKS => v.u32(st.nlink.min(u32::MAX as u64) as u32),
-            attr::OWNER => v.string(&st.uid.to_string()),
-            attr::OWNER_GROUP => v.string(&st.gid.to_string()),
+            attr::OWNER => v.opaque(decimal(st.uid, &mut [0; 10])),
+            attr::OWNER_GROUP => v.opaque(decimal(st.gid, &mut [0; 10])),
             attr::RAWDEV => {
                 v.u32(libc::major(st.rdev));
                 v.u32(libc::minor(st.rdev));
@@ -243,6 +252,19 @@ pub fn encode_fattr(e: &mut Encoder, req: &[u32], src: &AttrSource<'_>) {
     }
     e.bitmap(&out);
     e.opaque(v.as_slice());
+}
+
+/// `n` in decimal, written into the end of `buf`.
+fn decimal(n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let (mut n, mut at) = (n, buf.len());
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
 }
 
 /// Encodes a fattr4 holding only rdattr_error (for READDIR entries whose
@@ -448,6 +470,56 @@ mod tests {
         assert_eq!(v.u32().unwrap(), ftype::REG);
         assert_eq!(v.u64().unwrap(), 77);
         assert_eq!(v.u32().unwrap(), 0o640);
+        assert_eq!(v.remaining(), 0);
+    }
+
+    /// Owners go out as decimal strings; attributes of all three bitmap
+    /// words come in order, and only the supported ones.
+    #[test]
+    fn encodes_owners_and_later_words() {
+        for n in [0u32, 7, 10, 99, 1000, 65534, u32::MAX] {
+            assert_eq!(decimal(n, &mut [0; 10]), n.to_string().as_bytes());
+        }
+        let st = Stat {
+            mode: libc::S_IFDIR | 0o755,
+            uid: 1000,
+            gid: 4_000_000_000,
+            ..Default::default()
+        };
+        let src = AttrSource {
+            st: &st,
+            fh: None,
+            fs: None,
+            fsid: (3, 0),
+            mounted_on: None,
+            lease_secs: 90,
+            max_read: MAX_IO,
+            max_write: MAX_IO,
+            minor: 2,
+        };
+        let mut req = [0u32; 3];
+        for b in [
+            attr::XATTR_SUPPORT,
+            attr::OWNER_GROUP,
+            attr::OWNER,
+            attr::TYPE,
+        ] {
+            set_bit(&mut req, b);
+        }
+        // Not supported: asked for, never answered.
+        req[2] |= 1 << 31;
+        let mut e = Encoder::new();
+        encode_fattr(&mut e, &req, &src);
+        let mut d = Decoder::new(e.as_slice());
+        let mut want = req;
+        want[2] &= !(1 << 31);
+        assert_eq!(d.bitmap(3).unwrap(), want.to_vec());
+        let vals = d.opaque(1000).unwrap();
+        let mut v = Decoder::new(vals);
+        assert_eq!(v.u32().unwrap(), ftype::DIR);
+        assert_eq!(v.opaque(10).unwrap(), b"1000");
+        assert_eq!(v.opaque(10).unwrap(), b"4000000000");
+        assert!(v.bool().unwrap(), "xattr_support");
         assert_eq!(v.remaining(), 0);
     }
 }

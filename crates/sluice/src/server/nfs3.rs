@@ -1129,37 +1129,33 @@ fn readdir(
         };
         // READDIRPLUS: the entry's attributes and handle. ".." of the
         // export root is the root itself, as LOOKUP says.
-        let dots = ent.name == b"." || (ent.name == b".." && is_root);
+        let name = ent.name.as_bytes();
+        let dots = name == b"." || (name == b".." && is_root);
         let (fh, st) = match plus {
             None => (None, None),
             Some(_) if dots => (Some(dir.wire.clone()), Some(dst)),
-            Some(_) => match CString::new(ent.name.clone()) {
-                Ok(cname) => match fs::stat_at(dir.fd.as_fd(), &cname) {
-                    Ok(st) if st.dev == dev => {
-                        (ex.handle_in(dir.fd.as_fd(), &cname).ok(), Some(st))
-                    }
-                    // Removed meanwhile, or another file system mounted
-                    // here: listed without attributes or handle.
-                    _ => (None, None),
-                },
-                Err(_) => continue,
+            Some(_) => match fs::stat_at(dir.fd.as_fd(), &ent.name) {
+                Ok(st) if st.dev == dev => (ex.handle_in(dir.fd.as_fd(), &ent.name).ok(), Some(st)),
+                // Removed meanwhile, or another file system mounted here:
+                // listed without attributes or handle.
+                _ => (None, None),
             },
         };
         let fileid = match &st {
             Some(st) => st.ino,
-            None if ent.name == b".." && is_root => dst.ino,
+            None if name == b".." && is_root => dst.ino,
             None => ent.ino,
         };
         let mark = list.len();
         list.bool(true);
         list.u64(fileid);
-        list.opaque(&ent.name);
+        list.opaque(name);
         list.u64(ent.next);
         if let Some(dircount) = plus {
             post_op_attr(&mut list, st.map(|s| fattr(cx, dir.loc, &s)).as_ref());
             let fh = fh.filter(|w| w.len() <= cx.srv.config.v3_max_fh);
             post_op_fh(&mut list, fh.as_deref());
-            names += 8 + 4 + ent.name.len().div_ceil(4) * 4 + 8;
+            names += 8 + 4 + name.len().div_ceil(4) * 4 + 8;
             if n > 0 && names > dircount as usize {
                 list.truncate(mark);
                 break;

@@ -601,10 +601,8 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                 eof = true;
                 break;
             };
-            let Ok(name) = CString::new(ent.name.clone()) else {
-                continue;
-            };
-            let st = match fs::stat_at(dir.fd.as_fd(), &name) {
+            let name = &ent.name;
+            let st = match fs::stat_at(dir.fd.as_fd(), name) {
                 Ok(st) => st,
                 Err(_) => continue, // removed meanwhile
             };
@@ -612,11 +610,11 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                 continue;
             }
             let wire = if want_fh {
-                ex.handle_in(dir.fd.as_fd(), &name).ok()
+                ex.handle_in(dir.fd.as_fd(), name).ok()
             } else {
                 None
             };
-            let fits = listing.add(ent.next, &ent.name, |list, req| {
+            let fits = listing.add(ent.next, name.as_bytes(), |list, req| {
                 put_fattr(cx, list, wire.as_deref(), &st, req, &dir)
             });
             if !fits {
