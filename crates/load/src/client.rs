@@ -377,12 +377,16 @@ impl Client {
     /// client id stays on the server until its lease runs out, and a run
     /// of many short-lived clients can fill the server's client table.
     pub async fn leave(&self) -> Result<()> {
-        self.destroy_session().await?;
+        // The client id is given back even when the session could not be
+        // (a server that lost it answers DESTROY_SESSION with an error).
+        let session = self.destroy_session().await;
         let mut a = Encoder::new();
         compound_header(&mut a, self.minor, 1);
         a.u32(op::DESTROY_CLIENTID);
         self.clientid.encode(&mut a);
-        Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(()))
+        let clientid =
+            async { Reply::parse(self.conn.call(a.as_slice()).await?)?.walk(|_, _| Ok(())) }.await;
+        session.and(clientid)
     }
 
     /// Runs SEQUENCE plus the `nops` ops written by `ops` and returns the
