@@ -10,6 +10,8 @@ it with rpcclient.py:
   connections without a reply, and allowed clients are still served;
 * `read_only` refuses every change with NFS4ERR_ROFS while reads work;
 * `squash` / `anon_uid` / `anon_gid` decide who owns created files;
+* callers run with their own groups only, and only root may use the
+  blocks a file system keeps for root;
 * `max_read` / `max_write` are advertised and enforced;
 * `max_connections` closes connections over the limit;
 * SIGTERM stops the server cleanly (exit status 0).
@@ -52,7 +54,9 @@ OP_SETATTR = 34
 OP_WRITE = 38
 
 NFS4ERR_ACCESS = 13
+NFS4ERR_NOSPC = 28
 NFS4ERR_ROFS = 30
+NFS4ERR_DQUOT = 69
 SHARE_ACCESS_READ = 1
 SHARE_ACCESS_WRITE = 2
 SHARE_ACCESS_BOTH = 3
@@ -610,6 +614,63 @@ def test_callers_do_not_get_the_servers_own_groups(serve):
         r = expect_ok(compound(s, ops, uid=1000, gid=4), "READ of a 0640 file of group 4 as 1000:4")
         assert r[3].data == b"group 4 only"
     assert_serves(srv)
+
+
+def test_only_root_writes_into_the_blocks_kept_for_root(binary, tmp_path):
+    """A caller other than root cannot use the blocks ext4 keeps for root,
+    nor go past a disk quota: like the Linux server, the server gives up
+    CAP_SYS_RESOURCE while it acts for one. The export is a 64 MiB ext4
+    image with half its blocks kept for root (mkfs -m 50). A caller as
+    uid 1000 fills it until NFS4ERR_NOSPC, having written no more than
+    what statvfs offers users; root, not squashed, writes into the
+    reserve too. The boundary is taken halfway between the two figures.
+    Where root itself lacks CAP_SYS_RESOURCE (some containers), the server
+    never had it to give up; cred::tests::callers_other_than_root_lose_
+    cap_sys_resource checks the switch itself, in a user namespace."""
+    image = tmp_path / "reserve.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "50", str(image)], check=True)
+    chunk = 256 << 10
+    for name, rules, uid, into_reserve in (("user", "", 1000, False), ("root", 'squash = "none"', 0, True)):
+        srv = ConfigServer(binary, tmp_path / name, export=rules)
+        device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True).stdout.strip()
+        mounted = False
+        try:
+            subprocess.run(["mount", device, str(srv.export)], check=True)
+            mounted = True
+            os.chmod(srv.export, 0o777)
+            st = os.statvfs(srv.export)
+            users, everyone = st.f_bavail * st.f_frsize, st.f_bfree * st.f_frsize
+            assert everyone - users > 16 << 20, f"the image keeps too little for root: {users} of {everyone} free bytes for users"
+            srv.start()
+            written, last = 0, None
+            with Conn(srv.port) as c:
+                s = Session(c)
+                root = s.root_fh()
+                r = expect_ok(compound(s, [rc.op_putfh(root), op_open(s.clientid, f"fill-{name}", SHARE_ACCESS_BOTH, create=True)], uid=uid, gid=uid),
+                              f"OPEN(create) as {uid}")
+                sid = r[2].stateid
+                block = os.urandom(chunk)
+                while written < everyone + (8 << 20):
+                    r = compound(s, [rc.op_putfh(root), rc.op_lookup(f"fill-{name}"), op_write(sid, written, block, stable=0)], uid=uid, gid=uid)
+                    if r.status != St.OK:
+                        last = r
+                        break
+                    assert r[3].count > 0, "WRITE wrote nothing without an error"
+                    written += r[3].count
+            assert last is not None and last.status in (NFS4ERR_NOSPC, NFS4ERR_DQUOT), f"as {uid}: {written} bytes written, then {last!r}"
+            half = (users + everyone) // 2
+            if into_reserve:
+                assert written > half, f"root wrote {written} bytes: it could not use the reserve ({users} free for users, {everyone} for root)"
+            else:
+                assert written < half, f"uid 1000 wrote {written} bytes into the blocks kept for root ({users} free for users, {everyone} for root)"
+            assert_serves(srv)
+        finally:
+            srv.stop()
+            if mounted:
+                subprocess.run(["umount", str(srv.export)], check=True)
+            subprocess.run(["losetup", "--detach", device], check=True)
 
 
 # --- 6. READ and WRITE size limits -------------------------------------------

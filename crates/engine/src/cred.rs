@@ -27,6 +27,95 @@ thread_local! {
         std::cell::RefCell::new(kernel_identity());
     /// Credential changes this thread has asked the kernel for.
     static CHANGES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The thread's capability sets, read from the kernel on first use.
+    static CAPS: std::cell::Cell<Option<CapSets>> = const { std::cell::Cell::new(None) };
+    /// Identity guards alive on this thread.
+    static DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// CAP_SYS_RESOURCE: lets its holder past disk quotas and into the blocks
+/// a file system reserves (ext4's reserved blocks for root).
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// `_LINUX_CAPABILITY_VERSION_3`: 64-bit sets in two 32-bit halves.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+type CapSets = [CapData; 2];
+
+fn thread_caps() -> CapSets {
+    if let Some(c) = CAPS.with(|c| c.get()) {
+        return c;
+    }
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: the header and a two-element array, as version 3 asks.
+    unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        );
+    }
+    CAPS.with(|c| c.set(Some(data)));
+    data
+}
+
+/// Puts CAP_SYS_RESOURCE in the thread's effective set or takes it out,
+/// when the thread is permitted it and does not already have it so.
+fn set_resource_cap(want: bool) {
+    let mut caps = thread_caps();
+    let bit = 1u32 << CAP_SYS_RESOURCE;
+    let have = caps[0].effective & bit != 0;
+    if have == want || (want && caps[0].permitted & bit == 0) {
+        return;
+    }
+    if want {
+        caps[0].effective |= bit;
+    } else {
+        caps[0].effective &= !bit;
+    }
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: the header and a two-element array, as version 3 asks;
+    // pid 0 is the calling thread.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            caps.as_ptr(),
+        )
+    };
+    counted(1);
+    if r == 0 {
+        CAPS.with(|c| c.set(Some(caps)));
+    } else {
+        // Read again rather than trust what was asked.
+        CAPS.with(|c| c.set(None));
+    }
+}
+
+/// Whether the calling thread has CAP_SYS_RESOURCE in its effective set.
+pub fn has_resource_cap() -> bool {
+    thread_caps()[0].effective & (1 << CAP_SYS_RESOURCE) != 0
 }
 
 /// The credential changes (setgroups, setfsgid, setfsuid) the calling
@@ -121,9 +210,21 @@ pub struct IdentityGuard {
     gid: u32,
     /// The groups before, when they differ from the ones taken on.
     groups: Option<Vec<u32>>,
+    /// Whether the thread had CAP_SYS_RESOURCE before, for a guard taken
+    /// inside another.
+    resource: Option<bool>,
+    /// The guard acts on the thread that took it.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
-/// Switches the calling thread to `id`.
+/// Switches the calling thread to `id`: its fsuid, fsgid and groups, and
+/// CAP_SYS_RESOURCE only for root.
+///
+/// The outermost guard leaves CAP_SYS_RESOURCE as `id` had it when it is
+/// dropped: what the server does as itself between requests needs no
+/// quota exemption, and a thread that serves callers other than root then
+/// changes it once, not twice a request. A guard taken inside another
+/// gives it back as it was.
 pub fn assume(id: &Identity) -> IdentityGuard {
     let (uid, gid, groups) = CURRENT.with(|c| {
         let c = c.borrow();
@@ -133,7 +234,20 @@ pub fn assume(id: &Identity) -> IdentityGuard {
         set_groups(&id.groups);
     }
     set_fs_ids(id.uid, id.gid);
-    IdentityGuard { uid, gid, groups }
+    let nested = DEPTH.with(|d| {
+        let n = d.get();
+        d.set(n + 1);
+        n > 0
+    });
+    let resource = nested.then(has_resource_cap);
+    set_resource_cap(id.uid == 0);
+    IdentityGuard {
+        uid,
+        gid,
+        groups,
+        resource,
+        _thread: std::marker::PhantomData,
+    }
 }
 
 impl Drop for IdentityGuard {
@@ -142,11 +256,16 @@ impl Drop for IdentityGuard {
         if let Some(g) = &self.groups {
             set_groups(g);
         }
+        if let Some(had) = self.resource {
+            set_resource_cap(had);
+        }
+        DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
     }
 }
 
 /// Runs `f` with root's file system identity (needed to open handles),
-/// then restores the caller's.
+/// then restores the caller's. CAP_SYS_RESOURCE stays as it is: the
+/// server's own work needs no quota exemption.
 pub fn as_root<T>(f: impl FnOnce() -> T) -> T {
     let (old_uid, old_gid) = CURRENT.with(|c| {
         let c = c.borrow();
@@ -251,6 +370,99 @@ mod tests {
                 assert!(groups().is_empty(), "the caller kept groups 0 and 4");
             }
             assert_eq!(groups(), vec![0, 4]);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// CAP_SYS_RESOURCE in the thread's effective set, as the kernel
+    /// shows it.
+    fn resource_cap() -> bool {
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+        let eff = u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap();
+        eff & (1 << CAP_SYS_RESOURCE) != 0
+    }
+
+    /// A caller other than root runs without CAP_SYS_RESOURCE, so quotas
+    /// and a file system's reserved blocks hold for them, as the Linux
+    /// server does; root (a caller not squashed) has it. The outermost
+    /// guard leaves it as the caller had it, so a thread serving callers
+    /// other than root drops it once; a guard inside another gives it
+    /// back. Needs root; where root lacks CAP_SYS_RESOURCE (containers
+    /// often do), the test runs again in a user namespace of its own, in
+    /// which it has every capability.
+    #[test]
+    fn callers_other_than_root_lose_cap_sys_resource() {
+        const NAME: &str = "cred::tests::callers_other_than_root_lose_cap_sys_resource";
+        const INNER: &str = "SLUICE_TEST_IN_USER_NAMESPACE";
+        if !resource_cap() {
+            assert!(
+                std::env::var_os(INNER).is_none(),
+                "no CAP_SYS_RESOURCE even in a user namespace"
+            );
+            let out = std::process::Command::new("unshare")
+                .args(["--user", "--map-root-user"])
+                .arg(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--test-threads=1"])
+                .env(INNER, "1")
+                .output()
+                .expect("unshare (util-linux) runs");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "in a user namespace: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        std::thread::spawn(|| {
+            let user = Identity {
+                uid: 1000,
+                gid: 1000,
+                groups: vec![],
+            };
+            let root = Identity {
+                uid: 0,
+                gid: 0,
+                groups: vec![],
+            };
+            {
+                let _g = assume(&user);
+                assert!(
+                    !resource_cap(),
+                    "a caller other than root kept CAP_SYS_RESOURCE"
+                );
+                assert!(!has_resource_cap());
+                let before = changes();
+                as_root(|| assert!(!resource_cap()));
+                assert_eq!(changes() - before, 4, "as_root changed more than the ids");
+            }
+            assert!(
+                !resource_cap(),
+                "dropped and taken back around every request"
+            );
+            let before = changes();
+            {
+                let _g = assume(&user);
+                assert!(!resource_cap());
+            }
+            assert_eq!(
+                changes() - before,
+                4,
+                "fsuid and fsgid there and back, nothing else"
+            );
+            {
+                let _g = assume(&root);
+                assert!(resource_cap(), "root, not squashed, lacks CAP_SYS_RESOURCE");
+                {
+                    let _inner = assume(&user);
+                    assert!(!resource_cap());
+                }
+                assert!(resource_cap(), "the inner guard did not give it back");
+                assert_eq!(fs_ids(), (0, 0));
+            }
+            assert!(resource_cap());
         })
         .join()
         .unwrap();
