@@ -541,17 +541,35 @@ def _server_memory(pid: int) -> dict:
     return out
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _with_memory(server: str, measure: Callable[[Context], dict]) -> Callable[[Context], dict]:
     """`measure`, with the server's peak RSS during it (the kernel's
-    high-water mark, reset first) and its RSS at the end."""
+    high-water mark, reset first), its RSS at the end, and the CPU time
+    per operation of the server and of the client (sluice-load, the one
+    child that ends meanwhile), so that a fall in throughput can be put
+    on the side that costs more."""
 
     def run(ctx: Context) -> dict:
         pid = ctx.servers[server].proc.pid
         Path(f"/proc/{pid}/clear_refs").write_text("5\n")  # resets VmHWM
+        server_cpu = _cpu_seconds(pid)
+        children = os.times()
         result = measure(ctx)
+        server_cpu = _cpu_seconds(pid) - server_cpu
+        after = os.times()
+        client_cpu = (after.children_user - children.children_user) + (after.children_system - children.children_system)
         mem = _server_memory(pid)
         result["server_peak_rss_mib"] = mem.get("VmHWM", 0) / 1024
         result["server_rss_mib"] = mem.get("VmRSS", 0) / 1024
+        ops = result.get("ops") or 0
+        if ops > 0:
+            result["server_cpu_us_per_op"] = server_cpu * 1e6 / ops
+            result["client_cpu_us_per_op"] = client_cpu * 1e6 / ops
         return result
 
     return run

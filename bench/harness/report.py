@@ -57,7 +57,8 @@ def metric_of(result: dict, metric: str) -> float | None:
 
 
 METRICS = ["mb_per_s", "iops", "wire_data_bytes", "bytes", "server_disk_read_bytes", "disk_per_requested",
-           "disk_per_distinct", "server_peak_rss_mib", "server_rss_mib"] + [
+           "disk_per_distinct", "server_peak_rss_mib", "server_rss_mib", "server_cpu_us_per_op",
+           "client_cpu_us_per_op"] + [
     f"{kind}_{field}" for kind in ("read", "write") for field in LATENCY_FIELDS
 ] + [f"meta.{phase}.{field}" for phase in META_PHASES for field in META_FIELDS]
 
@@ -458,11 +459,15 @@ def _scale_tables(ix: Index, fs: str) -> list[str]:
             cell(ix.metric(at, GANESHA_READ, "read_p99_us")),
             cell(ix.metric(at, SLUICE_READ, "server_peak_rss_mib")),
             cell(ix.metric(at, GANESHA_READ, "server_peak_rss_mib")),
+            cell(ix.metric(at, SLUICE_READ, "server_cpu_us_per_op")),
+            cell(ix.metric(at, GANESHA_READ, "server_cpu_us_per_op")),
+            cell(ix.metric(at, SLUICE_READ, "client_cpu_us_per_op")),
         ]
         for kind, n, at in _scale_cases(ix, fs)
     ]
     header = ["reads", "connections", "sluice MB/s", "ganesha MB/s", "sluice/ganesha", "sluice p99 us",
-              "ganesha p99 us", "sluice peak RSS MiB", "ganesha peak RSS MiB"]  # fmt: skip
+              "ganesha p99 us", "sluice peak RSS MiB", "ganesha peak RSS MiB", "sluice CPU us/op",
+              "ganesha CPU us/op", "client CPU us/op (sluice)"]  # fmt: skip
     return _table(header, rows)
 
 

@@ -229,7 +229,7 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
     assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
 
 
-def test_scale_reads_with_many_connections_and_reports_memory(smoke):
+def test_scale_reads_with_many_connections_and_reports_memory_and_cpu(smoke):
     results, _, _ = smoke
     got = variants(results, "scale")
     for kind in ("8k", "1m"):
@@ -239,6 +239,8 @@ def test_scale_reads_with_many_connections_and_reports_memory(smoke):
                 assert r["streams"] == n and r["inflight"] == 1 and r["iops"] > 0, (kind, n, server)
                 assert r["read"]["p99_us"] > 0
                 assert 0 < r["server_rss_mib"] <= r["server_peak_rss_mib"], (kind, n, server, r)
+                # The server and the client each spend CPU on every read.
+                assert r["server_cpu_us_per_op"] > 0 and r["client_cpu_us_per_op"] > 0, (kind, n, server, r)
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "scale"}
     assert {"sluice/ganesha", "read p99 sluice/ganesha"} <= names
 
