@@ -13,6 +13,33 @@ REPO = Path(__file__).resolve().parents[2]
 BINARY = REPO / "target" / "release" / "sluice"
 
 
+def make_ext4(image: Path, size: int, *options: str):
+    """A new ext4 file system of `size` bytes in the file `image`, made
+    with mkfs.ext4 and `options`."""
+    with open(image, "wb") as f:
+        f.truncate(size)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *options, str(image)], check=True)
+
+
+class LoopMount:
+    """The file system in `image` on a loop device, mounted on `mnt` (an
+    existing directory) until close()."""
+
+    def __init__(self, image: Path, mnt: Path):
+        self.mnt = mnt
+        self.device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True,
+                                     capture_output=True, text=True).stdout.strip()
+        try:
+            subprocess.run(["mount", self.device, str(mnt)], check=True)
+        except BaseException:
+            subprocess.run(["losetup", "--detach", self.device], check=True)
+            raise
+
+    def close(self):
+        subprocess.run(["umount", str(self.mnt)], check=True)
+        subprocess.run(["losetup", "--detach", self.device], check=True)
+
+
 def build_binary() -> Path:
     """Build the release binary once per session (cargo is a no-op when fresh)."""
     subprocess.run(

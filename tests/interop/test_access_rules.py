@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 import rpcclient as rc
+from conftest import LoopMount, make_ext4
 from rpcclient import MSG_ACCEPTED, SUCCESS, Conn, Packer, Session, St, Unpacker, call_header, next_xid
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root")
@@ -628,17 +629,12 @@ def test_only_root_writes_into_the_blocks_kept_for_root(binary, tmp_path):
     never had it to give up; cred::tests::callers_other_than_root_lose_
     cap_sys_resource checks the switch itself, in a user namespace."""
     image = tmp_path / "reserve.img"
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "50", str(image)], check=True)
+    make_ext4(image, 64 << 20, "-m", "50")
     chunk = 256 << 10
     for name, rules, uid, into_reserve in (("user", "", 1000, False), ("root", 'squash = "none"', 0, True)):
         srv = ConfigServer(binary, tmp_path / name, export=rules)
-        device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True).stdout.strip()
-        mounted = False
+        disk = LoopMount(image, srv.export)
         try:
-            subprocess.run(["mount", device, str(srv.export)], check=True)
-            mounted = True
             os.chmod(srv.export, 0o777)
             st = os.statvfs(srv.export)
             users, everyone = st.f_bavail * st.f_frsize, st.f_bfree * st.f_frsize
@@ -668,9 +664,7 @@ def test_only_root_writes_into_the_blocks_kept_for_root(binary, tmp_path):
             assert_serves(srv)
         finally:
             srv.stop()
-            if mounted:
-                subprocess.run(["umount", str(srv.export)], check=True)
-            subprocess.run(["losetup", "--detach", device], check=True)
+            disk.close()
 
 
 # --- 6. READ and WRITE size limits -------------------------------------------

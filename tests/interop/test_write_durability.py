@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import rpcclient as rc
-from conftest import SluiceServer
+from conftest import LoopMount, SluiceServer, make_ext4
 from rpcclient import Client, expect_ok
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root (and mounts an ext4 image)")
@@ -32,26 +31,18 @@ CHUNK = 512 << 10  # WRITEs that fit the session's request size
 UNSTABLE, FILE_SYNC = 0, 2
 
 
-class Disk:
+class Disk(LoopMount):
     """An ext4 file system on a loop device."""
 
     def __init__(self, base: Path):
-        self.image, self.mnt = base / "ext4.img", base / "ext4"
-        with open(self.image, "wb") as f:
-            f.truncate(256 * MiB)
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True)
-        self.device = subprocess.run(["losetup", "--find", "--show", str(self.image)], check=True,
-                                     capture_output=True, text=True).stdout.strip()
-        self.mnt.mkdir()
-        subprocess.run(["mount", self.device, str(self.mnt)], check=True)
+        image = base / "ext4.img"
+        make_ext4(image, 256 * MiB)
+        (base / "ext4").mkdir()
+        super().__init__(image, base / "ext4")
 
     def sectors_written(self) -> int:
         """Sectors written to the device so far (field 7 of its stat)."""
         return int(Path(f"/sys/block/{Path(self.device).name}/stat").read_text().split()[6])
-
-    def close(self):
-        subprocess.run(["umount", str(self.mnt)], check=True)
-        subprocess.run(["losetup", "--detach", self.device], check=True)
 
 
 @pytest.fixture
