@@ -56,23 +56,24 @@ struct CapData {
 
 type CapSets = [CapData; 2];
 
+/// capget or capset (`nr`) of the calling thread's sets: version 3 takes
+/// a header and two data elements.
+fn capcall(nr: libc::c_long, data: *mut CapData) -> libc::c_long {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0, // the calling thread
+    };
+    // SAFETY: callers pass a two-element array; the kernel reads or
+    // writes that and the header, nothing else.
+    unsafe { libc::syscall(nr, &mut header as *mut CapHeader, data) }
+}
+
 fn thread_caps() -> CapSets {
     if let Some(c) = CAPS.with(|c| c.get()) {
         return c;
     }
-    let mut header = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
     let mut data = [CapData::default(); 2];
-    // SAFETY: the header and a two-element array, as version 3 asks.
-    unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut header as *mut CapHeader,
-            data.as_mut_ptr(),
-        );
-    }
+    capcall(libc::SYS_capget, data.as_mut_ptr());
     CAPS.with(|c| c.set(Some(data)));
     data
 }
@@ -91,19 +92,7 @@ fn set_resource_cap(want: bool) {
     } else {
         caps[0].effective &= !bit;
     }
-    let mut header = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    // SAFETY: the header and a two-element array, as version 3 asks;
-    // pid 0 is the calling thread.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_capset,
-            &mut header as *mut CapHeader,
-            caps.as_ptr(),
-        )
-    };
+    let r = capcall(libc::SYS_capset, caps.as_mut_ptr());
     counted(1);
     if r == 0 {
         CAPS.with(|c| c.set(Some(caps)));
