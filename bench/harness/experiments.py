@@ -547,7 +547,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _with_memory(server: str, measure: Callable[[Context], dict]) -> Callable[[Context], dict]:
+def _with_server_figures(server: str, measure: Callable[[Context], dict]) -> Callable[[Context], dict]:
     """`measure`, with the server's peak RSS during it (the kernel's
     high-water mark, reset first), its RSS at the end, and the CPU time
     per operation of the server and of the client (sluice-load, the one
@@ -585,7 +585,7 @@ def plan_scale(cfg: Config) -> list[Round]:
             variants = []
             for s in ("sluice", BASELINE, "ganesha"):
                 v = _load_variant(s, "read", path, spec, cfg, warm=SEQ_1M)
-                v.measure = _with_memory(s, v.measure)
+                v.measure = _with_server_figures(s, v.measure)
                 variants.append(v)
             cases[f"{kind}-{n}"] = variants
     return _rounds("scale", cfg, cases, ["warm"], cfg.size)
