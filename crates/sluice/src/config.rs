@@ -12,6 +12,7 @@
 //! direct_read_min = "256K"
 //! direct_write_min = "256K"  # default 0: no WRITE past the page cache
 //! read_cache = "2G"
+//! inline_quick_ops = 2       # default: the number of CPUs; 0: never
 //! read_plus_min_hole = "32K"
 //! require_privileged_port = false
 //! max_connections = 1024
@@ -84,6 +85,8 @@ pub struct ServerSection {
     pub direct_write_min: Option<Size>,
     /// Memory for data read with O_DIRECT, kept for the next reader.
     pub read_cache: Option<Size>,
+    /// Connection threads that may run quick metadata work at once.
+    pub inline_quick_ops: Option<usize>,
     /// READ_PLUS hole reporting threshold.
     pub read_plus_min_hole: Option<Size>,
     /// Refuse connections from source ports of 1024 and above.

@@ -87,6 +87,13 @@ struct ServeCli {
     /// write-mostly streams (backups, ingest); 0 never does [default: 0].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_write_min: Option<u64>,
+    /// How many connection threads may run quick metadata work themselves
+    /// at once (creating, renaming and removing names, small page-cache
+    /// writes, listing directories) rather than hand it to a request
+    /// thread, which saves a wake-up per request; 0 hands all of it over
+    /// [default: the number of CPUs].
+    #[arg(long)]
+    inline_quick_ops: Option<usize>,
     /// Memory (suffixes K, M, G) for data read with O_DIRECT, kept so that
     /// the next pass over a file is served from it [default: an eighth of
     /// the machine's memory].
@@ -254,6 +261,8 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     let mut config = Config {
         range_locks: !cli.unsafe_no_range_locks,
         nsm_portmap: cli.nsm_portmap,
+        // As many as the runtime has threads for connections (one per CPU).
+        quick_inline: std::thread::available_parallelism().map_or(1, |n| n.get()),
         ..Default::default()
     };
     if let Some(secs) = cli.lease_time.or(srv.lease_time) {
@@ -282,6 +291,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
         .or(srv.direct_write_min.map(|Size(n)| n))
     {
         config.direct_write_min = n;
+    }
+    if let Some(n) = cli.inline_quick_ops.or(srv.inline_quick_ops) {
+        config.quick_inline = n;
     }
     if let Some(n) = cli.read_cache.or(srv.read_cache.map(|Size(n)| n)) {
         config.read_cache = n;

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 23] = [
+        let counters: [(&str, &str, u64); 25] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -152,6 +152,16 @@ impl Collector for Collect {
                 "sluice_read_cache_hits",
                 "READs served from the server's cache of data read with O_DIRECT.",
                 load(&srv.read.bufcache.stats.hits),
+            ),
+            (
+                "sluice_inline_requests",
+                "Requests answered on their connection's thread with quick metadata work (names, small page-cache writes, directory listings) done there, not handed to a request thread.",
+                srv.inline.counts().0,
+            ),
+            (
+                "sluice_inline_slow",
+                "Quick work on a connection's thread that waited in the kernel for longer than 4 ms; each sends quick work to the request threads for 200 ms.",
+                srv.inline.counts().1,
             ),
             (
                 "sluice_reclaims",

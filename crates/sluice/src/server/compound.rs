@@ -3,14 +3,14 @@
 
 use super::callback::CbConn;
 use super::context::{Ctx, Fh};
-use super::context::{NoWaitGuard, Outcome};
+use super::context::{MayWaitGuard, NoWaitGuard, Outcome};
 use super::exports::Loc;
 use super::optable::{self, flags, Handler, OnPseudo, OpDesc};
 use super::state::session::SEQ4_STATUS_RECALLABLE_STATE_REVOKED;
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
-use crate::nfs4::consts::{op, status};
+use crate::nfs4::consts::{attr, op, status};
 use crate::nfs4::msg::{SequenceArgs, SequenceResOk, Xdr};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
@@ -102,6 +102,49 @@ pub(super) enum Step {
 /// A COMPOUND stopped before an op that may have to wait.
 pub(super) struct Paused(PausedAt);
 
+/// Where a COMPOUND's ops run, and so which of them may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// On a thread that may wait: every op.
+    Wait,
+    /// On the connection's task: the ops that touch only memory or only
+    /// try ([`flags::NO_WAIT`]).
+    NoWait,
+    /// On the connection's task, which the server lets run the
+    /// [`flags::QUICK`] ops too (see [`Paused::try_quick`]).
+    Quick,
+}
+
+/// stable_how4's UNSTABLE4.
+const UNSTABLE4: u32 = 0;
+
+/// Whether the QUICK op `opnum`, whose arguments `d` is at, may run on
+/// the connection's task: not when its arguments ask for work that goes
+/// to storage (a WRITE that is FILE_SYNC, DATA_SYNC, large or direct; a
+/// SETATTR of the size, which may free a large file's blocks) or an OPEN
+/// that would first write its client's stable record.
+fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
+    let mut d = d.clone();
+    match opnum {
+        op::WRITE => {
+            let (Ok(_), Ok(_), Ok(stable), Ok(len)) =
+                (d.skip(16), d.u64(), d.u32(), d.u32().map(|n| n as usize))
+            else {
+                return true; // a decoding error, answered at once
+            };
+            stable == UNSTABLE4 && super::inline::small_cached_write(cx.srv, len)
+        }
+        op::SETATTR => {
+            let (Ok(_), Ok(words)) = (d.skip(16), d.u32()) else {
+                return true;
+            };
+            words == 0 || d.u32().is_ok_and(|w| w & (1 << attr::SIZE) == 0)
+        }
+        op::OPEN => cx.clientid().is_ok_and(|c| cx.srv.state.client_recorded(c)),
+        _ => true,
+    }
+}
+
 enum PausedAt {
     /// Before its first op (one outside a session, which may wait).
     Start(Args),
@@ -155,12 +198,25 @@ impl Paused {
     /// Finishes the COMPOUND on the calling thread, which may wait.
     pub(super) fn resume(self, srv: &Server) -> Option<Encoder> {
         let step = match self.0 {
-            PausedAt::Start(args) => start(srv, args, false),
-            PausedAt::Midway(r) => run_ops(srv, r, false),
+            PausedAt::Start(args) => start(srv, args, Mode::Wait),
+            PausedAt::Midway(r) => run_ops(srv, r, Mode::Wait),
         };
         match step {
             Step::Done(body) => body,
             Step::Paused(_) => unreachable!("a COMPOUND allowed to wait does not pause"),
+        }
+    }
+
+    /// Goes on with the COMPOUND on the connection's task, as far as the
+    /// [`flags::QUICK`] ops and those that never wait take it: the caller
+    /// has made sure that the task may be held for as long as they take.
+    pub(super) fn try_quick(self, srv: &Server) -> Step {
+        match self.0 {
+            PausedAt::Midway(r) => {
+                let _nowait = NoWaitGuard::new();
+                run_ops(srv, r, Mode::Quick)
+            }
+            at @ PausedAt::Start(_) => Step::Paused(Paused(at)),
         }
     }
 }
@@ -184,7 +240,7 @@ pub fn process_compound(
         peer,
         conn: None,
     };
-    match start(srv, args, false) {
+    match start(srv, args, Mode::Wait) {
         Step::Done(body) => body,
         Step::Paused(p) => p.resume(srv),
     }
@@ -209,12 +265,12 @@ pub(super) fn try_compound(
         cred,
         peer,
     };
-    start(srv, args, true)
+    start(srv, args, Mode::NoWait)
 }
 
 /// Decodes the COMPOUND header and runs SEQUENCE (or the one op allowed
 /// outside a session), then the ops.
-fn start(srv: &Server, args: Args, nowait: bool) -> Step {
+fn start(srv: &Server, args: Args, mode: Mode) -> Step {
     let mut d = Decoder::new(args.args());
     let Ok(tag) = d.opaque(MAX_TAG) else {
         return Step::Done(None);
@@ -249,7 +305,7 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             status::OP_NOT_IN_SESSION
         } else if nops > 1 {
             status::NOT_ONLY_OP
-        } else if nowait {
+        } else if mode != Mode::Wait {
             // Client and session set-up may write to the state directory.
             return Step::Paused(Paused(PausedAt::Start(args)));
         } else {
@@ -367,13 +423,13 @@ fn start(srv: &Server, args: Args, nowait: bool) -> Step {
             cachethis,
             minor,
         }),
-        nowait,
+        mode,
     )
 }
 
-/// Runs the ops after SEQUENCE, then finishes the slot. With `nowait`,
-/// stops before an op that may wait and returns the rest.
-fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
+/// Runs the ops after SEQUENCE, then finishes the slot. Stops before an
+/// op that `mode` does not let run, and returns the rest.
+fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
     let mut last = status::OK;
     let mut paused = false;
     {
@@ -439,11 +495,23 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
                 last = status::OP_ILLEGAL;
                 break;
             };
-            if nowait && !desc.has(flags::NO_WAIT) {
+            let runs_here = match mode {
+                Mode::Wait => true,
+                Mode::NoWait => desc.has(flags::NO_WAIT),
+                Mode::Quick => {
+                    desc.has(flags::NO_WAIT)
+                        || (desc.has(flags::QUICK) && quick_args(&cx, opnum, &d))
+                }
+            };
+            if !runs_here {
                 *next = op_at;
                 paused = true;
                 break;
             }
+            // A quick op runs as it would on a worker: it is never stopped
+            // halfway for waiting, which might leave it half done.
+            let _may_wait =
+                (mode == Mode::Quick && !desc.has(flags::NO_WAIT)).then(MayWaitGuard::new);
             res.u32(opnum);
             let at = res.len();
             res.u32(0);
@@ -489,7 +557,10 @@ fn run_ops(srv: &Server, mut r: Box<Running>, nowait: bool) -> Step {
             let mut st = match run_op(&mut cx, desc, opnum, &mut d, res) {
                 Outcome::Done(st) => st,
                 Outcome::WouldBlock => {
-                    debug_assert!(nowait, "op {opnum} would block where waiting is allowed");
+                    debug_assert!(
+                        mode != Mode::Wait && _may_wait.is_none(),
+                        "op {opnum} would block where waiting is allowed"
+                    );
                     res.truncate(at - 4);
                     *next = op_at;
                     paused = true;

@@ -203,3 +203,19 @@ impl Drop for NoWaitGuard {
         MUST_NOT_WAIT.with(|c| c.set(false));
     }
 }
+
+/// Clears [`must_not_wait`] for the calling thread until dropped: for a
+/// quick op run on the connection's task as a worker would run it.
+pub(super) struct MayWaitGuard(bool);
+
+impl MayWaitGuard {
+    pub(super) fn new() -> Self {
+        MayWaitGuard(MUST_NOT_WAIT.with(|c| c.replace(false)))
+    }
+}
+
+impl Drop for MayWaitGuard {
+    fn drop(&mut self) {
+        MUST_NOT_WAIT.with(|c| c.set(self.0));
+    }
+}

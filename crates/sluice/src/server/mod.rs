@@ -8,6 +8,7 @@ mod context;
 pub mod copies;
 pub mod counters;
 pub mod exports;
+pub mod inline;
 pub mod leases;
 pub mod mount;
 pub mod nfs3;
@@ -85,6 +86,9 @@ pub struct Config {
     /// (the default: what is written that way is not in the page cache
     /// for readers that come soon after).
     pub direct_write_min: u64,
+    /// Connection tasks that may run quick ops themselves at once, rather
+    /// than hand them to a worker (see [`inline`]); 0: never.
+    pub quick_inline: usize,
 }
 
 /// Which delegations the server grants.
@@ -132,6 +136,7 @@ impl Default for Config {
             boot_id: None,
             shared_locks: false,
             direct_write_min: 0,
+            quick_inline: 0,
         }
     }
 }
@@ -165,6 +170,8 @@ pub struct Server {
     pub nlm: nlm::NlmServer,
     /// Descriptors NFSv3 READ and WRITE keep open between calls.
     pub v3_files: nfs3::FileCache,
+    /// Which connection tasks may run quick ops themselves.
+    pub inline: inline::Inline,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -224,6 +231,7 @@ impl Server {
             mounts: Default::default(),
             nlm: nlm::NlmServer::new(config.nsm_portmap),
             v3_files: Default::default(),
+            inline: inline::Inline::new(config.quick_inline),
             config,
             extents: Default::default(),
             metrics: Default::default(),
@@ -472,6 +480,30 @@ enum Rest {
 }
 
 impl Paused {
+    /// Goes on with a paused COMPOUND on the connection's task as far as
+    /// its quick ops take it (see `compound::Paused::try_quick`); other
+    /// calls come back as they are. The caller lets its task be held for
+    /// as long as the file system takes (see [`crate::net::Inline`]).
+    pub fn try_quick(self, srv: &Server) -> Call {
+        let xid = self.xid;
+        match self.rest {
+            Rest::Compound(rest) => match rest.try_quick(srv) {
+                compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
+                compound::Step::Paused(rest) => Call::Paused(Paused {
+                    xid,
+                    rest: Rest::Compound(rest),
+                }),
+            },
+            Rest::V3(record, proc_, at, cred, peer) if nfs3::quick(srv, proc_, &record[at..]) => {
+                Call::Done(v3_reply(
+                    xid,
+                    nfs3::call(srv, proc_, &record[at..], &cred, peer),
+                ))
+            }
+            rest => Call::Paused(Paused { xid, rest }),
+        }
+    }
+
     /// Finishes the call on the calling thread, which may wait, and
     /// returns the reply record.
     pub fn resume(self, srv: &Server) -> Option<Encoder> {

@@ -98,6 +98,36 @@ pub(super) fn may_try(proc_: u32) -> bool {
     )
 }
 
+/// Whether procedure `proc_`, with arguments `args`, may run on the
+/// connection's task when the server lets it run quick work there (see
+/// [`super::inline`]): the procedures that do what NFSv4's QUICK ops do,
+/// as a worker would do them. Not a WRITE that goes to storage, nor a
+/// SETATTR of the size.
+pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
+    let mut d = Decoder::new(args);
+    let Some(Ok(a)) = Args3::decode(proc_, &mut d) else {
+        return false;
+    };
+    match a {
+        Args3::Setattr(_, s, _) => s.size.is_none(),
+        Args3::Write(_, _, how, data) => {
+            how == stable::UNSTABLE && super::inline::small_cached_write(srv, data.len())
+        }
+        Args3::Create(..)
+        | Args3::Mkdir(..)
+        | Args3::Symlink(..)
+        | Args3::Mknod(..)
+        | Args3::Remove(..)
+        | Args3::Rmdir(..)
+        | Args3::Rename(..)
+        | Args3::Link(..)
+        | Args3::Readdir(..)
+        | Args3::Readdirplus(..)
+        | Args3::Readlink(..) => true,
+        _ => false,
+    }
+}
+
 type R<T> = Result<T, Nfsstat3>;
 
 fn st3(st: Nfsstat4) -> Nfsstat3 {

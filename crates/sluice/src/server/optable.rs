@@ -77,6 +77,13 @@ pub(super) mod flags {
     /// caller for it; ops that move filehandles and ops on no object need
     /// no switch either. Each switch costs the kernel a new credential.
     pub(crate) const ANY_IDENTITY: u16 = 1 << 10;
+    /// Changes or reads directories and inodes, which the kernel does from
+    /// its caches in microseconds when the file system is well: may run on
+    /// the connection's task when the server lets it (see
+    /// `compound::quick_args` for the arguments that keep an op off it,
+    /// and `net::Inline` for when). Never an op that writes data to
+    /// storage, waits for a client, or holds locks for long.
+    pub(crate) const QUICK: u16 = 1 << 11;
 }
 
 /// One row of the op table.
@@ -185,7 +192,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "CREATE",
         ops_fs::create,
         ROFS,
-        CHANGES_FS | MODIFIES | CLEARS_STATEID,
+        CHANGES_FS | MODIFIES | CLEARS_STATEID | QUICK,
         CINFO + BITMAP,
     ),
     unsupported("DELEGPURGE", NO_OBJECT),
@@ -202,7 +209,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "LINK",
         ops_fs::link,
         ROFS,
-        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS | QUICK,
         CINFO,
     ),
     row(
@@ -231,7 +238,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "LOOKUPP",
         ops_fs::lookupp,
         OnPseudo::Run(ops_pseudo::lookupp),
-        CLEARS_STATEID,
+        CLEARS_STATEID | QUICK,
         0,
     ),
     row("NVERIFY", ops_fs::nverify, SAME, 0, 0),
@@ -239,7 +246,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "OPEN",
         ops_file::open,
         ROFS,
-        MODIFIES,
+        MODIFIES | QUICK,
         SID + CINFO + 4 + BITMAP + 4,
     ),
     unsupported("OPENATTR", 0),
@@ -283,22 +290,28 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "READDIR",
         ops_fs::readdir,
         OnPseudo::Run(ops_pseudo::readdir),
-        0,
+        QUICK,
         0,
     ),
     row(
         "READLINK",
         ops_fs::readlink,
         OnPseudo::Fail(status::INVAL),
-        0,
+        QUICK,
         0,
     ),
-    row("REMOVE", ops_fs::remove, ROFS, CHANGES_FS | MODIFIES, CINFO),
+    row(
+        "REMOVE",
+        ops_fs::remove,
+        ROFS,
+        CHANGES_FS | MODIFIES | QUICK,
+        CINFO,
+    ),
     row(
         "RENAME",
         ops_fs::rename,
         ROFS,
-        CHANGES_FS | MODIFIES | TWO_OBJECTS,
+        CHANGES_FS | MODIFIES | TWO_OBJECTS | QUICK,
         2 * CINFO,
     ),
     unsupported("RENEW", V40_ONLY),
@@ -315,7 +328,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "SETATTR",
         ops_fs::setattr,
         ROFS,
-        CHANGES_FS | MODIFIES,
+        CHANGES_FS | MODIFIES | QUICK,
         BITMAP,
     ),
     unsupported("SETCLIENTID", V40_ONLY),
@@ -325,7 +338,7 @@ static OPS: [OpDesc; op::LAST_KNOWN as usize + 1] = [
         "WRITE",
         ops_file::write,
         ROFS,
-        CHANGES_FS | MODIFIES,
+        CHANGES_FS | MODIFIES | QUICK,
         4 + 4 + 8,
     ),
     unsupported("RELEASE_LOCKOWNER", V40_ONLY),

@@ -885,3 +885,211 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
     assert_eq!(got.as_deref(), Some(&b"root only"[..]));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Where a COMPOUND was finished: on the connection's task without
+/// waiting, on it by its quick ops (`Paused::try_quick`), or on a worker.
+#[derive(Debug, PartialEq, Eq)]
+enum RanOn {
+    Task,
+    Quick,
+    Worker,
+}
+
+/// Runs a COMPOUND as the connection task does when it has a turn at
+/// quick ops, and says where it was finished.
+fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
+    use super::compound::{try_compound, Step};
+    let paused = match try_compound(srv, args, 0, root(), None, None) {
+        Step::Done(body) => return (body.expect("framed").into_inner(), RanOn::Task),
+        Step::Paused(p) => p,
+    };
+    match paused.try_quick(srv) {
+        Step::Done(body) => (body.expect("framed").into_inner(), RanOn::Quick),
+        Step::Paused(p) => (p.resume(srv).expect("framed").into_inner(), RanOn::Worker),
+    }
+}
+
+/// Name changes, small UNSTABLE WRITEs and attribute changes other than
+/// the size are quick: the connection's task runs them when it may. What
+/// goes to storage (COMMIT, FILE_SYNC and large WRITEs, a SETATTR of the
+/// size, the first OPEN of a client, which writes its stable record) is
+/// still handed to a worker. Each op runs once and does its work.
+#[test]
+fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
+    use crate::nfs4::msg::{
+        CommitArgs, Createhow4, OpenArgs, OpenClaim4, Openflag4, SetattrArgs, StateOwner4,
+        WriteArgs,
+    };
+    let (srv, dir) = server("quick");
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    std::fs::write(dir.join("gone"), b"x").unwrap();
+    let sid = session(&srv);
+    let mut seq = 0;
+    let mut run = |rest: Vec<(u32, Vec<u8>)>| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(rest);
+        let (body, on) = run_quick(&srv, compound(1, &all));
+        let (st, results, _, _) = split_results(&body);
+        assert_eq!(st, status::OK, "{results:?}");
+        on
+    };
+    let file = || vec![(op::PUTROOTFH, vec![]), lookup_op("f")];
+    let write = |stable: u32, len: usize| {
+        let mut e = Encoder::new();
+        WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset: 0,
+            stable,
+            data: &vec![7u8; len],
+        }
+        .encode(&mut e);
+        (op::WRITE, e.into_inner())
+    };
+    let setattr = |bits: &[u32], vals: Vec<u8>| {
+        let a = SetattrArgs {
+            stateid: Stateid4::ANONYMOUS,
+            attrs: Fattr4 {
+                mask: Bitmap4::of(bits),
+                vals,
+            },
+        };
+        (op::SETATTR, args(&a))
+    };
+    let open = |name: &str| {
+        let a = OpenArgs {
+            seqid: 0,
+            share_access: 3,
+            share_deny: 0,
+            owner: StateOwner4 {
+                clientid: 0,
+                owner: b"quick".to_vec(),
+            },
+            openhow: Openflag4::Create(Createhow4::Unchecked(Fattr4::default())),
+            claim: OpenClaim4::Null(Component4::new(name)),
+        };
+        (op::OPEN, args(&a))
+    };
+
+    // The first OPEN writes the client's stable record: a worker's job.
+    let on = run(vec![(op::PUTROOTFH, vec![]), open("o1")]);
+    assert_eq!(on, RanOn::Worker, "an OPEN that writes the client's record");
+    let on = run(vec![(op::PUTROOTFH, vec![]), open("o2")]);
+    assert_eq!(on, RanOn::Quick, "an OPEN of a recorded client");
+    assert!(dir.join("o2").exists());
+
+    let on = run(vec![
+        (op::PUTROOTFH, vec![]),
+        (op::REMOVE, args(&Component4::new("gone"))),
+    ]);
+    assert_eq!(on, RanOn::Quick, "REMOVE");
+    assert!(!dir.join("gone").exists());
+    let rename = args(&RenameArgs {
+        oldname: Component4::new("o1"),
+        newname: Component4::new("o3"),
+    });
+    let on = run(vec![
+        (op::PUTROOTFH, vec![]),
+        (op::SAVEFH, vec![]),
+        (op::RENAME, rename),
+    ]);
+    assert_eq!(on, RanOn::Quick, "RENAME");
+    assert!(dir.join("o3").exists() && !dir.join("o1").exists());
+
+    let on = run([file(), vec![write(0, 4096)]].concat());
+    assert_eq!(on, RanOn::Quick, "a 4 KiB UNSTABLE WRITE");
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), vec![7u8; 4096]);
+    for (stable, len, what) in [
+        (2, 4096, "a FILE_SYNC WRITE"),
+        (1, 4096, "a DATA_SYNC WRITE"),
+        (0, super::inline::QUICK_WRITE + 4096, "a large WRITE"),
+    ] {
+        let on = run([file(), vec![write(stable, len)]].concat());
+        assert_eq!(on, RanOn::Worker, "{what}");
+    }
+    let commit = args(&CommitArgs {
+        offset: 0,
+        count: 0,
+    });
+    assert_eq!(
+        run([file(), vec![(op::COMMIT, commit)]].concat()),
+        RanOn::Worker
+    );
+
+    let on = run([
+        file(),
+        vec![setattr(&[attr::MODE], 0o600u32.to_be_bytes().to_vec())],
+    ]
+    .concat());
+    assert_eq!(on, RanOn::Quick, "a SETATTR of the mode");
+    let on = run([
+        file(),
+        vec![setattr(&[attr::SIZE], 10u64.to_be_bytes().to_vec())],
+    ]
+    .concat());
+    assert_eq!(on, RanOn::Worker, "a SETATTR of the size");
+    let meta = std::fs::metadata(dir.join("f")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!((meta.len(), meta.permissions().mode() & 0o777), (10, 0o600));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// NFSv3's procedures that do what NFSv4's quick ops do are quick too,
+/// with the same exceptions for work that goes to storage.
+#[test]
+fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
+    use crate::nfs3::{proc3, stable};
+    let (srv, dir) = server("quick3");
+    let fh = [9u8; 32];
+    let write = |how: u32, len: usize| {
+        let mut e = Encoder::new();
+        e.opaque(&fh);
+        e.u64(0);
+        e.u32(len as u32);
+        e.u32(how);
+        e.opaque(&vec![1u8; len]);
+        e.into_inner()
+    };
+    let dirop = {
+        let mut e = Encoder::new();
+        e.opaque(&fh);
+        e.string("name");
+        e.into_inner()
+    };
+    let setattr = |size: bool| {
+        let mut e = Encoder::new();
+        e.opaque(&fh);
+        // sattr3: mode, uid, gid not set; size set or not; times kept.
+        e.u32(1);
+        e.u32(0o644);
+        e.u32(0);
+        e.u32(0);
+        e.u32(size as u32);
+        if size {
+            e.u64(0);
+        }
+        e.u32(0);
+        e.u32(0);
+        e.u32(0); // no ctime guard
+        e.into_inner()
+    };
+    let quick = |p: u32, a: &[u8]| super::nfs3::quick(&srv, p, a);
+    assert!(quick(proc3::REMOVE, &dirop));
+    assert!(quick(proc3::RMDIR, &dirop));
+    assert!(quick(proc3::WRITE, &write(stable::UNSTABLE, 4096)));
+    assert!(!quick(proc3::WRITE, &write(stable::FILE_SYNC, 4096)));
+    assert!(!quick(proc3::WRITE, &write(stable::DATA_SYNC, 4096)));
+    assert!(!quick(proc3::WRITE, &write(stable::UNSTABLE, 128 * 1024)));
+    assert!(quick(proc3::SETATTR, &setattr(false)));
+    assert!(!quick(proc3::SETATTR, &setattr(true)));
+    let mut commit = Encoder::new();
+    commit.opaque(&fh);
+    commit.u64(0);
+    commit.u32(0);
+    assert!(!quick(proc3::COMMIT, &commit.into_inner()));
+    // Malformed arguments are not quick: the worker answers GARBAGE_ARGS.
+    assert!(!quick(proc3::REMOVE, &[0, 0, 0]));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -457,6 +457,15 @@ impl StateTable {
         Ok(())
     }
 
+    /// Whether `clientid`'s stable record is written, so that granting it
+    /// state writes nothing to storage.
+    pub fn client_recorded(&self, clientid: u64) -> bool {
+        self.lock()
+            .clients
+            .get(&clientid)
+            .is_some_and(|c| c.recorded)
+    }
+
     /// Writes the client's stable record, if it is not written yet: before
     /// any state is granted to it. NFS4ERR_SERVERFAULT when the store
     /// cannot be written (nothing is granted then).
