@@ -478,6 +478,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
         let mut as_caller: Option<(Loc, cred::IdentityGuard)> = None;
         // The export cx.id was worked out for.
         let mut id_loc = Loc::Export(0);
+        let first_count = *count;
         while *left > 0 {
             let op_at = d.position();
             let Ok(opnum) = d.u32() else {
@@ -495,13 +496,16 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
                 last = status::OP_ILLEGAL;
                 break;
             };
+            let quick = || desc.has(flags::QUICK) && quick_args(&cx, opnum, &d);
             let runs_here = match mode {
                 Mode::Wait => true,
                 Mode::NoWait => desc.has(flags::NO_WAIT),
-                Mode::Quick => {
-                    desc.has(flags::NO_WAIT)
-                        || (desc.has(flags::QUICK) && quick_args(&cx, opnum, &d))
-                }
+                // The op the COMPOUND stopped at runs here only if it is
+                // quick: one that tried and found it would wait is not
+                // tried again (a READ's second try would tell the
+                // readahead engine of a second request in flight).
+                Mode::Quick if *count == first_count => quick(),
+                Mode::Quick => desc.has(flags::NO_WAIT) || quick(),
             };
             if !runs_here {
                 *next = op_at;

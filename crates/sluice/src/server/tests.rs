@@ -1093,3 +1093,88 @@ fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     assert!(!quick(proc3::REMOVE, &[0, 0, 0]));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A READ that found it would have to wait is not tried again by the
+/// quick path: a cold reader with one large READ at a time stays on the
+/// page-cache path, where a second try would have told the readahead
+/// engine of two READs in flight and sent the stream past the page cache.
+#[test]
+fn the_quick_path_does_not_try_a_waiting_read_again() {
+    use crate::nfs4::msg::{OpenArgs, OpenClaim4, OpenResOk, Openflag4, StateOwner4};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering;
+    let (srv, dir) = server("quickread");
+    const MIB: usize = 1 << 20;
+    // Half a MiB per READ: the session's replies are at most 1 MiB.
+    const BS: usize = MIB / 2;
+    let data: Vec<u8> = (0..16 * MIB).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.join("cold"), &data).unwrap();
+    let f = std::fs::File::open(dir.join("cold")).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on a descriptor we own.
+    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    let sid = session(&srv);
+    // Read through an open, as clients do: its READs are one stream.
+    let open = args(&OpenArgs {
+        seqid: 0,
+        share_access: 1,
+        share_deny: 0,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: b"reader".to_vec(),
+        },
+        openhow: Openflag4::NoCreate,
+        claim: OpenClaim4::Null(Component4::new("cold")),
+    });
+    let r = process_compound_ok(
+        &srv,
+        &compound(
+            1,
+            &[
+                sequence(&sid, 1, 0, false),
+                (op::PUTROOTFH, vec![]),
+                (op::OPEN, open),
+            ],
+        ),
+    );
+    let mut d = Decoder::new(&r.body);
+    reply_start(&mut d);
+    SequenceResOk::decode(&mut d).unwrap();
+    skip_results(&mut d, 1);
+    assert_eq!(next_result(&mut d), (op::OPEN, status::OK));
+    let stateid = OpenResOk::decode(&mut d).unwrap().stateid;
+    let mut went_to_worker = 0;
+    for (i, offset) in (0..data.len()).step_by(BS).enumerate() {
+        let read = args(&ReadArgs {
+            stateid,
+            offset: offset as u64,
+            count: BS as u32,
+        });
+        let ops = [
+            sequence(&sid, i as u32 + 2, 0, false),
+            (op::PUTROOTFH, vec![]),
+            lookup_op("cold"),
+            (op::READ, read),
+        ];
+        let (body, on) = run_quick(&srv, compound(1, &ops));
+        went_to_worker += (on == RanOn::Worker) as u32;
+        let (st, results, got, _) = split_results(&body);
+        assert_eq!(st, status::OK, "{results:?}");
+        assert!(
+            got.unwrap() == data[offset..offset + BS],
+            "READ at {offset}"
+        );
+    }
+    assert!(went_to_worker > 0, "no READ of the cold file waited");
+    let direct = srv
+        .read
+        .readahead
+        .stats
+        .direct_bytes
+        .load(Ordering::Relaxed);
+    assert_eq!(
+        direct, 0,
+        "a reader with one READ in flight went past the page cache"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
