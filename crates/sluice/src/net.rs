@@ -432,10 +432,28 @@ async fn connection(
         // First here, as far as it goes without waiting: requests for
         // cached data and in-memory state are answered without leaving
         // this thread.
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             srv.try_call_on(record, ip, Some(&cb))
         }));
-        let mut paused = match first {
+        // Then its quick ops, here too, when nothing of this connection
+        // would wait behind them and the server has a turn free (see
+        // `server::inline`): a worker's wake-up costs about as much.
+        if let Ok(Call::Paused(p)) = call {
+            let alone = slots.available_permits() == MAX_IN_FLIGHT - 1 && rd.buffer().is_empty();
+            call = match alone.then(|| srv.inline.enter()).flatten() {
+                Some(turn) => {
+                    let quick = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        p.try_quick(&srv)
+                    }));
+                    if let Ok(Call::Done(_)) = quick {
+                        turn.answered();
+                    }
+                    quick
+                }
+                None => Ok(Call::Paused(p)),
+            };
+        }
+        let paused = match call {
             Ok(Call::Paused(p)) => p,
             Ok(Call::Done(reply)) => {
                 outbox.deliver(Ok(reply), mem, permit);
@@ -447,30 +465,6 @@ async fn connection(
                 continue;
             }
         };
-        // Then its quick ops, here too, when nothing of this connection
-        // would wait behind them and the server has a turn free (see
-        // `server::inline`): a worker's wake-up costs about as much.
-        let alone = slots.available_permits() == MAX_IN_FLIGHT - 1 && rd.buffer().is_empty();
-        if let Some(turn) = alone.then(|| srv.inline.enter()).flatten() {
-            let quick =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.try_quick(&srv)));
-            if let Ok(Call::Done(_)) = quick {
-                turn.answered();
-            }
-            drop(turn);
-            paused = match quick {
-                Ok(Call::Paused(p)) => p,
-                Ok(Call::Done(reply)) => {
-                    outbox.deliver(Ok(reply), mem, permit);
-                    start_callbacks(&cb);
-                    continue;
-                }
-                Err(e) => {
-                    outbox.deliver(Err(e), mem, permit);
-                    continue;
-                }
-            };
-        }
         let srv = srv.clone();
         let outbox = outbox.clone();
         let cb = cb.clone();
