@@ -12,10 +12,10 @@
 //!
 //! - when its connection has no other request in flight and none waiting
 //!   to be read (nothing queues behind the op);
-//! - while fewer than [`Inline::max`] tasks are doing so (the server sizes
-//!   its runtime so that a thread is always left for the network);
-//! - and not for [`PAUSE`] after an op run so slept in the kernel for
-//!   longer than [`SLOW`]: the file system is waiting for its storage
+//! - while fewer than [`Inline::max`] tasks are doing so (by default one
+//!   per CPU, as many as the runtime has threads for connections);
+//! - and not for [`PAUSE`] after an op run this way slept in the kernel
+//!   for longer than [`SLOW`]: the file system is waiting for its storage
 //!   (cold inodes, a full journal, writeback throttling), and its ops go
 //!   to the workers, where waiting holds up no one else.
 

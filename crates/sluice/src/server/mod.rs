@@ -483,7 +483,7 @@ impl Paused {
     /// Goes on with a paused COMPOUND on the connection's task as far as
     /// its quick ops take it (see `compound::Paused::try_quick`); other
     /// calls come back as they are. The caller lets its task be held for
-    /// as long as the file system takes (see [`crate::net::Inline`]).
+    /// as long as the file system takes (see [`inline::Inline`]).
     pub fn try_quick(self, srv: &Server) -> Call {
         let xid = self.xid;
         match self.rest {
