@@ -208,7 +208,7 @@ impl StateTable {
         let mut inner = self.lock();
         let file = req.file;
         if !req.reclaim {
-            if inner.grace.active_at(Instant::now()) {
+            if inner.grace.active() {
                 // New delegations could conflict with what is being
                 // reclaimed.
                 return None;

@@ -117,15 +117,19 @@ impl Grace {
     }
 
     /// True while new opens and locks must wait: grace has not been
-    /// ended, its time is not up, and somebody may still reclaim. Derived
-    /// from the clock, so no op waits for the bookkeeping of
-    /// [`StateTable::grace_check_end`] to see grace end.
-    pub(super) fn active_at(&self, now: Instant) -> bool {
+    /// ended and somebody may still reclaim. When its time is up, grace
+    /// ends only in [`StateTable::grace_check_end`], once the record store
+    /// has it (the expiry round wakes for that moment), as on the Linux
+    /// server: were the clock alone to end it, a newcomer could be granted
+    /// state that a client who missed this grace would still reclaim
+    /// after a restart that came before the store knew (RFC 8881 section
+    /// 8.4.3, edge condition 2).
+    pub(super) fn active(&self) -> bool {
         if self.cluster.is_some() {
             // The cluster's grace ends when the store says so.
             return self.active;
         }
-        self.active && !self.waiting.is_empty() && self.ends.is_none_or(|e| now < e)
+        self.active && !self.waiting.is_empty()
     }
 
     /// True when this node of a cluster cannot reach the store.
@@ -279,7 +283,7 @@ impl StateTable {
     /// The grace period as it stands now.
     pub fn grace_status(&self) -> GraceStatus {
         let inner = self.lock();
-        let active = inner.grace.active_at(Instant::now());
+        let active = inner.grace.active();
         GraceStatus {
             active,
             waiting: if active { inner.grace.waiting.len() } else { 0 },
@@ -296,7 +300,7 @@ impl StateTable {
     /// state that a reclaim might conflict with (REMOVE, RENAME, I/O with
     /// a special stateid). Never waits (no store write).
     pub fn check_not_in_grace(&self) -> Result<(), Nfsstat4> {
-        if self.lock().grace.active_at(Instant::now()) {
+        if self.lock().grace.active() {
             Err(status::GRACE)
         } else {
             Ok(())
@@ -323,10 +327,9 @@ impl StateTable {
         &self,
         inner: &super::Inner,
         clientid: u64,
-        now: Instant,
     ) -> Result<(), Nfsstat4> {
         let c = inner.clients.get(&clientid).ok_or(status::STALE_CLIENTID)?;
-        if !inner.grace.active_at(now) || c.reclaim_complete {
+        if !inner.grace.active() || c.reclaim_complete {
             return Err(status::NO_GRACE);
         }
         if !c.reclaimable {
@@ -345,12 +348,8 @@ impl StateTable {
     }
 
     /// NFS4ERR_GRACE for a new open or lock while in grace.
-    pub(super) fn check_new_state(
-        &self,
-        inner: &super::Inner,
-        now: Instant,
-    ) -> Result<(), Nfsstat4> {
-        if inner.grace.active_at(now) {
+    pub(super) fn check_new_state(&self, inner: &super::Inner) -> Result<(), Nfsstat4> {
+        if inner.grace.active() {
             Err(status::GRACE)
         } else if inner.grace.isolated() {
             // Out of touch with the cluster: another node may be granting
@@ -369,7 +368,7 @@ impl StateTable {
         inner: &super::Inner,
         now: Instant,
     ) -> Result<(), Nfsstat4> {
-        self.check_new_state(inner, now)?;
+        self.check_new_state(inner)?;
         if inner.grace.nlm_active_at(now) {
             Err(status::GRACE)
         } else {
@@ -381,6 +380,6 @@ impl StateTable {
     pub fn nlm_in_grace(&self) -> bool {
         let inner = self.lock();
         let now = Instant::now();
-        inner.grace.active_at(now) || inner.grace.nlm_active_at(now)
+        inner.grace.active() || inner.grace.nlm_active_at(now)
     }
 }

@@ -172,7 +172,7 @@ impl StateTable {
     ) -> Result<Result<(), Denied>, NlmRefusal> {
         let mut inner = self.lock();
         let now = Instant::now();
-        let in_grace = inner.grace.active_at(now) || inner.grace.nlm_active_at(now);
+        let in_grace = inner.grace.active() || inner.grace.nlm_active_at(now);
         if in_grace != reclaim {
             return Err(NlmRefusal::Grace);
         }
@@ -233,7 +233,7 @@ impl StateTable {
     ) -> Result<Option<Denied>, NlmRefusal> {
         let mut inner = self.lock();
         let now = Instant::now();
-        if inner.grace.active_at(now) || inner.grace.nlm_active_at(now) {
+        if inner.grace.active() || inner.grace.nlm_active_at(now) {
             return Err(NlmRefusal::Grace);
         }
         let clientid = self.nlm_host_id(&mut inner, host);

@@ -443,7 +443,7 @@ impl StateTable {
         for _ in 0..4 {
             let mut inner = self.lock();
             let now = Instant::now();
-            self.check_grace(&inner, req.clientid, req.reclaim, now)?;
+            self.check_grace(&inner, req.clientid, req.reclaim)?;
             let holders =
                 inner
                     .ids
@@ -664,17 +664,11 @@ impl StateTable {
 
     /// Checks grace for an OPEN or a LOCK: reclaims only during grace and
     /// from clients known from before, new opens and locks only after it.
-    fn check_grace(
-        &self,
-        inner: &Inner,
-        clientid: u64,
-        reclaim: bool,
-        now: Instant,
-    ) -> Result<(), Nfsstat4> {
+    fn check_grace(&self, inner: &Inner, clientid: u64, reclaim: bool) -> Result<(), Nfsstat4> {
         if reclaim {
-            self.check_reclaim(inner, clientid, now)
+            self.check_reclaim(inner, clientid)
         } else {
-            self.check_new_state(inner, now)
+            self.check_new_state(inner)
         }
     }
 
@@ -688,7 +682,7 @@ impl StateTable {
         now: Instant,
     ) -> Result<(), Nfsstat4> {
         if reclaim {
-            self.check_reclaim(inner, clientid, now)
+            self.check_reclaim(inner, clientid)
         } else {
             self.check_new_lock(inner, now)
         }

@@ -874,6 +874,57 @@ fn grace_lets_known_clients_reclaim_first() {
         .is_err());
 }
 
+/// Grace whose time is up still holds until the expiry round has
+/// recorded its end in the store: a newcomer granted state before that,
+/// and a restart right after, would let a client that missed this grace
+/// reclaim in the next (RFC 8881 section 8.4.3, edge condition 2).
+#[test]
+fn grace_ends_when_the_store_has_its_end_not_when_the_clock_says() {
+    let store = Arc::new(recovery::SqliteRecovery::in_memory());
+    let t = started(&store, Duration::from_secs(60));
+    let (a, _) = confirmed(&t, b"a", 1);
+    t.reclaim_complete(a, false).unwrap();
+    drop(t);
+    let grace = Duration::from_millis(20);
+    let t = started(&store, grace);
+    assert!(t.grace_status().active);
+    // The time passes (what is measured here is that time alone changes
+    // nothing), and nothing has ended grace yet.
+    std::thread::sleep(grace * 2);
+    assert_eq!(
+        t.check_not_in_grace(),
+        Err(status::GRACE),
+        "grace over by the clock alone"
+    );
+    assert!(t.grace_status().active);
+    let (b, _) = confirmed(&t, b"b", 2);
+    assert_eq!(
+        t.open(open_req(b, b"o", (1, 1), 3, 0), |_| devnull())
+            .unwrap_err(),
+        status::GRACE
+    );
+    // A restart now: a is still known and may reclaim.
+    drop(t);
+    let t = started(&store, grace);
+    assert_eq!(
+        t.grace_status().waiting,
+        1,
+        "a missed grace before its end was recorded"
+    );
+    // The expiry round records the end; only then does grace end.
+    std::thread::sleep(grace * 2);
+    t.expire_at(Instant::now());
+    assert!(!t.grace_status().active);
+    assert_eq!(t.check_not_in_grace(), Ok(()));
+    drop(t);
+    let t = started(&store, Duration::from_secs(60));
+    let (a, _) = confirmed(&t, b"a", 1);
+    assert_eq!(
+        t.open(reclaim_req(a, (1, 1)), |_| devnull()).unwrap_err(),
+        status::NO_GRACE
+    );
+}
+
 #[test]
 fn a_client_that_misses_grace_may_not_reclaim_later() {
     let store = Arc::new(recovery::SqliteRecovery::in_memory());
