@@ -81,7 +81,7 @@ pub(super) mod flags {
     /// its caches in microseconds when the file system is well: may run on
     /// the connection's task when the server lets it (see
     /// `compound::quick_args` for the arguments that keep an op off it,
-    /// and `net::Inline` for when). Never an op that writes data to
+    /// and `server::inline` for when). Never an op that writes data to
     /// storage, waits for a client, or holds locks for long.
     pub(crate) const QUICK: u16 = 1 << 11;
 }
