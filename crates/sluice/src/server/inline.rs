@@ -12,7 +12,7 @@
 //!
 //! - when its connection has no other request in flight and none waiting
 //!   to be read (nothing queues behind the op);
-//! - while fewer than [`Inline::max`] tasks are doing so (by default one
+//! - while fewer than `max` tasks (see [`Inline::new`]) are doing so (by default one
 //!   per CPU, as many as the runtime has threads for connections);
 //! - and not for [`PAUSE`] after an op run this way slept in the kernel
 //!   for longer than [`SLOW`]: the file system is waiting for its storage
@@ -65,11 +65,6 @@ impl Inline {
             answered: AtomicU64::new(0),
             slow: AtomicU64::new(0),
         }
-    }
-
-    /// At most this many connection tasks run quick ops at once.
-    pub fn max(&self) -> usize {
-        self.max
     }
 
     /// Calls answered on their connection's task after quick ops, and
