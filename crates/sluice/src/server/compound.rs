@@ -11,7 +11,7 @@ use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
 use crate::nfs4::consts::{attr, op, status};
-use crate::nfs4::msg::{SequenceArgs, SequenceResOk, Xdr};
+use crate::nfs4::msg::{SequenceArgs, SequenceResOk, SetattrArgs, WriteArgs, Xdr};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
@@ -124,22 +124,15 @@ const UNSTABLE4: u32 = 0;
 /// SETATTR of the size, which may free a large file's blocks) or an OPEN
 /// that would first write its client's stable record.
 fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
+    // Malformed arguments are answered at once (NFS4ERR_BADXDR): quick.
     let mut d = d.clone();
     match opnum {
-        op::WRITE => {
-            let (Ok(_), Ok(_), Ok(stable), Ok(len)) =
-                (d.skip(16), d.u64(), d.u32(), d.u32().map(|n| n as usize))
-            else {
-                return true; // a decoding error, answered at once
-            };
-            stable == UNSTABLE4 && super::inline::small_cached_write(cx.srv, len)
-        }
-        op::SETATTR => {
-            let (Ok(_), Ok(words)) = (d.skip(16), d.u32()) else {
-                return true;
-            };
-            words == 0 || d.u32().is_ok_and(|w| w & (1 << attr::SIZE) == 0)
-        }
+        op::WRITE => WriteArgs::decode(&mut d, usize::MAX).ok().is_none_or(|a| {
+            a.stable == UNSTABLE4 && super::inline::small_cached_write(cx.srv, a.data.len())
+        }),
+        op::SETATTR => SetattrArgs::decode(&mut d)
+            .ok()
+            .is_none_or(|a| !a.attrs.mask.has(attr::SIZE)),
         op::OPEN => cx.clientid().is_ok_and(|c| cx.srv.state.client_recorded(c)),
         _ => true,
     }
