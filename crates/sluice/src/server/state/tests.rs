@@ -790,6 +790,16 @@ fn started(store: &Arc<recovery::SqliteRecovery>, grace: Duration) -> StateTable
     StateTable::start(settings, 3, store.clone()).unwrap()
 }
 
+/// A record store from an earlier start in which client "a" is on record
+/// (it sent RECLAIM_COMPLETE), so the next start waits for it in grace.
+fn store_knowing_a() -> Arc<recovery::SqliteRecovery> {
+    let store = Arc::new(recovery::SqliteRecovery::in_memory());
+    let t = started(&store, Duration::from_secs(60));
+    let (a, _) = confirmed(&t, b"a", 1);
+    t.reclaim_complete(a, false).unwrap();
+    store
+}
+
 fn reclaim_req(clientid: u64, file: FileKey) -> OpenRequest {
     OpenRequest {
         reclaim: true,
@@ -880,11 +890,7 @@ fn grace_lets_known_clients_reclaim_first() {
 /// reclaim in the next (RFC 8881 section 8.4.3, edge condition 2).
 #[test]
 fn grace_ends_when_the_store_has_its_end_not_when_the_clock_says() {
-    let store = Arc::new(recovery::SqliteRecovery::in_memory());
-    let t = started(&store, Duration::from_secs(60));
-    let (a, _) = confirmed(&t, b"a", 1);
-    t.reclaim_complete(a, false).unwrap();
-    drop(t);
+    let store = store_knowing_a();
     let grace = Duration::from_millis(20);
     let t = started(&store, grace);
     assert!(t.grace_status().active);
@@ -911,9 +917,9 @@ fn grace_ends_when_the_store_has_its_end_not_when_the_clock_says() {
         1,
         "a missed grace before its end was recorded"
     );
-    // The expiry round records the end; only then does grace end.
-    std::thread::sleep(grace * 2);
-    t.expire_at(Instant::now());
+    // The expiry round after the grace time records the end; only then
+    // does grace end.
+    t.expire_at(Instant::now() + grace * 2);
     assert!(!t.grace_status().active);
     assert_eq!(t.check_not_in_grace(), Ok(()));
     drop(t);
@@ -927,11 +933,7 @@ fn grace_ends_when_the_store_has_its_end_not_when_the_clock_says() {
 
 #[test]
 fn a_client_that_misses_grace_may_not_reclaim_later() {
-    let store = Arc::new(recovery::SqliteRecovery::in_memory());
-    let t = started(&store, Duration::from_secs(60));
-    let (a, _) = confirmed(&t, b"a", 1);
-    t.reclaim_complete(a, false).unwrap();
-    drop(t);
+    let store = store_knowing_a();
     // Restart with a short grace that runs out without a.
     let t = started(&store, Duration::from_millis(1));
     // The server's expiry round after the grace time records its end.
