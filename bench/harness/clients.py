@@ -83,12 +83,21 @@ def _json_of(cmd: list[str], timeout: float) -> tuple[dict, str]:
     return result, p.stderr.strip()
 
 
-def sluice_meta(binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None) -> dict:
+def sluice_meta(
+    binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None, proto: str = "v4",
+    mount_path: str = "/", mount_port: int | None = None,
+) -> dict:  # fmt: skip
     """Runs sluice-meta's phases in `directory` (which exists, empty);
     returns its JSON figures plus 'error' when it failed or an operation
-    did. With `pid`, the server's CPU time per operation is measured."""
+    did. With `pid`, the server's CPU time per operation is measured.
+    NFSv3 (`proto` v3) mounts `mount_path` first, on `mount_port` of the
+    server's host (default: its NFS port), and `directory` is taken from
+    there."""
     cmd = [str(binary), "--server", address, "--dir", directory, "--clients", str(nclients),
            "--files", str(files), "--json"] + (["--server-pid", str(pid)] if pid else [])  # fmt: skip
+    if proto == "v3":
+        cmd += ["--proto", "v3", "--mount-path", mount_path]
+        cmd += ["--mount-port", str(mount_port)] if mount_port else []
     result, _ = _json_of(cmd, 600 + nclients * files / 100)
     failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
     if failed and "error" not in result:

@@ -22,9 +22,10 @@ meta    16 NFSv4.1 clients in one new directory (sluice-meta): create
         whole directory by every client, rename, remove; operations per
         second and the server's CPU time per operation.
 
-stream-v3, mix-v3, write-v3
-        the same over NFSv3 (MOUNT v3, then READ, WRITE, COMMIT), sluice
-        against nfs-ganesha's NFSv3; stream-v3 without the nfs-rs
+stream-v3, mix-v3, write-v3, meta-v3
+        the same over NFSv3 (MOUNT v3, then READ, WRITE, COMMIT; for
+        meta CREATE and WRITE, LOOKUP, READDIRPLUS, RENAME, REMOVE),
+        sluice against nfs-ganesha's NFSv3; stream-v3 without the nfs-rs
         cross-check (NFSv4 only) and the local buffered read. Not run
         unless asked for.
 """
@@ -48,9 +49,9 @@ from .util import MiB, Progress, log
 
 # What a run measures unless --experiments says otherwise.
 DEFAULT_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale"]
-# NFSv3 variants of stream, mix and write.
+# NFSv3 variants of stream, mix, write and meta.
 V3 = "-v3"
-EXPERIMENTS = DEFAULT_EXPERIMENTS + ["stream" + V3, "mix" + V3, "write" + V3]
+EXPERIMENTS = DEFAULT_EXPERIMENTS + ["stream" + V3, "mix" + V3, "write" + V3, "meta" + V3]
 # sluice with --readahead-max 0 (server readahead off).
 RA_OFF = "sluice-ra-off"
 # sluice with --read-plus-min-hole 4K (every hole the file system reports).
@@ -496,9 +497,10 @@ META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
 ASSUMED_META_OPS = 5000
 
 
-def _meta_variant(server: str, cfg: Config) -> Variant:
+def _meta_variant(server: str, cfg: Config, proto: str = "v4") -> Variant:
     """sluice-meta's phases in a new directory of a name never used before,
-    removed afterwards on the server's file system."""
+    removed afterwards on the server's file system; over NFSv3 after a
+    MOUNT of the export (`proto` v3)."""
 
     def measure(ctx: Context) -> dict:
         name = f"meta-{len(ctx.records)}"
@@ -509,7 +511,7 @@ def _meta_variant(server: str, cfg: Config) -> Variant:
             s = ctx.servers[server]
             return clients.sluice_meta(
                 ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, META_CLIENTS, cfg.meta_files,
-                s.proc.pid if s.proc else None,
+                s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port,
             )
         finally:
             shutil.rmtree(path, ignore_errors=True)
@@ -519,9 +521,9 @@ def _meta_variant(server: str, cfg: Config) -> Variant:
     return Variant(server, "sluice-meta", "meta", measure, None, seconds)
 
 
-def plan_meta(cfg: Config) -> list[Round]:
-    cases = {"16-clients": [_meta_variant(s, cfg) for s in ("sluice", BASELINE, "ganesha")]}
-    return _rounds("meta", cfg, cases, META_CACHES, 0)
+def plan_meta(cfg: Config, proto: str = "v4") -> list[Round]:
+    cases = {"16-clients": [_meta_variant(s, cfg, proto) for s in ("sluice", BASELINE, "ganesha")]}
+    return _rounds("meta" + (V3 if proto == "v3" else ""), cfg, cases, META_CACHES, 0)
 
 
 # --- scale ------------------------------------------------------------------
@@ -601,6 +603,7 @@ PLANS = {
     "stream" + V3: lambda cfg: plan_stream(cfg, "v3"),
     "mix" + V3: lambda cfg: plan_mix(cfg, "v3"),
     "write" + V3: lambda cfg: plan_write(cfg, "v3"),
+    "meta" + V3: lambda cfg: plan_meta(cfg, "v3"),
 }
 
 

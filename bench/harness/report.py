@@ -147,7 +147,7 @@ RATIOS["meta"] = [
 ]
 
 # The NFSv3 experiments compare the same variants.
-for _exp in ("stream", "mix", "write"):
+for _exp in ("stream", "mix", "write", "meta"):
     RATIOS[_exp + "-v3"] = [r for r in RATIOS[_exp] if "nfs-rs" not in r[0]]
 
 
@@ -471,8 +471,8 @@ def _scale_tables(ix: Index, fs: str) -> list[str]:
     return _table(header, rows)
 
 
-def _meta_tables(ix: Index, fs: str) -> list[str]:
-    at = (fs, "meta", "16-clients", "cold")
+def _meta_tables(ix: Index, fs: str, experiment: str = "meta") -> list[str]:
+    at = (fs, experiment, "16-clients", "cold")
     rows = []
     for phase in META_PHASES:
         def m(variant, field):
@@ -573,9 +573,10 @@ SECTIONS = [
         "### meta: metadata operations of 16 clients",
         "sluice-meta: 16 NFSv4.1 clients (a connection and session each, one request at a time) in "
         "one new directory, cache dropped first. `create`: each client makes its files with OPEN "
-        "(create), a 4 KiB UNSTABLE WRITE and CLOSE; `stat`: LOOKUP and GETATTR of the attributes "
-        "`ls -l` shows, for each of its files; `readdir`: every client lists the whole directory "
-        "(READDIR, 256 KiB replies, the same attributes), counted in entries; `rename` within the "
+        "(create), a 4 KiB UNSTABLE WRITE and CLOSE; `stat`: LOOKUP, GETFH and GETATTR of the "
+        "attributes `ls -l` shows, for each of its files; `readdir`: every client lists the whole "
+        "directory (READDIR, 256 KiB replies, the attributes the Linux client asks for when `ls -l` "
+        "lists, each entry's file handle among them), counted in entries; `rename` within the "
         "directory; `remove`. Operations per second over all clients; the server's CPU time (user "
         "and system, /proc/PID/stat) per operation, lower is better; latency of one call (a create "
         "is three calls, a READDIR one).",
@@ -610,6 +611,17 @@ SECTIONS = [
         "random offsets then COMMIT. Direct write: `dd if=/dev/zero bs=1M oflag=direct conv=fsync` in "
         "the same rounds.",
         lambda ix, fs: _write_tables(ix, fs, "write-v3"),
+        None,
+    ),
+    (
+        "meta-v3",
+        "### meta-v3: NFSv3 metadata operations of 16 clients",
+        "The phases of `meta` over NFSv3: each client mounts the export with MOUNT v3 and keeps the "
+        "directory's handle. `create` is CREATE (UNCHECKED, mode 0644) and a 4 KiB UNSTABLE WRITE, two "
+        "calls (NFSv3 has no CLOSE); `stat` a LOOKUP, whose reply carries the attributes; `readdir` "
+        "READDIRPLUS with 256 KiB replies (dircount an eighth of that, as the Linux client asks), "
+        "counted in entries without `.` and `..`; `rename` RENAME; `remove` REMOVE.",
+        lambda ix, fs: _meta_tables(ix, fs, "meta-v3"),
         None,
     ),
 ]
@@ -743,8 +755,9 @@ bench/run --smoke --out /tmp/bench-smoke   # every experiment for a few seconds 
 ```
 
 Options: `--fs`, `--experiments sparse,stream,mix,write,meta,scale` (the
-default; `stream-v3`, `mix-v3` and `write-v3` repeat stream, mix and write
-over NFSv3, with rpcbind started for nfs-ganesha when none runs),
+default; `stream-v3`, `mix-v3`, `write-v3` and `meta-v3` repeat stream,
+mix, write and meta over NFSv3, with rpcbind started for nfs-ganesha when
+none runs),
 `--meta-files N` (files per client of the meta experiment's 16; default
 6250, a 100,000-entry directory), `--servers
 sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
@@ -991,15 +1004,15 @@ def _plot_scale(plt, ix: Index, fs: str):
     return fig
 
 
-def _plot_meta(plt, ix: Index, fs: str):
+def _plot_meta(plt, ix: Index, fs: str, experiment: str = "meta"):
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    at = (fs, "meta", "16-clients", "cold")
+    at = (fs, experiment, "16-clients", "cold")
     bars = {
         "sluice": [ix.metric(at, SLUICE_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
         "ganesha": [ix.metric(at, GANESHA_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
     }
     _bars(ax, META_PHASES, bars, "operations/s (readdir: entries/s)", log=True)
-    ax.set_title(f"{fs}: metadata, 16 clients (median, min–max)")
+    ax.set_title(f"{fs}: {_proto_title(experiment)}metadata, 16 clients (median, min–max)")
     return fig
 
 
@@ -1026,6 +1039,7 @@ def plot_all(results: dict, out: Path) -> list[str]:
         ("stream-v3", lambda fs: _plot_stream(plt, ix, fs, "stream-v3")),
         ("mix-v3", lambda fs: _plot_mix(plt, ix, fs, results["records"], "mix-v3")),
         ("write-v3", lambda fs: _plot_write(plt, ix, fs, "write-v3")),
+        ("meta-v3", lambda fs: _plot_meta(plt, ix, fs, "meta-v3")),
     ):
         for fs in file_systems(results, experiment):
             fig = draw(fs)

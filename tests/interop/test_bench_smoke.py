@@ -1,6 +1,6 @@
 """The benchmark harness end to end: `bench/run --smoke` sets up a loop-device
 file system, starts sluice and nfs-ganesha, runs every experiment for a few
-seconds (and one NFSv3 one, mix-v3, for which nfs-ganesha needs rpcbind),
+seconds (and two NFSv3 ones, mix-v3 and meta-v3, for which nfs-ganesha needs rpcbind),
 tears everything down and writes results.json, results.md and plots.
 
 This checks the pipeline, not the figures: every planned measurement must
@@ -29,8 +29,8 @@ from harness.wire import names_for  # noqa: E402
 
 sys.path.pop(0)
 LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "dh"]
-# Every NFSv4 experiment, and the quickest NFSv3 one.
-SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale", "mix-v3"]
+# Every NFSv4 experiment, and the quickest NFSv3 ones.
+SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale", "mix-v3", "meta-v3"]
 META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
 
 pytestmark = pytest.mark.skipif(
@@ -105,7 +105,7 @@ def test_every_experiment_ran_without_errors(smoke):
     assert {r["experiment"] for r in results["records"]} == set(SMOKE_EXPERIMENTS)
     for r in results["records"]:
         assert "error" not in r["result"], r
-        if r["experiment"] == "meta":
+        if r["experiment"] in ("meta", "meta-v3"):
             assert all(r["result"]["phases"][p]["ops_per_s"] > 0 for p in META_PHASES), r
         else:
             assert r["result"]["mb_per_s"] > 0, r
@@ -212,11 +212,13 @@ def test_write_reports_both_servers_and_the_device(smoke):
     assert {"sluice/ganesha", "sluice/direct write", "sluice/best device write"} <= names
 
 
-def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
+@pytest.mark.parametrize("experiment", ["meta", "meta-v3"])
+def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke, experiment):
     results, _, _ = smoke
-    got = variants(results, "meta")
+    got = variants(results, experiment)
     for server in ("sluice", "ganesha"):
         r = got[("16-clients", "cold", server, "sluice-meta", "meta")]
+        assert r["proto"] == ("v3" if experiment == "meta-v3" else "v4"), (server, r)
         files = r["clients"] * r["files_per_client"]
         phases = r["phases"]
         assert sorted(phases) == sorted(META_PHASES), phases
@@ -225,7 +227,7 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke):
         # Every client lists the whole directory.
         assert phases["readdir"]["ops"] == r["clients"] * files, (server, phases["readdir"])
         assert phases["create"]["server_cpu_s"] is not None and phases["create"]["server_cpu_s"] > 0, server
-    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "meta"}
+    names = {r["ratio"] for r in results["ratios"] if r["experiment"] == experiment}
     assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
 
 
@@ -257,7 +259,7 @@ def test_outputs_and_environment(smoke):
             assert details["loop_direct_io"] is True
     md = (out / "results.md").read_text()
     for heading in ("### sparse", "### stream", "### mix", "### write", "### meta", "### scale", "### mix-v3",
-                    "READ_PLUS/READ"):
+                    "### meta-v3", "READ_PLUS/READ"):
         assert heading in md
     for plot in results["plots"]:
         assert (out / plot).stat().st_size > 1000

@@ -1,6 +1,7 @@
 //! A small NFSv3 client (RFC 1813) on the project's own XDR code, for the
-//! load generator: MOUNT v3 MNT for the root handle, then LOOKUP, CREATE,
-//! GETATTR, FSINFO, READ, WRITE and COMMIT over one TCP connection with
+//! load generators: MOUNT v3 MNT for the root handle, then LOOKUP, CREATE,
+//! GETATTR, FSINFO, READ, WRITE, COMMIT, READDIRPLUS, RENAME and REMOVE
+//! over one TCP connection with
 //! AUTH_SYS as root, many requests in flight. NFSv3 keeps no state: a
 //! file is its handle, which any connection to the server can use.
 //!
@@ -333,6 +334,92 @@ impl Client3 {
     }
 }
 
+/// One READDIRPLUS reply: how many entries it held, the cookie of the
+/// last, the directory's cookie verifier, and whether it was the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirPage {
+    /// Entries in this reply, not counting "." and "..".
+    pub entries: u64,
+    /// The cookie to go on from (the one it was asked from if none came).
+    pub cookie: u64,
+    /// The verifier to send with that cookie.
+    pub verf: [u8; 8],
+    /// No entries after these.
+    pub eof: bool,
+}
+
+impl Client3 {
+    /// READDIRPLUS of `dir` from `cookie` (0 and a zero verifier at the
+    /// start), replies of at most `maxcount` bytes, as the Linux client
+    /// asks: `dircount` an eighth of `maxcount`. Each entry must carry
+    /// its attributes, as `ls -l` needs them.
+    pub async fn readdirplus(
+        &self,
+        dir: &[u8],
+        cookie: u64,
+        verf: [u8; 8],
+        maxcount: u32,
+    ) -> Result<DirPage> {
+        let mut a = Encoder::with_capacity(dir.len() + 32);
+        a.opaque(dir);
+        a.u64(cookie);
+        a.opaque_fixed(&verf);
+        a.u32(maxcount / 8);
+        a.u32(maxcount);
+        let r = self.call(proc3::READDIRPLUS, &a).await?;
+        readdirplus_res(&mut r.decoder(), cookie)
+    }
+
+    /// RENAME of `from` to `to`, both in directory `dir`.
+    pub async fn rename(&self, dir: &[u8], from: &str, to: &str) -> Result<()> {
+        let mut a = Encoder::with_capacity(2 * dir.len() + from.len() + to.len() + 16);
+        dirop(&mut a, dir, from);
+        dirop(&mut a, dir, to);
+        let r = self.call(proc3::RENAME, &a).await?;
+        let mut d = r.decoder();
+        skip_wcc(&mut d)?;
+        skip_wcc(&mut d)
+    }
+
+    /// REMOVE of `name` in directory `dir`.
+    pub async fn remove(&self, dir: &[u8], name: &str) -> Result<()> {
+        let mut a = Encoder::with_capacity(dir.len() + name.len() + 8);
+        dirop(&mut a, dir, name);
+        let r = self.call(proc3::REMOVE, &a).await?;
+        skip_wcc(&mut r.decoder())
+    }
+}
+
+/// A READDIRPLUS3resok asked from `cookie`.
+fn readdirplus_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
+    post_op_size(d)?;
+    let mut page = DirPage {
+        entries: 0,
+        cookie,
+        verf: d.array().map_err(bad)?,
+        eof: false,
+    };
+    while d.bool().map_err(bad)? {
+        d.u64().map_err(bad)?; // fileid
+        let name = d.opaque(usize::MAX).map_err(bad)?;
+        page.cookie = d.u64().map_err(bad)?;
+        if post_op_size(d)?.is_none() {
+            // ls -l would have to ask for each entry's attributes.
+            return Err(ClientError::Malformed);
+        }
+        if d.bool().map_err(bad)? {
+            d.opaque(FHSIZE).map_err(bad)?;
+        }
+        // "." and ".." (which NFSv3 servers list) are not the directory's
+        // own entries.
+        if name != b"." && name != b".." {
+            page.entries += 1;
+        }
+    }
+    page.eof = d.bool().map_err(bad)?;
+    Ok(page)
+}
+
 /// A READ3resok: the data and eof. The count must match the data.
 fn read_res<'a>(d: &mut Decoder<'a>) -> Result<(&'a [u8], bool)> {
     post_op_size(d)?;
@@ -515,6 +602,49 @@ mod tests {
                     wcc(&mut e, 0);
                     e.opaque_fixed(b"verifier");
                 }
+                (_, proc3::READDIRPLUS) => {
+                    // Two entries per reply, cookie i + 1 for the i-th name.
+                    assert_eq!(d.opaque(64).unwrap(), b"root");
+                    let from = d.u64().unwrap() as usize;
+                    d.array::<8>().unwrap();
+                    let (dircount, maxcount) = (d.u32().unwrap(), d.u32().unwrap());
+                    assert_eq!(dircount, maxcount / 8);
+                    let dot = ".".to_string();
+                    let mut names: Vec<&String> = files.keys().chain([&dot]).collect();
+                    names.sort();
+                    e.u32(0);
+                    e.bool(false);
+                    e.opaque_fixed(b"dirverf!");
+                    for (i, n) in names.iter().enumerate().skip(from).take(2) {
+                        e.bool(true);
+                        e.u64(i as u64 + 100);
+                        e.string(n);
+                        e.u64(i as u64 + 1);
+                        e.bool(true);
+                        fattr(&mut e, files.get(*n).map_or(0, |f| f.len()) as u64);
+                        e.bool(true);
+                        e.opaque(format!("f:{n}").as_bytes());
+                    }
+                    e.bool(false);
+                    e.bool(from + 2 >= names.len());
+                }
+                (_, proc3::RENAME) | (_, proc3::REMOVE) => {
+                    assert_eq!(d.opaque(64).unwrap(), b"root");
+                    let name = String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap();
+                    match files.remove(&name) {
+                        None => e.u32(2), // NOENT
+                        Some(data) => {
+                            e.u32(0);
+                            if proc_ == proc3::RENAME {
+                                assert_eq!(d.opaque(64).unwrap(), b"root");
+                                let to = String::from_utf8(d.opaque(255).unwrap().to_vec());
+                                files.insert(to.unwrap(), data);
+                                wcc(&mut e, 0);
+                            }
+                        }
+                    }
+                    wcc(&mut e, 0);
+                }
                 _ => {
                     e.u32(10004); // NOTSUPP
                 }
@@ -626,5 +756,81 @@ mod tests {
                 proc3::FSINFO
             ]
         );
+    }
+
+    /// Every READDIRPLUS page of the fake's root, from the start.
+    async fn list(c: &Client3) -> Vec<DirPage> {
+        let (mut cookie, mut verf, mut pages) = (0, [0u8; 8], Vec::new());
+        loop {
+            let p = c.readdirplus(b"root", cookie, verf, 4096).await.unwrap();
+            pages.push(p);
+            (cookie, verf) = (p.cookie, p.verf);
+            if p.eof {
+                return pages;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn readdirplus_pages_rename_and_remove_against_a_fake_server() {
+        let fake = Arc::new(Fake::default());
+        for n in ["a", "b", "c"] {
+            fake.files.lock().unwrap().insert(n.into(), vec![1; 3]);
+        }
+        let addr = serve(fake.clone()).await;
+        let c = Client3::connect(&addr).await.unwrap();
+        let pages = list(&c).await;
+        assert_eq!(
+            pages,
+            [
+                // "." is listed, not counted.
+                DirPage {
+                    entries: 1,
+                    cookie: 2,
+                    verf: *b"dirverf!",
+                    eof: false
+                },
+                DirPage {
+                    entries: 2,
+                    cookie: 4,
+                    verf: *b"dirverf!",
+                    eof: true
+                }
+            ]
+        );
+        c.rename(b"root", "a", "z").await.unwrap();
+        c.remove(b"root", "b").await.unwrap();
+        assert!(matches!(
+            c.remove(b"root", "b").await,
+            Err(ClientError::Status3 {
+                proc_: proc3::REMOVE,
+                status: 2
+            })
+        ));
+        let mut names: Vec<String> = fake.files.lock().unwrap().keys().cloned().collect();
+        names.sort();
+        assert_eq!(names, ["c", "z"]);
+        let pages = list(&c).await;
+        assert_eq!(pages.iter().map(|p| p.entries).sum::<u64>(), 2);
+    }
+
+    #[test]
+    fn a_readdirplus_entry_without_attributes_is_refused() {
+        let mut e = Encoder::new();
+        e.bool(false);
+        e.opaque_fixed(&[0; 8]);
+        e.bool(true);
+        e.u64(5);
+        e.string("x");
+        e.u64(9);
+        e.bool(false); // no attributes
+        e.bool(false);
+        e.bool(false);
+        e.bool(true);
+        let b = e.into_inner();
+        assert!(matches!(
+            readdirplus_res(&mut Decoder::new(&b), 0),
+            Err(ClientError::Malformed)
+        ));
     }
 }

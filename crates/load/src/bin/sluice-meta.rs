@@ -7,12 +7,20 @@
 //! - `create`: each client makes `--files` files: OPEN (create), WRITE of
 //!   4 KiB (UNSTABLE), CLOSE; three round trips per file, as the Linux
 //!   client sends them;
-//! - `stat`: LOOKUP and GETATTR (the attributes `ls -l` shows) of every
-//!   file of its own;
+//! - `stat`: LOOKUP, GETFH and GETATTR (the attributes `ls -l` shows) of
+//!   every file of its own, as the Linux client looks a name up;
 //! - `readdir`: each client lists the whole directory (clients × files
-//!   entries) with READDIR and the same attributes;
+//!   entries) with READDIR and what the Linux client asks for when `ls -l`
+//!   lists: those attributes, and each entry's file handle;
 //! - `rename`: each client renames its files within the directory;
 //! - `remove`: each client removes its files.
+//!
+//! With `--proto v3` the clients speak NFSv3 instead, after a MOUNT v3 MNT
+//! of `--mount-path`, and keep the directory's handle as the Linux client
+//! does: `create` is CREATE (UNCHECKED, mode 0644) and a 4 KiB UNSTABLE
+//! WRITE, two round trips (NFSv3 has no CLOSE); `stat` a LOOKUP, whose
+//! reply carries the attributes; `readdir` READDIRPLUS; `rename` RENAME;
+//! `remove` REMOVE.
 //!
 //! For each phase it prints operations (files, or for `readdir`
 //! entries) per second, latency percentiles of the calls, and with
@@ -22,6 +30,7 @@
 use clap::Parser;
 use hdrhistogram::Histogram;
 use sluice_load::client::{Client, ClientError, OpenFile};
+use sluice_load::v3::{self, Client3, File3, Stable};
 use sluice_proto::nfs4::consts::{attr, op};
 use sluice_proto::nfs4::msg::{Bitmap4, Component4, Fattr4, Xdr};
 use std::sync::{Arc, Mutex};
@@ -30,14 +39,25 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "sluice-meta",
-    about = "metadata operations of many NFSv4.1 clients"
+    about = "metadata operations of many NFSv4.1 or NFSv3 clients"
 )]
 struct Args {
     /// Server address (host:port).
     #[arg(long, default_value = "127.0.0.1:2049")]
     server: String,
-    /// The directory to work in, as a path from the server's root; it
-    /// must exist and be empty.
+    /// Protocol: NFSv4.1, or NFSv3 after MOUNT v3.
+    #[arg(long, value_enum, default_value = "v4")]
+    proto: Proto,
+    /// NFSv3: the path MOUNT v3 MNT asks for (--dir is taken from there).
+    #[arg(long, default_value = "/")]
+    mount_path: String,
+    /// NFSv3: the MOUNT port on the --server host (default: the NFS port
+    /// of --server, which sluice also serves MOUNT on).
+    #[arg(long)]
+    mount_port: Option<u16>,
+    /// The directory to work in, as a path from the server's root (NFSv3:
+    /// from the directory --mount-path mounts); it must exist and be
+    /// empty.
     #[arg(long)]
     dir: String,
     /// Clients, each with its own connection and session.
@@ -62,13 +82,21 @@ struct Args {
     json: bool,
 }
 
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    /// NFSv4.1: a session per client.
+    V4,
+    /// NFSv3: MOUNT v3 MNT, then stateless calls.
+    V3,
+}
+
 const PHASES: [&str; 5] = ["create", "stat", "readdir", "rename", "remove"];
 const FILE_BYTES: usize = 4096;
 /// READDIR's reply size, as the Linux client asks for with its default
 /// rsize of 1 MiB and dtsize.
 const READDIR_MAX: u32 = 256 << 10;
 
-/// The attributes `ls -l` needs.
+/// The attributes `ls -l` needs (GETATTR after LOOKUP asks for these).
 fn ls_attrs() -> Bitmap4 {
     Bitmap4::of(&[
         attr::TYPE,
@@ -83,6 +111,32 @@ fn ls_attrs() -> Bitmap4 {
         attr::TIME_ACCESS,
         attr::TIME_METADATA,
         attr::TIME_MODIFY,
+    ])
+}
+
+/// What the Linux client asks READDIR for when it lists with attributes
+/// (its "plus" mode, which `ls -l` uses): those of `ls -l`, and each
+/// entry's file handle, file system id, device numbers and the file id
+/// of what may be mounted on it.
+fn readdir_plus_attrs() -> Bitmap4 {
+    Bitmap4::of(&[
+        attr::RDATTR_ERROR,
+        attr::TYPE,
+        attr::CHANGE,
+        attr::SIZE,
+        attr::FSID,
+        attr::FILEHANDLE,
+        attr::FILEID,
+        attr::MODE,
+        attr::NUMLINKS,
+        attr::OWNER,
+        attr::OWNER_GROUP,
+        attr::RAWDEV,
+        attr::SPACE_USED,
+        attr::TIME_ACCESS,
+        attr::TIME_METADATA,
+        attr::TIME_MODIFY,
+        attr::MOUNTED_ON_FILEID,
     ])
 }
 
@@ -102,12 +156,13 @@ fn dir_ops(dir: &str) -> Vec<String> {
         .collect()
 }
 
-struct Meta {
+/// One NFSv4.1 client: its session, and the path of the directory.
+struct Meta4 {
     c: Client,
     dir: Vec<String>,
 }
 
-impl Meta {
+impl Meta4 {
     fn n(&self) -> u32 {
         1 + self.dir.len() as u32
     }
@@ -139,17 +194,25 @@ impl Meta {
     async fn stat(&self, file: &str) -> Result<(), ClientError> {
         let r = self
             .c
-            .compound(self.n() + 2, |e| {
+            .compound(self.n() + 3, |e| {
                 self.put_dir(e);
                 e.u32(op::LOOKUP);
                 Component4::new(file).encode(e);
+                e.u32(op::GETFH);
                 e.u32(op::GETATTR);
                 ls_attrs().encode(e);
             })
             .await?;
         r.walk(|opnum, d| {
-            if opnum == op::GETATTR {
-                Fattr4::decode(d).map_err(|_| ClientError::Malformed)?;
+            let bad = |_| ClientError::Malformed;
+            match opnum {
+                op::GETFH => {
+                    d.opaque(128).map_err(bad)?;
+                }
+                op::GETATTR => {
+                    Fattr4::decode(d).map_err(bad)?;
+                }
+                _ => {}
             }
             Ok(())
         })
@@ -170,7 +233,7 @@ impl Meta {
                 e.opaque_fixed(&verf);
                 e.u32(READDIR_MAX / 4);
                 e.u32(READDIR_MAX);
-                ls_attrs().encode(e);
+                readdir_plus_attrs().encode(e);
             })
             .await?;
         let mut out = (0, cookie, verf, false);
@@ -214,6 +277,120 @@ impl Meta {
             })
             .await?
             .check()
+    }
+}
+
+/// One NFSv3 client: its connection, and the directory's handle.
+struct Meta3 {
+    c: Client3,
+    dir: Vec<u8>,
+}
+
+impl Meta3 {
+    async fn create(&self, file: &str, data: &[u8]) -> Result<(), ClientError> {
+        let (fh, _) = self.c.create(&self.dir, file).await?;
+        let f = File3 { fh, size: 0 };
+        let w = self.c.write(&f, 0, data, Stable::Unstable).await?;
+        if w.count as usize != data.len() {
+            return Err(ClientError::Malformed);
+        }
+        Ok(())
+    }
+
+    async fn stat(&self, file: &str) -> Result<(), ClientError> {
+        let (fh, size) = self.c.lookup(&self.dir, file).await?;
+        if size.is_none() {
+            // No attributes in the reply: ask for them, as a client must.
+            self.c.size(&fh).await?;
+        }
+        Ok(())
+    }
+}
+
+/// A client of either protocol.
+enum Meta {
+    V4(Meta4),
+    V3(Meta3),
+}
+
+impl Meta {
+    async fn connect(a: &Args, dir: &[String]) -> Result<Meta, String> {
+        let cannot = |e: ClientError| format!("cannot connect to {}: {e}", a.server);
+        if a.proto == Proto::V4 {
+            return Ok(Meta::V4(Meta4 {
+                c: Client::connect(&a.server, 1, 1).await.map_err(cannot)?,
+                dir: dir.to_vec(),
+            }));
+        }
+        let mount_at = match a.mount_port {
+            Some(port) => {
+                let host = a.server.rsplit_once(':').map_or(a.server.as_str(), |h| h.0);
+                format!("{host}:{port}")
+            }
+            None => a.server.clone(),
+        };
+        let (mut fh, _) = v3::mount(&mount_at, &a.mount_path)
+            .await
+            .map_err(|e| format!("MOUNT of {} at {mount_at}: {e}", a.mount_path))?;
+        let c = Client3::connect(&a.server).await.map_err(cannot)?;
+        for d in dir {
+            fh = c
+                .lookup(&fh, d)
+                .await
+                .map_err(|e| format!("LOOKUP of {d} in {}: {e}", a.dir))?
+                .0;
+        }
+        Ok(Meta::V3(Meta3 { c, dir: fh }))
+    }
+
+    async fn create(&self, file: &str, data: &[u8]) -> Result<(), ClientError> {
+        match self {
+            Meta::V4(m) => m.create(file, data).await,
+            Meta::V3(m) => m.create(file, data).await,
+        }
+    }
+
+    async fn stat(&self, file: &str) -> Result<(), ClientError> {
+        match self {
+            Meta::V4(m) => m.stat(file).await,
+            Meta::V3(m) => m.stat(file).await,
+        }
+    }
+
+    /// One READDIR (NFSv3: READDIRPLUS) from `cookie`: (entries, last
+    /// cookie, verifier, eof).
+    async fn readdir(
+        &self,
+        cookie: u64,
+        verf: [u8; 8],
+    ) -> Result<(u64, u64, [u8; 8], bool), ClientError> {
+        match self {
+            Meta::V4(m) => m.readdir(cookie, verf).await,
+            Meta::V3(m) => {
+                let p = m.c.readdirplus(&m.dir, cookie, verf, READDIR_MAX).await?;
+                Ok((p.entries, p.cookie, p.verf, p.eof))
+            }
+        }
+    }
+
+    async fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        match self {
+            Meta::V4(m) => m.rename(from, to).await,
+            Meta::V3(m) => m.c.rename(&m.dir, from, to).await,
+        }
+    }
+
+    async fn remove(&self, file: &str) -> Result<(), ClientError> {
+        match self {
+            Meta::V4(m) => m.remove(file).await,
+            Meta::V3(m) => m.c.remove(&m.dir, file).await,
+        }
+    }
+
+    async fn leave(&self) {
+        if let Meta::V4(m) = self {
+            let _ = m.c.leave().await;
+        }
     }
 }
 
@@ -363,13 +540,7 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
     let dir = dir_ops(&a.dir);
     let mut clients = Vec::new();
     for _ in 0..a.clients {
-        let c = Client::connect(&a.server, 1, 1)
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", a.server))?;
-        clients.push(Arc::new(Meta {
-            c,
-            dir: dir.clone(),
-        }));
+        clients.push(Arc::new(Meta::connect(&a, &dir).await?));
     }
     let mut phases = serde_json::Map::new();
     for p in PHASES.iter().filter(|p| a.phases.iter().any(|q| q == *p)) {
@@ -405,9 +576,10 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         phases.insert(r.name.to_string(), json_of(&r));
     }
     for m in &clients {
-        let _ = m.c.leave().await;
+        m.leave().await;
     }
     Ok(serde_json::json!({
+        "proto": format!("{:?}", a.proto).to_lowercase(),
         "clients": a.clients,
         "files_per_client": a.files,
         "file_bytes": FILE_BYTES,
