@@ -4,6 +4,7 @@
 use super::cred::as_root;
 use super::fs::{self, Stat};
 use super::handle::{kernel_handle, open_kernel_handle, HandleError, HandleKey};
+use super::handle_memo::{Fresh, HandleMemo};
 use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io;
@@ -30,6 +31,8 @@ pub struct Export {
     id: u8,
     cache: Mutex<HashMap<Vec<u8>, Arc<OwnedFd>>>,
     last_sweep: Mutex<std::time::Instant>,
+    /// Handles of inodes seen, for listings.
+    memo: HandleMemo,
 }
 
 impl std::fmt::Debug for Export {
@@ -67,7 +70,9 @@ impl Export {
                 ),
             )
         })?;
+        let memo = HandleMemo::watch(root.as_fd());
         Ok(Export {
+            memo,
             path: path.to_path_buf(),
             root: Arc::new(root),
             root_fh,
@@ -120,6 +125,30 @@ impl Export {
     pub fn handle_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
         let (kind, bytes) = kernel_handle(dir, name)?;
         Ok(self.key.seal(self.id, kind, &bytes))
+    }
+
+    /// The memo of handles seen (see [`crate::handle_memo`]).
+    pub fn memo(&self) -> &HandleMemo {
+        &self.memo
+    }
+
+    /// Wire handle for `name` in directory `dir`, which `st` describes
+    /// (a stat made before `fresh`): the memo's, or the kernel's, which
+    /// the memo then keeps.
+    pub fn handle_seen(
+        &self,
+        fresh: &mut Fresh<'_>,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &Stat,
+    ) -> io::Result<Vec<u8>> {
+        if let Some(wire) = fresh.get(st) {
+            return Ok(wire);
+        }
+        let (kind, bytes) = kernel_handle(dir, name)?;
+        let wire = self.key.seal(self.id, kind, &bytes);
+        fresh.note(st, kind, &bytes, &wire);
+        Ok(wire)
     }
 
     /// Opens the object a wire handle names, as an O_PATH descriptor.

@@ -12,6 +12,7 @@ pub mod export;
 pub mod extents;
 pub mod fs;
 pub mod handle;
+pub mod handle_memo;
 pub mod hugebuf;
 pub mod rangelock;
 pub mod read;

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 25] = [
+        let counters: [(&str, &str, u64); 26] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -162,6 +162,15 @@ impl Collector for Collect {
                 "sluice_inline_slow",
                 "Quick work on a connection's thread that waited in the kernel for longer than 4 ms; each sends quick work to the request threads for 200 ms.",
                 srv.inline.counts().1,
+            ),
+            (
+                "sluice_listed_handles_remembered",
+                "File handles of directory entries (READDIR, READDIRPLUS) taken from the server's memo of handles instead of asked of the kernel.",
+                srv.exports
+                    .list()
+                    .iter()
+                    .map(|x| x.fs.memo().counts().1)
+                    .sum(),
             ),
             (
                 "sluice_reclaims",

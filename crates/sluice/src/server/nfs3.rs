@@ -1152,50 +1152,67 @@ fn readdir(
     let mut names = 0usize;
     let mut n = 0;
     let mut eof = false;
-    loop {
-        let Some(ent) = io3(reader.next_entry())? else {
-            eof = true;
-            break;
-        };
-        // READDIRPLUS: the entry's attributes and handle. ".." of the
-        // export root is the root itself, as LOOKUP says.
-        let name = ent.name.as_bytes();
-        let dots = name == b"." || (name == b".." && is_root);
-        let (fh, st) = match plus {
-            None => (None, None),
-            Some(_) if dots => (Some(dir.wire.clone()), Some(dst)),
-            Some(_) => match fs::stat_at(dir.fd.as_fd(), &ent.name) {
-                Ok(st) if st.dev == dev => (ex.handle_in(dir.fd.as_fd(), &ent.name).ok(), Some(st)),
+    let mut batch = Vec::with_capacity(super::ops_fs::STAT_BATCH);
+    'list: while !eof {
+        // READDIRPLUS: a batch of entries and their stats, then their
+        // handles (the memo answers for stats made before it is brought
+        // up to date, once per batch). ".." of the export root is the
+        // root itself, as LOOKUP says.
+        batch.clear();
+        while batch.len() < super::ops_fs::STAT_BATCH {
+            let Some(ent) = io3(reader.next_entry())? else {
+                eof = true;
+                break;
+            };
+            let name = ent.name.as_bytes();
+            let dots = name == b"." || (name == b".." && is_root);
+            let st = match plus {
+                None => None,
+                Some(_) if dots => Some(dst),
                 // Removed meanwhile, or another file system mounted here:
                 // listed without attributes or handle.
-                _ => (None, None),
-            },
-        };
-        let fileid = match &st {
-            Some(st) => st.ino,
-            None if name == b".." && is_root => dst.ino,
-            None => ent.ino,
-        };
-        let mark = list.len();
-        list.bool(true);
-        list.u64(fileid);
-        list.opaque(name);
-        list.u64(ent.next);
-        if let Some(dircount) = plus {
-            post_op_attr(&mut list, st.map(|s| fattr(cx, dir.loc, &s)).as_ref());
-            let fh = fh.filter(|w| w.len() <= cx.srv.config.v3_max_fh);
-            post_op_fh(&mut list, fh.as_deref());
-            names += 8 + 4 + name.len().div_ceil(4) * 4 + 8;
-            if n > 0 && names > dircount as usize {
-                list.truncate(mark);
-                break;
+                Some(_) => fs::stat_at(dir.fd.as_fd(), &ent.name)
+                    .ok()
+                    .filter(|st| st.dev == dev),
+            };
+            batch.push((ent, dots, st));
+        }
+        let mut fresh = plus.map(|_| ex.memo().fresh());
+        for (ent, dots, st) in &batch {
+            let name = ent.name.as_bytes();
+            let fh = match (&mut fresh, st) {
+                (Some(_), Some(_)) if *dots => Some(dir.wire.clone()),
+                (Some(f), Some(st)) => ex.handle_seen(f, dir.fd.as_fd(), &ent.name, st).ok(),
+                _ => None,
+            };
+            let fileid = match st {
+                Some(st) => st.ino,
+                None if name == b".." && is_root => dst.ino,
+                None => ent.ino,
+            };
+            let mark = list.len();
+            list.bool(true);
+            list.u64(fileid);
+            list.opaque(name);
+            list.u64(ent.next);
+            if let Some(dircount) = plus {
+                post_op_attr(&mut list, st.map(|s| fattr(cx, dir.loc, &s)).as_ref());
+                let fh = fh.filter(|w| w.len() <= cx.srv.config.v3_max_fh);
+                post_op_fh(&mut list, fh.as_deref());
+                names += 8 + 4 + name.len().div_ceil(4) * 4 + 8;
+                if n > 0 && names > dircount as usize {
+                    list.truncate(mark);
+                    eof = false;
+                    break 'list;
+                }
             }
+            if list.len() > budget {
+                list.truncate(mark);
+                eof = false;
+                break 'list;
+            }
+            n += 1;
         }
-        if list.len() > budget {
-            list.truncate(mark);
-            break;
-        }
-        n += 1;
     }
     if n == 0 && !eof {
         return Err(status::TOOSMALL.into());

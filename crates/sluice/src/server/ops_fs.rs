@@ -585,6 +585,11 @@ impl Listing {
     }
 }
 
+/// Entries a listing stats before it looks their handles up (see
+/// [`crate::engine::handle_memo`]): one read of the memo's deletes for
+/// this many, and at most this many stats more than the reply holds.
+pub(super) const STAT_BATCH: usize = 64;
+
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
 pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
@@ -596,29 +601,37 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let want_fh = attrs::has(&listing.req, attr::FILEHANDLE);
         let ex = &cx.ex(&dir).fs;
         let dev = ex.dev();
-        loop {
-            let Some(ent) = io(reader.next_entry())? else {
-                eof = true;
-                break;
-            };
-            let name = &ent.name;
-            let st = match fs::stat_at(dir.fd.as_fd(), name) {
-                Ok(st) => st,
-                Err(_) => continue, // removed meanwhile
-            };
-            if st.dev != dev {
-                continue;
+        let mut batch = Vec::with_capacity(STAT_BATCH);
+        'list: while !eof {
+            // A batch of entries and their stats, then their handles: the
+            // memo answers for stats made before it is brought up to date,
+            // once per batch.
+            batch.clear();
+            while batch.len() < STAT_BATCH {
+                let Some(ent) = io(reader.next_entry())? else {
+                    eof = true;
+                    break;
+                };
+                match fs::stat_at(dir.fd.as_fd(), &ent.name) {
+                    Ok(st) if st.dev == dev => batch.push((ent, st)),
+                    // Removed meanwhile, or another file system mounted
+                    // here (not exported).
+                    _ => {}
+                }
             }
-            let wire = if want_fh {
-                ex.handle_in(dir.fd.as_fd(), name).ok()
-            } else {
-                None
-            };
-            let fits = listing.add(ent.next, name.as_bytes(), |list, req| {
-                put_fattr(cx, list, wire.as_deref(), &st, req, &dir)
-            });
-            if !fits {
-                break;
+            let mut fresh = want_fh.then(|| ex.memo().fresh());
+            for (ent, st) in &batch {
+                let wire = match &mut fresh {
+                    Some(f) => ex.handle_seen(f, dir.fd.as_fd(), &ent.name, st).ok(),
+                    None => None,
+                };
+                let fits = listing.add(ent.next, ent.name.as_bytes(), |list, req| {
+                    put_fattr(cx, list, wire.as_deref(), st, req, &dir)
+                });
+                if !fits {
+                    eof = false;
+                    break 'list;
+                }
             }
         }
         listing.finish(e, eof)

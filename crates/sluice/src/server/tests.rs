@@ -780,6 +780,93 @@ fn a_looked_up_name_is_kept_for_its_handle() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// (name, file handle, fileid) of every entry READDIR lists in the
+/// export's root, asking for FILEHANDLE and FILEID.
+fn list_handles(srv: &Server, sid: &[u8; 16], seq: u32) -> Vec<(String, Vec<u8>, u64)> {
+    let a = args(&ReaddirArgs {
+        cookie: 0,
+        verifier: [0; 8],
+        dircount: 1 << 20,
+        maxcount: 1 << 20,
+        attr_request: Bitmap4::of(&[attr::FILEHANDLE, attr::FILEID]),
+    });
+    let (st, rest) = run_from(
+        srv,
+        sid,
+        seq,
+        None,
+        &[(op::PUTROOTFH, vec![]), (op::READDIR, a)],
+    );
+    assert_eq!(st, status::OK);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTROOTFH
+    assert_eq!(next_result(&mut d), (op::READDIR, status::OK));
+    d.array::<8>().unwrap();
+    let mut out = Vec::new();
+    while d.bool().unwrap() {
+        d.u64().unwrap();
+        let name = String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap();
+        d.bitmap(8).unwrap();
+        let vals = d.opaque(4096).unwrap();
+        let mut v = Decoder::new(vals);
+        let fh = v.opaque(128).unwrap().to_vec();
+        out.push((name, fh, v.u64().unwrap()));
+    }
+    assert!(d.bool().unwrap(), "one READDIR lists the whole directory");
+    out.sort();
+    out
+}
+
+#[test]
+fn listed_handles_stay_right_when_local_files_go_and_others_take_their_inode_numbers() {
+    // Listings take entries' handles from the memo once they have seen
+    // them. A file deleted behind the server's back gives its inode
+    // number to the next file made (as ext4 does at once): that file
+    // must be listed with its own handle, not the deleted one's.
+    let (srv, dir) = server("memo");
+    let ex = &srv.exports.list()[0].fs;
+    assert!(ex.memo().on(), "no handle memo (tests run as root)");
+    for i in 0..40 {
+        std::fs::write(dir.join(format!("a{i:02}")), b"a").unwrap();
+    }
+    let sid = session(&srv);
+    let first = list_handles(&srv, &sid, 1);
+    assert_eq!(first.len(), 40);
+    let hits = ex.memo().counts().1;
+    assert_eq!(list_handles(&srv, &sid, 2), first);
+    assert_eq!(
+        ex.memo().counts().1,
+        hits + 40,
+        "the second listing asked the kernel again"
+    );
+
+    for i in 0..40 {
+        std::fs::remove_file(dir.join(format!("a{i:02}"))).unwrap();
+    }
+    for i in 0..40 {
+        std::fs::write(dir.join(format!("b{i:02}")), b"b").unwrap();
+    }
+    let old: std::collections::HashSet<u64> = first.iter().map(|e| e.2).collect();
+    let again = list_handles(&srv, &sid, 3);
+    assert_eq!(again.len(), 40);
+    let reused = again.iter().filter(|e| old.contains(&e.2)).count();
+    assert!(
+        reused > 0,
+        "no inode number was given again: this file system does not show the case"
+    );
+    let root = ex.root_fd();
+    for (name, fh, fileid) in &again {
+        let c = std::ffi::CString::new(name.as_str()).unwrap();
+        let now = ex.handle_in(std::os::fd::AsFd::as_fd(&*root), &c).unwrap();
+        assert_eq!(
+            fh, &now,
+            "{name} (inode {fileid}) listed with another file's handle"
+        );
+        assert!(ex.resolve(fh).is_ok(), "{name}: its listed handle is stale");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The thread's file system ids as the kernel has them (fsuid, fsgid).
 fn thread_fs_ids() -> (u32, u32) {
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();

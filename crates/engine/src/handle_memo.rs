@@ -1,0 +1,592 @@
+//! The handles of inodes the server has seen, kept so that a listing
+//! need not ask the kernel for every entry's handle: `name_to_handle_at`
+//! walks the name once more, which costs as much as the stat before it.
+//!
+//! A kernel handle holds the inode's number and its generation. The
+//! generation is new only when the number goes to a new inode, and the
+//! number is free again only once the old inode is deleted. A fanotify
+//! group with a mark on the whole file system (`FAN_DELETE_SELF`,
+//! reporting file ids) hears of every such delete, and the kernel queues
+//! the event before it frees the inode. So the memo forgets a number when
+//! its delete is read from the group, and a handle found in the memo after
+//! the group has been read ([`HandleMemo::fresh`]) is the handle of the
+//! inode a stat made before that read saw. A handle asked of the kernel
+//! is kept only if no delete of its number was read after the read of the
+//! group that came before the asking: otherwise it may be the handle of
+//! an inode gone by the time it would be kept.
+//!
+//! Nothing is kept where fanotify cannot watch the file system (no
+//! CAP_SYS_ADMIN, or a file system without file ids), nor for handle
+//! types whose inode number this module cannot read. What it does not
+//! see: a generation changed in place by the root-only `FS_IOC_SETVERSION`.
+
+use crate::fs::Stat;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CStr;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+/// Handles kept at most; the memo starts again empty when full.
+const LIMIT: usize = 256 * 1024;
+
+/// Kernel handle types this module reads inode numbers from (see
+/// include/linux/exportfs.h): 32-bit number and generation (ext4, xfs
+/// with small numbers), XFS's 64-bit number, btrfs's object ids.
+const FILEID_INO32_GEN: i32 = 1;
+const XFS_FILEID_INO64_GEN: i32 = 0x81;
+const BTRFS_FILEID: i32 = 0x4d;
+const BTRFS_FILEID_WITH_PARENT: i32 = 0x4e;
+const BTRFS_FILEID_WITH_PARENT_ROOT: i32 = 0x4f;
+/// The inode number of every btrfs subvolume's root directory.
+const BTRFS_SUBVOL_ROOT_INO: u64 = 256;
+const BTRFS_SUPER_MAGIC: libc::__fsword_t = 0x9123_683e;
+
+/// The inode number a kernel handle of type `kind` holds, for the types
+/// this module knows.
+pub fn ino_of(kind: i32, bytes: &[u8]) -> Option<u64> {
+    match kind {
+        FILEID_INO32_GEN if bytes.len() >= 8 => {
+            Some(u32::from_ne_bytes(bytes[..4].try_into().ok()?) as u64)
+        }
+        XFS_FILEID_INO64_GEN
+        | BTRFS_FILEID
+        | BTRFS_FILEID_WITH_PARENT
+        | BTRFS_FILEID_WITH_PARENT_ROOT
+            if bytes.len() >= 12 =>
+        {
+            Some(u64::from_ne_bytes(bytes[..8].try_into().ok()?))
+        }
+        _ => None,
+    }
+}
+
+/// The memo of one exported file system.
+#[derive(Debug)]
+pub struct HandleMemo {
+    /// The fanotify group (non-blocking); None: nothing is kept.
+    group: Option<OwnedFd>,
+    /// btrfs: deleting a subvolume deletes its inodes with one event, for
+    /// its root directory, and that forgets everything.
+    btrfs: bool,
+    inner: RwLock<Inner>,
+    /// Handles found (for tests and metrics).
+    hits: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Inode number -> (device, wire handle).
+    kept: HashMap<u64, (u64, Vec<u8>), BuildHasherDefault<InoHasher>>,
+    /// Events read from the group so far.
+    events: u64,
+    /// The inode numbers of the last [`LOG`] events, the newest last (see
+    /// [`Fresh`]'s drop).
+    log: VecDeque<u64>,
+    /// The count of events when the memo last forgot everything.
+    cleared_at: u64,
+}
+
+impl Inner {
+    fn forget_all(&mut self) {
+        self.events += 1;
+        self.cleared_at = self.events;
+        self.kept.clear();
+    }
+
+    fn forget(&mut self, ino: u64) {
+        self.events += 1;
+        if self.log.len() == LOG {
+            self.log.pop_front();
+        }
+        self.log.push_back(ino);
+        self.kept.remove(&ino);
+    }
+
+    /// Whether inode `ino` may have been deleted after `ticket` events.
+    fn deleted_since(&self, ticket: u64, ino: u64) -> bool {
+        let since = (self.events - ticket) as usize;
+        self.cleared_at > ticket
+            || since > self.log.len()
+            || self.log.iter().rev().take(since).any(|&i| i == ino)
+    }
+}
+
+/// Events whose inode numbers are remembered, for handles asked of the
+/// kernel while they were read.
+const LOG: usize = 4096;
+
+/// Hashes an inode number with one multiplication (Fibonacci hashing):
+/// numbers are not chosen by clients, and often consecutive.
+#[derive(Debug, Default)]
+struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// The memo as of a read of the group made after the stats to be
+/// matched against it (see [`HandleMemo::fresh`]), and the handles asked
+/// of the kernel since, to keep.
+#[derive(Debug)]
+pub struct Fresh<'a> {
+    memo: &'a HandleMemo,
+    /// Deletes read when it was made.
+    ticket: u64,
+    /// Inode number, device and wire handle of each handle noted.
+    noted: Vec<(u64, u64, Vec<u8>)>,
+}
+
+impl HandleMemo {
+    /// A memo that keeps nothing.
+    pub fn off() -> Self {
+        HandleMemo {
+            group: None,
+            btrfs: false,
+            inner: RwLock::default(),
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    /// A memo for the file system holding `dir`; one that keeps nothing
+    /// when fanotify cannot watch it, saying why.
+    pub fn watch(dir: BorrowedFd<'_>) -> Self {
+        match Self::group_on(dir) {
+            Ok(group) => HandleMemo {
+                group: Some(group),
+                btrfs: fs_magic(dir) == Some(BTRFS_SUPER_MAGIC),
+                inner: RwLock::default(),
+                hits: AtomicU64::new(0),
+            },
+            Err(e) => {
+                tracing::info!(
+                    "file handles are asked of the kernel for every entry of a listing: fanotify cannot watch the file system for deletes ({e})"
+                );
+                Self::off()
+            }
+        }
+    }
+
+    fn group_on(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        // SAFETY: plain system call with flag arguments.
+        let fd = unsafe {
+            libc::fanotify_init(
+                libc::FAN_CLASS_NOTIF
+                    | libc::FAN_REPORT_FID
+                    | libc::FAN_NONBLOCK
+                    | libc::FAN_CLOEXEC,
+                libc::O_RDONLY as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fanotify_init returned a new descriptor we own.
+        let group = unsafe { OwnedFd::from_raw_fd(fd) };
+        let empty: &CStr = c"";
+        // SAFETY: valid descriptors; an empty path with dirfd names dir
+        // itself (FAN_MARK_FILESYSTEM marks its whole file system).
+        let r = unsafe {
+            libc::fanotify_mark(
+                group.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                libc::FAN_DELETE_SELF | libc::FAN_ONDIR,
+                dir.as_raw_fd(),
+                empty.as_ptr(),
+            )
+        };
+        if r < 0 {
+            // An empty path needs a newer kernel on some versions: try the
+            // descriptor's own path.
+            let path = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd()))?;
+            let c = std::ffi::CString::new(path.into_os_string().into_encoded_bytes())
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: as above, with a NUL-terminated path.
+            let r = unsafe {
+                libc::fanotify_mark(
+                    group.as_raw_fd(),
+                    libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                    libc::FAN_DELETE_SELF | libc::FAN_ONDIR,
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(group)
+    }
+
+    /// Whether the memo keeps handles at all.
+    pub fn on(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// Reads the deletes queued so far: the memo then answers for stats
+    /// made before this call (call it after them, once for many), and
+    /// keeps the handles noted in the [`Fresh`] when it is dropped.
+    pub fn fresh(&self) -> Fresh<'_> {
+        let mut ticket = 0;
+        if self.group.is_some() {
+            let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
+            self.drain(&mut g);
+            ticket = g.events;
+        }
+        Fresh {
+            memo: self,
+            ticket,
+            noted: Vec::new(),
+        }
+    }
+
+    /// Handles kept, and found (for tests and metrics).
+    pub fn counts(&self) -> (usize, u64) {
+        let kept = self.inner.read().map_or(0, |g| g.kept.len());
+        (kept, self.hits.load(Ordering::Relaxed))
+    }
+
+    /// Reads every queued event; forgets the numbers of deleted inodes.
+    fn drain(&self, g: &mut Inner) {
+        let Some(group) = &self.group else { return };
+        let mut buf = [0u8; 8192];
+        loop {
+            // SAFETY: reads into a buffer of its length.
+            let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                // EAGAIN: nothing more queued. Any other error leaves
+                // the queue unread: forget everything to stay right.
+                if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+                    g.forget_all();
+                }
+                return;
+            }
+            self.events_in(g, &buf[..n as usize]);
+        }
+    }
+
+    /// The events of one read of the group.
+    fn events_in(&self, g: &mut Inner, mut buf: &[u8]) {
+        while !buf.is_empty() {
+            let len = match buf.get(..4) {
+                Some(b) => u32::from_ne_bytes(b.try_into().expect("4 bytes")) as usize,
+                None => 0,
+            };
+            if len < META_LEN || len > buf.len() {
+                // Not what the kernel writes: trust nothing kept.
+                g.forget_all();
+                return;
+            }
+            self.event(g, &buf[..len]);
+            buf = &buf[len..];
+        }
+    }
+
+    /// One event (metadata and info records).
+    fn event(&self, g: &mut Inner, ev: &[u8]) {
+        let meta_len = u16::from_ne_bytes([ev[6], ev[7]]) as usize;
+        let mask = u64::from_ne_bytes(ev[8..16].try_into().expect("8 bytes"));
+        let ino = if mask & libc::FAN_Q_OVERFLOW != 0 {
+            None
+        } else {
+            fid_ino(ev.get(meta_len..).unwrap_or_default())
+        };
+        match ino {
+            Some(BTRFS_SUBVOL_ROOT_INO) if self.btrfs => g.forget_all(),
+            Some(ino) => g.forget(ino),
+            // Lost events, or a handle this module cannot read.
+            None => g.forget_all(),
+        }
+    }
+}
+
+impl Fresh<'_> {
+    /// Notes `wire`, the handle (of kernel type `kind`, bytes `bytes`) of
+    /// the inode `st` describes, asked of the kernel after this was made,
+    /// to be kept when this is dropped. Not when its number is not that of
+    /// `st` (the name was replaced between the stat and the handle).
+    pub fn note(&mut self, st: &Stat, kind: i32, bytes: &[u8], wire: &[u8]) {
+        if self.memo.group.is_some() && ino_of(kind, bytes) == Some(st.ino) {
+            self.noted.push((st.ino, st.dev, wire.to_vec()));
+        }
+    }
+
+    /// The kept handle of the inode `st` describes (made before the
+    /// [`HandleMemo::fresh`] this came from).
+    pub fn get(&self, st: &Stat) -> Option<Vec<u8>> {
+        self.memo.group.as_ref()?;
+        let wire = match self.memo.inner.read().ok()?.kept.get(&st.ino) {
+            Some((dev, wire)) if *dev == st.dev => wire.clone(),
+            _ => return None,
+        };
+        self.memo.hits.fetch_add(1, Ordering::Relaxed);
+        Some(wire)
+    }
+}
+
+impl Drop for Fresh<'_> {
+    /// Keeps the handles noted, but not those of inodes whose delete was
+    /// read since this was made: the handle may be the deleted inode's,
+    /// and its number may already be a new inode's.
+    fn drop(&mut self) {
+        if self.noted.is_empty() {
+            return;
+        }
+        let mut g = self.memo.inner.write().unwrap_or_else(|e| e.into_inner());
+        self.memo.drain(&mut g);
+        if g.kept.len() + self.noted.len() > LIMIT {
+            g.kept.clear();
+        }
+        for (ino, dev, wire) in self.noted.drain(..) {
+            if !g.deleted_since(self.ticket, ino) {
+                g.kept.insert(ino, (dev, wire));
+            }
+        }
+    }
+}
+
+/// Bytes of struct fanotify_event_metadata.
+const META_LEN: usize = 24;
+
+/// The inode number in an event's file id record (struct
+/// fanotify_event_info_fid: header, fsid, then a struct file_handle).
+fn fid_ino(info: &[u8]) -> Option<u64> {
+    // Header: info_type (1), pad (1), len (2); fsid (8); handle_bytes (4),
+    // handle_type (4), the handle.
+    if info.len() < 20 || info[0] != libc::FAN_EVENT_INFO_TYPE_FID {
+        return None;
+    }
+    let hlen = u32::from_ne_bytes(info[12..16].try_into().ok()?) as usize;
+    let kind = i32::from_ne_bytes(info[16..20].try_into().ok()?);
+    ino_of(kind, info.get(20..20 + hlen)?)
+}
+
+/// The magic number of the file system holding `fd` (statfs f_type).
+fn fs_magic(fd: BorrowedFd<'_>) -> Option<libc::__fsword_t> {
+    let mut s = std::mem::MaybeUninit::<libc::statfs64>::zeroed();
+    // SAFETY: valid descriptor and output buffer.
+    let r = unsafe { libc::fstatfs64(fd.as_raw_fd(), s.as_mut_ptr()) };
+    // SAFETY: fstatfs64 succeeded and filled the buffer.
+    (r == 0).then(|| unsafe { s.assume_init() }.f_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs;
+    use crate::handle::kernel_handle;
+    use std::os::fd::AsFd;
+    use std::path::PathBuf;
+
+    /// A directory next to the build (a disk file system, as exports are),
+    /// removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!(".sluice-memo-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir(&p).expect("a directory next to the build");
+            Dir(p)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A memo on `dir`, which must keep handles (tests run as root, on a
+    /// disk file system).
+    fn memo_on(dir: &std::fs::File) -> HandleMemo {
+        let m = HandleMemo::watch(dir.as_fd());
+        assert!(
+            m.on(),
+            "fanotify cannot watch the build's file system (tests run as root)"
+        );
+        m
+    }
+
+    /// Stat and kernel handle of `name` in `dir`; the handle doubles as
+    /// the wire handle here.
+    fn seen(dir: &std::fs::File, name: &CStr) -> (Stat, i32, Vec<u8>) {
+        let st = fs::stat_at(dir.as_fd(), name).expect("stat");
+        let (kind, bytes) = kernel_handle(dir.as_fd(), name).expect("handle");
+        (st, kind, bytes)
+    }
+
+    fn keep(m: &HandleMemo, dir: &std::fs::File, name: &CStr) -> Stat {
+        let (st, kind, bytes) = seen(dir, name);
+        let mut f = m.fresh();
+        assert_eq!(f.get(&st), None);
+        f.note(&st, kind, &bytes, &bytes);
+        drop(f);
+        st
+    }
+
+    #[test]
+    fn inode_numbers_are_read_from_the_handle_types_of_ext4_xfs_and_btrfs() {
+        let mut h = 77u32.to_ne_bytes().to_vec();
+        h.extend(5u32.to_ne_bytes());
+        assert_eq!(ino_of(FILEID_INO32_GEN, &h), Some(77));
+        let mut h = (1u64 << 40).to_ne_bytes().to_vec();
+        h.extend(9u32.to_ne_bytes());
+        assert_eq!(ino_of(XFS_FILEID_INO64_GEN, &h), Some(1 << 40));
+        h.extend(5u64.to_ne_bytes()); // btrfs: object id, root id, generation
+        for kind in [
+            BTRFS_FILEID,
+            BTRFS_FILEID_WITH_PARENT,
+            BTRFS_FILEID_WITH_PARENT_ROOT,
+        ] {
+            assert_eq!(ino_of(kind, &h), Some(1 << 40));
+        }
+        assert_eq!(ino_of(FILEID_INO32_GEN, &h[..7]), None, "too short");
+        assert_eq!(ino_of(0x52, &h), None, "a type it does not know");
+    }
+
+    #[test]
+    fn an_events_file_id_gives_the_deleted_inodes_number() {
+        let mut info = vec![libc::FAN_EVENT_INFO_TYPE_FID, 0, 28, 0];
+        info.extend([0u8; 8]); // fsid
+        info.extend(8u32.to_ne_bytes());
+        info.extend(FILEID_INO32_GEN.to_ne_bytes());
+        info.extend(4242u32.to_ne_bytes());
+        info.extend(1u32.to_ne_bytes());
+        assert_eq!(fid_ino(&info), Some(4242));
+        assert_eq!(fid_ino(&info[..24]), None, "handle cut short");
+        info[0] = 2; // a record of another kind
+        assert_eq!(fid_ino(&info), None);
+    }
+
+    #[test]
+    fn a_kept_handle_is_found_until_its_inode_is_deleted() {
+        let d = Dir::new("kept");
+        std::fs::write(d.0.join("a"), b"a").unwrap();
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = memo_on(&dir);
+        let st = keep(&m, &dir, c"a");
+        let (_, _, bytes) = seen(&dir, c"a");
+        assert_eq!(m.fresh().get(&st), Some(bytes.clone()));
+        assert_eq!(m.counts(), (1, 1));
+        // Another device with the same number is not this inode.
+        let other = Stat {
+            dev: st.dev + 1,
+            ..st
+        };
+        assert_eq!(m.fresh().get(&other), None);
+
+        // Deleted, and its number given to a new file (ext4 gives it
+        // again at once): the old handle is not found for the new file.
+        std::fs::remove_file(d.0.join("a")).unwrap();
+        std::fs::write(d.0.join("b"), b"b").unwrap();
+        let (st_b, _, bytes_b) = seen(&dir, c"b");
+        let f = m.fresh();
+        assert_eq!(f.get(&st), None, "a deleted inode's handle was kept");
+        assert_ne!(f.get(&st_b), Some(bytes), "the old file's handle");
+        assert_eq!(m.counts().0, 0);
+        drop(f);
+        assert_eq!(keep(&m, &dir, c"b"), st_b);
+        assert_eq!(m.fresh().get(&st_b), Some(bytes_b));
+    }
+
+    #[test]
+    fn a_file_deleted_while_open_is_forgotten_when_it_is_closed() {
+        let d = Dir::new("open");
+        std::fs::write(d.0.join("a"), b"a").unwrap();
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = memo_on(&dir);
+        let held = std::fs::File::open(d.0.join("a")).unwrap();
+        let st = keep(&m, &dir, c"a");
+        std::fs::remove_file(d.0.join("a")).unwrap();
+        // Still open, the inode (and its number) cannot be given again.
+        assert!(m.fresh().get(&st).is_some());
+        drop(held);
+        assert_eq!(m.fresh().get(&st), None);
+    }
+
+    #[test]
+    fn a_handle_whose_inode_is_deleted_before_it_is_kept_is_not_kept() {
+        let d = Dir::new("race");
+        for n in ["a", "x"] {
+            std::fs::write(d.0.join(n), n).unwrap();
+        }
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = memo_on(&dir);
+        let (st_a, kind, bytes_a) = seen(&dir, c"a");
+        let (st_x, _, bytes_x) = seen(&dir, c"x");
+        let mut f = m.fresh();
+        f.note(&st_a, kind, &bytes_a, &bytes_a);
+        f.note(&st_x, kind, &bytes_x, &bytes_x);
+        // x is deleted, and another reading of the memo hears of it,
+        // before the handles are kept: x's number may be a new inode's
+        // by then. a's delete-free handle is kept.
+        std::fs::remove_file(d.0.join("x")).unwrap();
+        m.fresh();
+        drop(f);
+        let f = m.fresh();
+        assert_eq!(f.get(&st_x), None, "a deleted inode's handle was kept");
+        assert_eq!(f.get(&st_a), Some(bytes_a));
+    }
+
+    #[test]
+    fn a_handle_of_another_inode_than_the_stat_is_not_kept() {
+        let d = Dir::new("other");
+        for n in ["a", "b"] {
+            std::fs::write(d.0.join(n), n).unwrap();
+        }
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = memo_on(&dir);
+        let (st_a, _, _) = seen(&dir, c"a");
+        let (_, kind, bytes_b) = seen(&dir, c"b");
+        let mut f = m.fresh();
+        f.note(&st_a, kind, &bytes_b, &bytes_b);
+        drop(f);
+        assert_eq!(m.counts().0, 0, "b's handle kept as a's");
+    }
+
+    proptest::proptest! {
+        /// Whatever a read of the group holds, reading it does not panic,
+        /// and what is not well formed forgets everything.
+        #[test]
+        fn any_bytes_read_from_the_group_are_taken_safely(
+            buf in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            btrfs in proptest::prelude::any::<bool>(),
+        ) {
+            let m = HandleMemo { btrfs, ..HandleMemo::off() };
+            let mut g = Inner::default();
+            g.kept.insert(7, (1, vec![1]));
+            m.events_in(&mut g, &buf);
+            proptest::prop_assert!(g.events >= u64::from(!buf.is_empty()));
+            if buf.len() < META_LEN && !buf.is_empty() {
+                proptest::prop_assert!(g.kept.is_empty() && g.cleared_at == g.events);
+            }
+        }
+    }
+
+    #[test]
+    fn a_memo_that_is_off_keeps_nothing() {
+        let d = Dir::new("off");
+        std::fs::write(d.0.join("a"), b"a").unwrap();
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = HandleMemo::off();
+        let st = keep(&m, &dir, c"a");
+        assert_eq!(m.fresh().get(&st), None);
+        assert_eq!(m.counts(), (0, 0));
+    }
+}
