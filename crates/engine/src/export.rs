@@ -70,7 +70,8 @@ impl Export {
                 ),
             )
         })?;
-        let memo = HandleMemo::watch(root.as_fd());
+        // fanotify marks through a descriptor that is not O_PATH.
+        let memo = HandleMemo::watch(mount.as_fd());
         Ok(Export {
             memo,
             path: path.to_path_buf(),
@@ -133,8 +134,8 @@ impl Export {
     }
 
     /// Wire handle for `name` in directory `dir`, which `st` describes
-    /// (a stat made before `fresh`): the memo's, or the kernel's, which
-    /// the memo then keeps.
+    /// (a stat made between the ticket `fresh` was made from and `fresh`):
+    /// the memo's, or the kernel's, which the memo then keeps.
     pub fn handle_seen(
         &self,
         fresh: &mut Fresh<'_>,

@@ -165,7 +165,7 @@ impl Collector for Collect {
             ),
             (
                 "sluice_listed_handles_remembered",
-                "File handles of directory entries (READDIR, READDIRPLUS) taken from the server's memo of handles instead of asked of the kernel.",
+                "File handles of directory entries (READDIR, READDIRPLUS) found in the server's memo of handles instead of asked of the kernel.",
                 srv.exports
                     .list()
                     .iter()

@@ -1152,14 +1152,16 @@ fn readdir(
     let mut names = 0usize;
     let mut n = 0;
     let mut eof = false;
-    let mut batch = Vec::with_capacity(super::ops_fs::STAT_BATCH);
+    let mut batch = Vec::new();
     'list: while !eof {
         // READDIRPLUS: a batch of entries and their stats, then their
-        // handles (the memo answers for stats made before it is brought
-        // up to date, once per batch). ".." of the export root is the
-        // root itself, as LOOKUP says.
+        // handles (the memo answers for stats made between its ticket
+        // and its reading of deletes, once per batch). ".." of the export
+        // root is the root itself, as LOOKUP says.
         batch.clear();
-        while batch.len() < super::ops_fs::STAT_BATCH {
+        let ticket = ex.memo().ticket();
+        let size = super::ops_fs::stat_batch(budget.saturating_sub(list.len()));
+        while batch.len() < size {
             let Some(ent) = io3(reader.next_entry())? else {
                 eof = true;
                 break;
@@ -1177,7 +1179,7 @@ fn readdir(
             };
             batch.push((ent, dots, st));
         }
-        let mut fresh = plus.map(|_| ex.memo().fresh());
+        let mut fresh = plus.map(|_| ex.memo().fresh(ticket));
         for (ent, dots, st) in &batch {
             let name = ent.name.as_bytes();
             let fh = match (&mut fresh, st) {

@@ -528,6 +528,11 @@ pub(super) struct Listing {
 }
 
 impl Listing {
+    /// Bytes of reply left for entries.
+    pub(super) fn room(&self) -> usize {
+        self.budget.saturating_sub(self.list.len())
+    }
+
     /// Reads READDIR4args; cookies 1 and 2 are reserved.
     pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, Nfsstat4> {
         let args = x(ReaddirArgs::decode(d))?;
@@ -587,8 +592,12 @@ impl Listing {
 
 /// Entries a listing stats before it looks their handles up (see
 /// [`crate::engine::handle_memo`]): one read of the memo's deletes for
-/// this many, and at most this many stats more than the reply holds.
-pub(super) const STAT_BATCH: usize = 64;
+/// at most this many, and for as many as `room` bytes of reply may hold
+/// (entries with attributes and a handle take 160 bytes or more), so
+/// that few stats are made for entries that will not fit.
+pub(super) fn stat_batch(room: usize) -> usize {
+    (room / 160).clamp(1, 64)
+}
 
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
@@ -601,13 +610,15 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let want_fh = attrs::has(&listing.req, attr::FILEHANDLE);
         let ex = &cx.ex(&dir).fs;
         let dev = ex.dev();
-        let mut batch = Vec::with_capacity(STAT_BATCH);
+        let mut batch = Vec::new();
         'list: while !eof {
             // A batch of entries and their stats, then their handles: the
-            // memo answers for stats made before it is brought up to date,
-            // once per batch.
+            // memo answers for stats made between its ticket and its
+            // reading of deletes, once per batch.
             batch.clear();
-            while batch.len() < STAT_BATCH {
+            let ticket = ex.memo().ticket();
+            let size = stat_batch(listing.room());
+            while batch.len() < size {
                 let Some(ent) = io(reader.next_entry())? else {
                     eof = true;
                     break;
@@ -619,7 +630,7 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                     _ => {}
                 }
             }
-            let mut fresh = want_fh.then(|| ex.memo().fresh());
+            let mut fresh = want_fh.then(|| ex.memo().fresh(ticket));
             for (ent, st) in &batch {
                 let wire = match &mut fresh {
                     Some(f) => ex.handle_seen(f, dir.fd.as_fd(), &ent.name, st).ok(),
