@@ -239,10 +239,12 @@ impl Export {
         }
     }
 
-    /// Forgets the cached descriptor of a handle (after removal).
+    /// Forgets the cached descriptor of a handle (after removal), and
+    /// reads the deletes queued for the memo of handles (this one among
+    /// them, once its last descriptor is closed).
     pub fn forget(&self, wire: &[u8]) {
-        if let Ok(mut c) = self.cache.lock() {
-            c.remove(wire);
-        }
+        let fd = self.cache.lock().ok().and_then(|mut c| c.remove(wire));
+        drop(fd);
+        self.memo.read_deletes();
     }
 }

@@ -305,6 +305,18 @@ impl HandleMemo {
         f
     }
 
+    /// Reads the events queued so far. Listings do; so does the server
+    /// after it deletes something itself: fanotify compares each new
+    /// event with those queued, so a long queue makes every delete on
+    /// the file system dearer (measured on ext4: 10.9 us an unlink with no
+    /// watch, 15.3 with the queue left to fill, 12.7 read every 64).
+    pub fn read_deletes(&self) {
+        if self.group.is_some() {
+            let mut g = self.inner.write().unwrap_or_else(|e| e.into_inner());
+            self.drain(&mut g);
+        }
+    }
+
     /// Handles kept, and found (for tests and metrics).
     pub fn counts(&self) -> (usize, u64) {
         let kept = self

@@ -4,9 +4,9 @@
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use sluice_load::client::{Client, ClientError, OpenFile};
+use sluice_load::cli::{Mount, Proto};
+use sluice_load::client::{Client, OpenFile};
 use sluice_load::v3::{self, Client3, File3};
-use sluice_proto::rpc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,14 +31,6 @@ enum Pattern {
     Random,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-enum Proto {
-    /// NFSv4.1 or 4.2 (--minor), one session per stream.
-    V4,
-    /// NFSv3: MOUNT v3 MNT of --mount-path, then stateless calls.
-    V3,
-}
-
 #[derive(Parser, Debug)]
 #[command(name = "sluice-load", about = "NFSv4.1/4.2 and NFSv3 load generator")]
 struct Args {
@@ -49,16 +41,11 @@ struct Args {
     /// directory --mount-path mounts).
     #[arg(long)]
     file: String,
-    /// Protocol: NFSv4.1/4.2 or NFSv3.
+    /// Protocol: NFSv4.1/4.2 (--minor, one session per stream) or NFSv3.
     #[arg(long, value_enum, default_value = "v4")]
     proto: Proto,
-    /// NFSv3: the path MOUNT v3 MNT asks for (the directory --file is in).
-    #[arg(long, default_value = "/")]
-    mount_path: String,
-    /// NFSv3: the MOUNT port on the --server host (default: the NFS port
-    /// of --server, which sluice also serves MOUNT on).
-    #[arg(long)]
-    mount_port: Option<u16>,
+    #[command(flatten)]
+    mount: Mount,
     /// Operation mix.
     #[arg(long, value_enum, default_value = "read")]
     mode: Mode,
@@ -326,32 +313,13 @@ async fn connect_v4(a: &Args, write: bool) -> Result<Vec<Arc<Nfs>>, String> {
     Ok(out)
 }
 
-/// The MOUNT address: the --server host with --mount-port, or --server.
-fn mount_address(a: &Args) -> String {
-    match (a.mount_port, a.server.rsplit_once(':')) {
-        (Some(port), Some((host, _))) => format!("{host}:{port}"),
-        (Some(port), None) => format!("{}:{port}", a.server),
-        (None, _) => a.server.clone(),
-    }
-}
-
 /// MNT, then the file looked up (or made, for --mode write) on the first
 /// stream's connection, and one connection per stream using its handle.
 async fn connect_v3(a: &Args) -> Result<Vec<Arc<Nfs>>, String> {
     if a.mode == Mode::ReadPlus {
         return Err("READ_PLUS is NFSv4.2 only; use --mode read with --proto v3".into());
     }
-    let maddr = mount_address(a);
-    let (root, _flavors) = v3::mount(&maddr, &a.mount_path).await.map_err(|e| {
-        // PROG_UNAVAIL: no MOUNT program on that port.
-        let hint = match e {
-            ClientError::Rpc(rpc::ReplyError::NotAccepted(1)) if a.mount_port.is_none() => {
-                " (no MOUNT there: give the server's MOUNT port with --mount-port)"
-            }
-            _ => "",
-        };
-        format!("cannot mount {} at {maddr}: {e}{hint}", a.mount_path)
-    })?;
+    let root = a.mount.root(&a.server).await?;
     let mut out = Vec::new();
     let mut file: Option<File3> = None;
     for _ in 0..a.streams {
@@ -533,13 +501,11 @@ mod tests {
     }
 
     #[test]
-    fn mount_goes_to_the_nfs_port_unless_told_otherwise() {
-        assert_eq!(mount_address(&args(&[])), "127.0.0.1:2049");
+    fn nfsv3_mounts_at_the_nfs_port_unless_told_otherwise() {
         let a = args(&["--server", "10.0.0.2:20490", "--mount-port", "20048"]);
-        assert_eq!(mount_address(&a), "10.0.0.2:20048");
-        let a = args(&["--server", "[::1]:2049", "--mount-port", "20048"]);
-        assert_eq!(mount_address(&a), "[::1]:20048");
-        assert_eq!(args(&[]).mount_path, "/");
+        assert_eq!(a.mount.address(&a.server), "10.0.0.2:20048");
+        assert_eq!(args(&[]).mount.address("127.0.0.1:2049"), "127.0.0.1:2049");
+        assert_eq!(args(&[]).mount.mount_path, "/");
         assert_eq!(
             Args::parse_from(["sluice-load", "--file", "f"]).proto,
             Proto::V4

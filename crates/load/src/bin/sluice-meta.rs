@@ -29,8 +29,9 @@
 
 use clap::Parser;
 use hdrhistogram::Histogram;
+use sluice_load::cli::{Mount, Proto};
 use sluice_load::client::{Client, ClientError, OpenFile};
-use sluice_load::v3::{self, Client3, File3, Stable};
+use sluice_load::v3::{Client3, File3, Stable};
 use sluice_proto::nfs4::consts::{attr, op};
 use sluice_proto::nfs4::msg::{Bitmap4, Component4, Fattr4, Xdr};
 use std::sync::{Arc, Mutex};
@@ -48,13 +49,8 @@ struct Args {
     /// Protocol: NFSv4.1, or NFSv3 after MOUNT v3.
     #[arg(long, value_enum, default_value = "v4")]
     proto: Proto,
-    /// NFSv3: the path MOUNT v3 MNT asks for (--dir is taken from there).
-    #[arg(long, default_value = "/")]
-    mount_path: String,
-    /// NFSv3: the MOUNT port on the --server host (default: the NFS port
-    /// of --server, which sluice also serves MOUNT on).
-    #[arg(long)]
-    mount_port: Option<u16>,
+    #[command(flatten)]
+    mount: Mount,
     /// The directory to work in, as a path from the server's root (NFSv3:
     /// from the directory --mount-path mounts); it must exist and be
     /// empty.
@@ -80,14 +76,6 @@ struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    /// NFSv4.1: a session per client.
-    V4,
-    /// NFSv3: MOUNT v3 MNT, then stateless calls.
-    V3,
 }
 
 const PHASES: [&str; 5] = ["create", "stat", "readdir", "rename", "remove"];
@@ -322,16 +310,7 @@ impl Meta {
                 dir: dir.to_vec(),
             }));
         }
-        let mount_at = match a.mount_port {
-            Some(port) => {
-                let host = a.server.rsplit_once(':').map_or(a.server.as_str(), |h| h.0);
-                format!("{host}:{port}")
-            }
-            None => a.server.clone(),
-        };
-        let (mut fh, _) = v3::mount(&mount_at, &a.mount_path)
-            .await
-            .map_err(|e| format!("MOUNT of {} at {mount_at}: {e}", a.mount_path))?;
+        let mut fh = a.mount.root(&a.server).await?;
         let c = Client3::connect(&a.server).await.map_err(cannot)?;
         for d in dir {
             fh = c
