@@ -497,6 +497,18 @@ mod tests {
         m
     }
 
+    /// A directory holding `files` (each holding its name), opened, and a
+    /// memo watching it.
+    fn watched(tag: &str, files: &[&str]) -> (Dir, std::fs::File, HandleMemo) {
+        let d = Dir::new(tag);
+        for n in files {
+            std::fs::write(d.0.join(n), n).unwrap();
+        }
+        let dir = std::fs::File::open(&d.0).unwrap();
+        let m = memo_on(&dir);
+        (d, dir, m)
+    }
+
     /// Stat and kernel handle of `name` in `dir`; the handle doubles as
     /// the wire handle here.
     fn seen(dir: &std::fs::File, name: &CStr) -> (Stat, i32, Vec<u8>) {
@@ -558,10 +570,7 @@ mod tests {
 
     #[test]
     fn a_kept_handle_is_found_until_its_inode_is_deleted() {
-        let d = Dir::new("kept");
-        std::fs::write(d.0.join("a"), b"a").unwrap();
-        let dir = std::fs::File::open(&d.0).unwrap();
-        let m = memo_on(&dir);
+        let (d, dir, m) = watched("kept", &["a"]);
         let st = keep(&m, &dir, c"a");
         let (_, _, bytes) = seen(&dir, c"a");
         assert_eq!(found(&m, &dir, c"a"), Some(bytes.clone()));
@@ -586,10 +595,7 @@ mod tests {
 
     #[test]
     fn a_file_deleted_while_open_is_forgotten_when_it_is_closed() {
-        let d = Dir::new("open");
-        std::fs::write(d.0.join("a"), b"a").unwrap();
-        let dir = std::fs::File::open(&d.0).unwrap();
-        let m = memo_on(&dir);
+        let (d, dir, m) = watched("open", &["a"]);
         let held = std::fs::File::open(d.0.join("a")).unwrap();
         let st = keep(&m, &dir, c"a");
         std::fs::remove_file(d.0.join("a")).unwrap();
@@ -603,12 +609,7 @@ mod tests {
 
     #[test]
     fn a_handle_whose_inode_is_deleted_before_it_is_kept_is_not_kept() {
-        let d = Dir::new("race");
-        for n in ["a", "x"] {
-            std::fs::write(d.0.join(n), n).unwrap();
-        }
-        let dir = std::fs::File::open(&d.0).unwrap();
-        let m = memo_on(&dir);
+        let (d, dir, m) = watched("race", &["a", "x"]);
         let t = m.ticket();
         let (st_a, kind, bytes_a) = seen(&dir, c"a");
         let (st_x, _, bytes_x) = seen(&dir, c"x");
@@ -632,10 +633,7 @@ mod tests {
         // delete, a new file takes x's number and that listing keeps the
         // new file's handle. The first listing must not give x's entry
         // the new file's handle.
-        let d = Dir::new("reuse");
-        std::fs::write(d.0.join("x"), b"x").unwrap();
-        let dir = std::fs::File::open(&d.0).unwrap();
-        let m = memo_on(&dir);
+        let (d, dir, m) = watched("reuse", &["x"]);
         let t = m.ticket();
         let (st_x, _, _) = seen(&dir, c"x");
         std::fs::remove_file(d.0.join("x")).unwrap();
@@ -649,12 +647,7 @@ mod tests {
 
     #[test]
     fn a_handle_of_another_inode_than_the_stat_is_not_kept() {
-        let d = Dir::new("other");
-        for n in ["a", "b"] {
-            std::fs::write(d.0.join(n), n).unwrap();
-        }
-        let dir = std::fs::File::open(&d.0).unwrap();
-        let m = memo_on(&dir);
+        let (_d, dir, m) = watched("other", &["a", "b"]);
         let t = m.ticket();
         let (st_a, _, _) = seen(&dir, c"a");
         let (_, kind, bytes_b) = seen(&dir, c"b");
