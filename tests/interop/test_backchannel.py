@@ -91,6 +91,24 @@ def test_unanswered_probe_puts_the_path_down(srv):
     assert srv.counter("sluice_callback_failures") == 1
 
 
+def test_sigterm_does_not_wait_for_a_callback_nobody_answers(srv):
+    """A server told to stop has finished its requests and flushed its
+    exports; a call to a client still waiting for its answer (here the
+    probe, never answered) is dropped, not waited for. Had the server
+    waited, the probe's time-out would be in its log before it exited."""
+    c = with_back_channel(srv)
+    call = c.conn.next_call(timeout=10)
+    assert call.proc == 0, f"not the CB_NULL probe: {call!r}"
+    started = time.monotonic()
+    srv.stop()  # SIGTERM, with the probe unanswered and the connection open
+    took = time.monotonic() - started
+    log = srv.log_path.read_text(errors="replace")
+    assert "SIGTERM: shutting down" in log, "the server did not log its shutdown"
+    assert "no reply within" not in log, (
+        f"the server waited for the unanswered probe to time out before it exited ({took:.1f} s):\n{log[-2000:]}")
+    c.close()
+
+
 def test_refused_probe_puts_the_path_down(srv):
     c = with_back_channel(srv)
     c.conn.answer(c.conn.next_call(timeout=10), accept_stat=1)  # PROG_UNAVAIL

@@ -677,7 +677,16 @@ fn main() {
                 .max_blocking_threads(REQUEST_THREADS)
                 .build()
                 .map_err(|e| format!("cannot start the runtime: {e}"))
-                .and_then(|rt| rt.block_on(serve(args)))
+                .and_then(|rt| {
+                    let served = rt.block_on(serve(args));
+                    // `serve` has let the requests in progress finish and
+                    // flushed the exports. What may still run is a call
+                    // to a client (a probe or a recall waiting up to its
+                    // time-out for an answer that will no longer be
+                    // used): the process does not wait for it.
+                    rt.shutdown_background();
+                    served
+                })
         }),
     };
     if let Err(e) = result {
