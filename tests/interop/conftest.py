@@ -225,4 +225,7 @@ def sluice_factory(sluice_binary, tmp_path):
 
 
 def pytest_configure(config):
+    # scripts/test runs the tests marked `guest` and the others in two
+    # pytest processes side by side (see there).
+    config.addinivalue_line("markers", "guest: boots a Linux guest (tests/vm) to run a real client")
     config.addinivalue_line("markers", "direct: run test_write_durability's server with direct writes (--direct-write-min 256K)")

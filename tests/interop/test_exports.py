@@ -122,6 +122,7 @@ def binary(request) -> Path:
     platform.system() != "Linux" or platform.machine() != "x86_64",
     reason="the VM harness boots x86_64 Debian kernels",
 )
+@pytest.mark.guest
 @pytest.mark.parametrize("kernel", ["6.12", "6.1"])
 def test_linux_client_walks_the_pseudo_file_system(binary, tmp_path, kernel):
     cfg = write_config(

@@ -87,10 +87,13 @@ FAILED_OP_LOG = "sluice::server::compound=debug"
 NO_GRACE_LOGGED = re.compile(r'op failed op="?(?:12|18|LOCK|OPEN)"? status="?(?:10033|NFS4ERR_NO_GRACE)\b')
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
-pytestmark = pytest.mark.skipif(
-    platform.system() != "Linux" or platform.machine() != "x86_64",
-    reason="the VM harness boots x86_64 Debian kernels",
-)
+pytestmark = [
+    pytest.mark.guest,
+    pytest.mark.skipif(
+        platform.system() != "Linux" or platform.machine() != "x86_64",
+        reason="the VM harness boots x86_64 Debian kernels",
+    ),
+]
 
 
 class GuestServer(MetricsServer):

@@ -164,6 +164,7 @@ def three_nodes(sluice_binary, tmp_path):
     etcd.kill()
 
 
+@pytest.mark.guest
 def test_linux_failover(three_nodes, tmp_path):
     etcd, nodes = three_nodes
     proxy = Proxy(nodes[0].port)

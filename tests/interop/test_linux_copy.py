@@ -33,6 +33,7 @@ GUEST_SCRIPT = REPO / "tests" / "vm" / "guest" / "copy.sh"
 MiB = 1 << 20
 
 pytestmark = [
+    pytest.mark.guest,
     pytest.mark.skipif(
         os.uname().sysname != "Linux" or os.uname().machine != "x86_64",
         reason="the VM harness boots x86_64 Debian kernels",

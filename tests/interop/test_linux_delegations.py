@@ -81,10 +81,13 @@ BOOTS = [
     ("6.12", "4.2", "none", False, False),
 ]
 
-pytestmark = pytest.mark.skipif(
-    os.uname().sysname != "Linux" or os.uname().machine != "x86_64",
-    reason="the VM harness boots x86_64 Debian kernels",
-)
+pytestmark = [
+    pytest.mark.guest,
+    pytest.mark.skipif(
+        os.uname().sysname != "Linux" or os.uname().machine != "x86_64",
+        reason="the VM harness boots x86_64 Debian kernels",
+    ),
+]
 
 
 def lookups(path: str):

@@ -144,6 +144,7 @@ def nlm_server(sluice_binary, tmp_path):
     yield from serve_for_guest(sluice_binary, tmp_path, ["--grace-time", str(GRACE)], GuestNsm())
 
 
+@pytest.mark.guest
 @pytest.mark.parametrize("kernel", ["6.1", "6.12"], ids=lambda k: f"linux{k}")
 def test_linux_nlm(nlm_server, tmp_path, kernel):
     ctl = NlmControl(nlm_server)

@@ -153,6 +153,7 @@ def parse_output(out: str):
     return maps, stats
 
 
+@pytest.mark.guest
 @pytest.mark.parametrize("kernel", ["6.12", "6.1"])
 def test_sparse_files_through_linux_client(kernel, sluice_server, sparsetool, tmp_path):
     export = sluice_server.export

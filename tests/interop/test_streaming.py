@@ -321,6 +321,7 @@ echo "== done"
 """
 
 
+@pytest.mark.guest
 def test_linux_612_reads_1gib_cold_with_readahead(start_server, tmp_path):
     s = start_server()  # default --readahead-max (16 MiB)
     t = time.monotonic()

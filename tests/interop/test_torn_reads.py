@@ -243,6 +243,7 @@ def run_guest(port: int, tool: Path, tmp: Path, blocks: int, writers: int, reade
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.machine() != "x86_64",
                     reason="the VM harness boots x86_64 Debian kernels")
+@pytest.mark.guest
 @pytest.mark.parametrize("vers", ["4.2", "3"], ids=lambda v: f"nfs{v}")
 def test_no_torn_reads_through_linux_6_12_client(sluice_server, tornread, tmp_path, vers):
     blocks = 4
