@@ -156,6 +156,24 @@ def test_commit_puts_unstable_writes_on_the_device(disk_server):
     assert committed >= len(data), f"COMMIT of {len(data)} bytes answered with {committed} on the device"
 
 
+def test_sigterm_puts_unstable_writes_on_the_device(disk_server):
+    """A server told to stop (SIGTERM) flushes its exports' file systems
+    before it exits: UNSTABLE WRITEs nobody committed are on the device
+    afterwards."""
+    disk, srv = disk_server
+    c = Client(srv.port).establish()
+    data = os.urandom(4 * MiB)
+    before = disk.sectors_written()
+    write_all(c, open_new(c, "f"), data, UNSTABLE)
+    assert (disk.sectors_written() - before) * 512 < len(data), "UNSTABLE WRITEs already on the device"
+    c.close()
+    srv.stop(signal.SIGTERM)
+    flushed = (disk.sectors_written() - before) * 512
+    log = srv.log_path.read_text(errors="replace")
+    assert "could not flush" not in log, f"the server could not flush its export:\n{log[-2000:]}"
+    assert flushed >= len(data), f"{len(data)} bytes of UNSTABLE WRITEs, {flushed} on the device after SIGTERM"
+
+
 def test_acknowledged_data_survives_sigkill(disk_server):
     disk, srv = disk_server
     c = Client(srv.port).establish()

@@ -1054,6 +1054,25 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
     .map(drop)
 }
 
+/// syncfs: writes the whole file system of directory `dir` to stable
+/// storage. `dir` may be an O_PATH descriptor (as the exports' roots are),
+/// which syncfs itself refuses (EBADF): the directory is opened for
+/// reading through it first.
+pub fn sync_file_system(dir: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fd and C string; the result is a fresh descriptor.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh descriptor from the kernel.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: valid fd.
+    cvt(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
+}
+
 /// The signal the kernel sends when a process wants a file this process
 /// holds a lease on (see [`take_lease`]): SIGRTMIN + 2, so that it
 /// carries the descriptor (`si_fd`).
@@ -1233,6 +1252,19 @@ fn flock_of(start: u64, end: u64, kind: Option<bool>) -> Option<libc::flock> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn the_file_system_of_an_o_path_directory_is_synced() {
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let path = open_path_at(dir.as_fd(), c".").unwrap();
+        // syncfs itself refuses an O_PATH descriptor ...
+        // SAFETY: valid fd.
+        let raw = unsafe { libc::syncfs(path.as_raw_fd()) };
+        assert_eq!(raw, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EBADF));
+        // ... which this opens for reading first.
+        sync_file_system(path.as_fd()).unwrap();
+    }
 
     #[test]
     fn direct_writes_replace_what_the_page_cache_held() {

@@ -598,12 +598,18 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         .await;
     }
     // Unstable writes live in the page cache: push them to disk.
-    let roots: Vec<_> = srv.exports.list().iter().map(|e| e.fs.root_fd()).collect();
+    let roots: Vec<_> = srv
+        .exports
+        .list()
+        .iter()
+        .map(|e| (e.pseudo.clone(), e.fs.root_fd()))
+        .collect();
     let _ = tokio::task::spawn_blocking(move || {
-        use std::os::fd::AsRawFd;
-        for root in roots {
-            // SAFETY: valid descriptor.
-            unsafe { libc::syncfs(root.as_raw_fd()) };
+        use std::os::fd::AsFd;
+        for (path, root) in roots {
+            if let Err(e) = sluice::engine::fs::sync_file_system(root.as_fd()) {
+                tracing::warn!(export = %path, error = %e, "could not flush the export's file system to disk; writes clients have not committed may be lost if the machine stops now");
+            }
         }
     })
     .await;
