@@ -262,15 +262,22 @@ fn settable(a: &Sattr3) -> SetAttrs {
     }
 }
 
-/// Descriptors NFSv3 READ and WRITE opened, kept for the next call of the
-/// same caller on the same file: NFSv3 has no opens, and opening for every
-/// call costs two system calls and loses what the kernel was told about
-/// the file's access pattern (random reads). A descriptor unused for
-/// [`FileCache::IDLE`] is closed, so a removed file's blocks are freed
-/// soon after its last use.
+/// Descriptors NFSv3 READ and WRITE opened (and CREATE made), kept for
+/// the next call of the same caller on the same file: NFSv3 has no opens,
+/// and opening for every call costs two system calls and loses what the
+/// kernel was told about the file's access pattern (random reads). A
+/// descriptor unused for [`FileCache::IDLE`] is closed, so a removed
+/// file's blocks are freed soon after its last use.
 #[derive(Debug, Default)]
 pub struct FileCache {
-    files: std::sync::Mutex<HashMap<FileCacheKey, (Arc<OwnedFd>, std::time::Instant)>>,
+    files: std::sync::Mutex<Files>,
+}
+
+#[derive(Debug, Default)]
+struct Files {
+    map: HashMap<FileCacheKey, (Arc<OwnedFd>, std::time::Instant)>,
+    /// When `put` last closed the idle descriptors.
+    swept: Option<std::time::Instant>,
 }
 
 /// (device, inode, uid, gid, groups' hash, for writing).
@@ -281,47 +288,82 @@ impl FileCache {
     pub const IDLE: std::time::Duration = std::time::Duration::from_secs(2);
     /// Most descriptors kept.
     const MAX: usize = 1024;
+    /// How often at most a `put` into a half-full cache looks for idle
+    /// descriptors to close: the look goes over every entry, which for a
+    /// client creating thousands of files was 5% of the server's time when
+    /// every `put` did it.
+    const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
     fn get(&self, key: &FileCacheKey) -> Option<Arc<OwnedFd>> {
-        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        let e = m.get_mut(key)?;
+        let mut f = self.lock();
+        let e = f.map.get_mut(key)?;
         e.1 = std::time::Instant::now();
         Some(e.0.clone())
     }
 
     fn put(&self, key: FileCacheKey, fd: Arc<OwnedFd>) {
         let now = std::time::Instant::now();
-        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= Self::MAX / 2 {
-            m.retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        let mut f = self.lock();
+        let due = f
+            .swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= Self::SWEEP_EVERY);
+        if f.map.len() >= Self::MAX / 2 && due {
+            f.map
+                .retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+            f.swept = Some(now);
         }
-        if m.len() < Self::MAX {
-            m.insert(key, (fd, now));
+        if f.map.len() >= Self::MAX {
+            // Full of descriptors used within IDLE (a client making files
+            // faster than MAX a second): the older half goes, so the newest
+            // (the ones the next calls are for) are kept.
+            let mut used: Vec<std::time::Instant> = f.map.values().map(|(_, u)| *u).collect();
+            let mid = used.len() / 2;
+            let (_, cut, _) = used.select_nth_unstable(mid);
+            let cut = *cut;
+            f.map.retain(|_, (_, u)| *u > cut);
         }
+        f.map.insert(key, (fd, now));
     }
 
     /// Closes the descriptors of `file` (removed, or renamed over).
     pub fn forget(&self, file: (u64, u64)) {
-        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|k, _| (k.0, k.1) != file);
+        self.lock().map.retain(|k, _| (k.0, k.1) != file);
     }
 
     /// Closes the descriptors unused for [`FileCache::IDLE`].
     pub fn sweep(&self) {
         let now = std::time::Instant::now();
-        let mut m = self.files.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        let mut f = self.lock();
+        f.map
+            .retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        f.swept = Some(now);
     }
 
     /// Descriptors held.
     pub fn len(&self) -> usize {
-        self.files.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.lock().map.len()
     }
 
     /// True when none is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The [`FileCache`] key of the caller's descriptor of `st` (for
+/// writing or reading).
+fn io_key(cx: &Ctx<'_>, st: &Stat, write: bool) -> FileCacheKey {
+    let groups = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        cx.id.groups.hash(&mut h);
+        h.finish()
+    };
+    (st.dev, st.ino, cx.id.uid, cx.id.gid, groups, write)
 }
 
 /// Opens the file for I/O as the caller, or as root when the caller owns
@@ -335,13 +377,7 @@ fn open_io(cx: &Ctx<'_>, fh: &Fh, st: &Stat, write: bool) -> R<Arc<OwnedFd>> {
     } else {
         libc::O_RDONLY
     };
-    let groups = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        cx.id.groups.hash(&mut h);
-        h.finish()
-    };
-    let key = (st.dev, st.ino, cx.id.uid, cx.id.gid, groups, write);
+    let key = io_key(cx, st, write);
     let cache = &cx.srv.v3_files;
     let allowed = cx.id.uid == st.uid || may(st, cx, if write { 0o2 } else { 0o4 });
     if allowed {
@@ -964,6 +1000,15 @@ fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Sta
         mode: None,
         ..set.clone()
     };
+    let changes = rest.size.is_some()
+        || rest.uid.is_some()
+        || rest.gid.is_some()
+        || !matches!(rest.atime, SetTime::Keep)
+        || !matches!(rest.mtime, SetTime::Keep);
+    if !changes {
+        // Nothing to set: the attributes `child` read are the file's.
+        return Ok((fh, st));
+    }
     apply_attrs(&fh, &st, &rest).map_err(st3)?;
     let st = io3(fs::stat(fh.fd.as_fd()))?;
     Ok((fh, st))
@@ -1004,8 +1049,19 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
         CreateHow3::Exclusive(_) => (SetAttrs::default(), true),
     };
     let mode = set.mode.unwrap_or(0o644);
-    match fs::create_file(dir.fd.as_fd(), n, mode, exclusive, libc::O_RDONLY) {
-        Ok((_fd, true)) => {
+    // A new file is opened for writing, whatever its mode (the kernel
+    // checks no access on a file its open created), and kept for the
+    // client's WRITEs that follow (see [`FileCache`]). An UNCHECKED create
+    // of a name that exists opens it only for reading, which the caller
+    // may not be allowed to write.
+    let made = match fs::create_file(dir.fd.as_fd(), n, mode, true, libc::O_WRONLY) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !exclusive => {
+            fs::create_file(dir.fd.as_fd(), n, mode, false, libc::O_RDONLY)
+        }
+        r => r,
+    };
+    match made {
+        Ok((fd, true)) => {
             let set = match how {
                 // The verifier is kept in the times until the client sets
                 // them (RFC 1813 section 3.3.8).
@@ -1019,7 +1075,11 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
                 }
                 _ => set.clone(),
             };
-            made_attrs(cx, dir, n, &set)
+            let (fh, st) = made_attrs(cx, dir, n, &set)?;
+            if !cx.srv.state.write_delegated((st.dev, st.ino)) {
+                cx.srv.v3_files.put(io_key(cx, &st, true), Arc::new(fd));
+            }
+            Ok((fh, st))
         }
         Ok((_fd, false)) => {
             // UNCHECKED on an existing file: only the size is applied.
@@ -1226,4 +1286,35 @@ fn readdir(
     e.bool(false);
     e.bool(eof);
     Ok(())
+}
+
+#[cfg(test)]
+mod file_cache_tests {
+    use super::FileCache;
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_full_cache_keeps_its_newest_descriptors() {
+        let c = FileCache::default();
+        let fd = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let key = |i: u64| (1, i, 1000, 1000, 7, true);
+        let n = FileCache::MAX as u64 + 10;
+        for i in 0..n {
+            c.put(key(i), fd.clone());
+        }
+        assert!(c.len() <= FileCache::MAX, "{} descriptors kept", c.len());
+        assert!(
+            c.len() >= FileCache::MAX / 2,
+            "{} descriptors kept",
+            c.len()
+        );
+        for i in n - 8..n {
+            assert!(
+                c.get(&key(i)).is_some(),
+                "descriptor {i} of the newest gone"
+            );
+        }
+        assert!(c.get(&key(0)).is_none(), "the oldest descriptor kept");
+    }
 }
