@@ -80,8 +80,9 @@ fn open_for(fh: &Fh, access: u32) -> Result<Arc<OwnedFd>, Nfsstat4> {
     io(r).map(Arc::new)
 }
 
-/// A file OPEN created or found: handle, descriptor if opened, attributes set.
-type Opened = (Fh, Option<Arc<OwnedFd>>, [u32; 3]);
+/// A file OPEN created or found: handle, descriptor if opened, attributes
+/// set, and the file's status when nothing changed it since it was read.
+type Opened = (Fh, Option<Arc<OwnedFd>>, [u32; 3], Option<Stat>);
 
 enum How {
     NoCreate,
@@ -109,12 +110,15 @@ pub(super) fn verifier_times(v: &[u8; 8]) -> (Time, Time) {
 
 /// Creates or opens `name` in `dir` as OPEN's createhow asks. Returns the
 /// handle, a descriptor if one was opened, and the attributes set.
+/// `existing` runs first when the name is there already (a new file has
+/// no delegations to recall, and is not looked for before it is made).
 fn open_create(
     cx: &Ctx<'_>,
     dir: &Fh,
     name: &CString,
     how: &How,
     access: u32,
+    existing: impl FnOnce() -> Result<(), Nfsstat4>,
 ) -> Result<Opened, Nfsstat4> {
     let flags = if access == SHARE_ACCESS_READ {
         libc::O_RDONLY
@@ -127,7 +131,17 @@ fn open_create(
         How::Guarded(a) | How::Exclusive(_, a) => (a, true),
     };
     let mode = a.mode.unwrap_or(0o644);
-    let created = fs::create_file(dir.fd.as_fd(), name, mode, exclusive, flags);
+    let created = match fs::create_file(dir.fd.as_fd(), name, mode, true, flags) {
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            existing()?;
+            if exclusive {
+                Err(e)
+            } else {
+                fs::create_file(dir.fd.as_fd(), name, mode, false, flags)
+            }
+        }
+        r => r,
+    };
     let (fd, made) = match created {
         Ok(v) => v,
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -141,13 +155,14 @@ fn open_create(
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
-            return Ok((fh_at(cx, dir, fd)?, None, [0; 3]));
+            return Ok((fh_at(cx, dir, fd)?, None, [0; 3], Some(st)));
         }
         Err(e) => return io(Err(e)),
     };
     let fh = fh_at(cx, dir, io(fs::open_path_at(dir.fd.as_fd(), name))?)?;
     let st = stat_of(&fh)?;
     let mut set = a.mask;
+    let unchanged;
     if made {
         let rest = attrs::SetAttrs {
             mode: None,
@@ -167,6 +182,11 @@ fn open_create(
         } else {
             rest
         };
+        unchanged = rest.size.is_none()
+            && rest.uid.is_none()
+            && rest.gid.is_none()
+            && matches!(rest.atime, SetTime::Keep)
+            && matches!(rest.mtime, SetTime::Keep);
         apply_attrs(&fh, &st, &rest)?;
     } else {
         // UNCHECKED on an existing file: only the size is applied (others'
@@ -176,12 +196,13 @@ fn open_create(
             ..Default::default()
         };
         apply_attrs(&fh, &st, &only_size)?;
+        unchanged = a.size.is_none();
         set = [0; 3];
         if a.size.is_some() {
             set[0] |= 1 << crate::nfs4::consts::attr::SIZE;
         }
     }
-    Ok((fh, Some(Arc::new(fd)), set))
+    Ok((fh, Some(Arc::new(fd)), set, unchanged.then_some(st)))
 }
 
 /// OPEN (RFC 8881 section 18.16).
@@ -239,31 +260,34 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             cx.srv.state.check_not_in_grace()?;
         }
 
-        let (fh, fd, attrset, before, after_dir) = match &name {
+        let (fh, fd, attrset, st, before, after_dir) = match &name {
             Some(name) => {
                 let (dir, before) = cur_dir(cx)?;
-                let (fh, fd, set) = match &how {
+                let (fh, fd, set, st) = match &how {
                     How::NoCreate => {
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        (fh_at(cx, &dir, pfd)?, None, [0; 3])
+                        (fh_at(cx, &dir, pfd)?, None, [0; 3], None)
                     }
                     h => {
                         // Creating opens an existing file for writing (or
                         // truncates it): delegations of others on it first.
-                        if let Ok(st) = fs::stat_at(dir.fd.as_fd(), name) {
-                            let sized = matches!(h, How::Unchecked(a) if a.size.is_some());
-                            if st.is_file() && (access != SHARE_ACCESS_READ || sized) {
-                                deleg_conflicts(cx, file_key(&st), true)?;
+                        let existing = || {
+                            if let Ok(st) = fs::stat_at(dir.fd.as_fd(), name) {
+                                let sized = matches!(h, How::Unchecked(a) if a.size.is_some());
+                                if st.is_file() && (access != SHARE_ACCESS_READ || sized) {
+                                    deleg_conflicts(cx, file_key(&st), true)?;
+                                }
+                                if st.is_file() {
+                                    cx.srv.state.before_own_open(file_key(&st));
+                                }
                             }
-                            if st.is_file() {
-                                cx.srv.state.before_own_open(file_key(&st));
-                            }
-                        }
-                        open_create(cx, &dir, name, h, access)?
+                            Ok(())
+                        };
+                        open_create(cx, &dir, name, h, access, existing)?
                     }
                 };
                 let after = stat_of(&dir)?;
-                (fh, fd, set, before, after)
+                (fh, fd, set, st, before, after)
             }
             None => {
                 if !matches!(how, How::NoCreate) {
@@ -271,10 +295,13 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 }
                 let fh = cx.cur()?.clone();
                 let st = stat_of(&fh)?;
-                (fh, None, [0; 3], st, st)
+                (fh, None, [0; 3], Some(st), st, st)
             }
         };
-        let st = stat_of(&fh)?;
+        let st = match st {
+            Some(st) => st,
+            None => stat_of(&fh)?,
+        };
         if st.is_dir() {
             return Err(status::ISDIR);
         }
@@ -476,13 +503,8 @@ pub(super) fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         let args = x(CloseArgs::decode(d))?;
         let sid = cx.stateid(args.stateid)?;
         cx.cur()?;
-        cx.srv.state.close(&sid)?;
-        if let Ok((_, st)) = cur_file(cx) {
-            cx.srv
-                .read
-                .readahead
-                .forget_stream(file_key(&st), stream_id(&sid));
-        }
+        let file = cx.srv.state.close(&sid)?;
+        cx.srv.read.readahead.forget_stream(file, stream_id(&sid));
         put_stateid(e, &Stateid::INVALID);
         Ok(())
     })

@@ -607,17 +607,20 @@ impl StateTable {
     }
 
     /// CLOSE: drops the open and the lock states derived from it.
-    pub fn close(&self, sid: &Stateid) -> Result<(), Nfsstat4> {
+    pub fn close(&self, sid: &Stateid) -> Result<FileKey, Nfsstat4> {
         let mut inner = self.lock();
-        match inner.ids.states.get(&sid.other) {
-            Some(StateEntry::Open(o)) => check_seqid(o.seqid, sid.seqid)?,
+        let file = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) => {
+                check_seqid(o.seqid, sid.seqid)?;
+                o.file
+            }
             _ => {
                 self.check_stale(sid)?;
                 return Err(status::BAD_STATEID);
             }
-        }
+        };
         inner.ids.remove(&sid.other);
-        Ok(())
+        Ok(file)
     }
 
     /// TEST_STATEID for one stateid.
