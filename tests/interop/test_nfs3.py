@@ -251,6 +251,31 @@ def test_removed_file_handle_is_stale(c, wd):
     expect(c.write(fh, 0, b"zz"), E.STALE, "WRITE to a removed file")
 
 
+def test_remove_and_rename_over_close_the_servers_descriptors_at_once(sluice_only, sluice_server, c, wd):
+    """The descriptors NFSv3 CREATE and WRITE keep for a caller's next
+    call go with the file's last name: after REMOVE, and after a RENAME
+    over it, the server holds none of a deleted file (whose blocks would
+    otherwise stay allocated until an idle sweep)."""
+    for name in ("a", "b", "c"):
+        make_file(c, wd, name, b"x" * 4096)
+
+    def deleted():
+        fds = Path(f"/proc/{sluice_server.proc.pid}/fd")
+        links = []
+        for fd in fds.iterdir():
+            try:
+                links.append(os.readlink(fd))
+            except FileNotFoundError:
+                continue
+        return [ln for ln in links if ln.startswith(str(sluice_server.export)) and ln.endswith("(deleted)")]
+
+    assert deleted() == [], "deleted files held before anything was removed"
+    c.must(c.remove(wd, "a"), "REMOVE a")
+    c.must(c.rename(wd, "b", wd, "c"), "RENAME b over c")
+    held = deleted()
+    assert held == [], f"the server still holds descriptors of deleted files: {held}"
+
+
 def test_removed_directory_handle_is_stale(c, wd):
     d = c.must(c.mkdir(wd, "sub")).fh
     c.must(c.rmdir(wd, "sub"))

@@ -267,7 +267,8 @@ fn settable(a: &Sattr3) -> SetAttrs {
 /// and opening for every call costs two system calls and loses what the
 /// kernel was told about the file's access pattern (random reads). A
 /// descriptor unused for [`FileCache::IDLE`] is closed, so a removed
-/// file's blocks are freed soon after its last use.
+/// file's blocks are freed soon after its last use; REMOVE and a RENAME
+/// over the file close its descriptors at once ([`FileCache::forget`]).
 #[derive(Debug, Default)]
 pub struct FileCache {
     files: std::sync::Mutex<Files>,
@@ -275,13 +276,43 @@ pub struct FileCache {
 
 #[derive(Debug, Default)]
 struct Files {
-    map: HashMap<FileCacheKey, (Arc<OwnedFd>, std::time::Instant)>,
+    /// By file, its descriptors: one per caller and access.
+    map: HashMap<(u64, u64), Vec<Kept>>,
+    /// Descriptors in `map`.
+    len: usize,
     /// When `put` last closed the idle descriptors.
     swept: Option<std::time::Instant>,
 }
 
+#[derive(Debug)]
+struct Kept {
+    who: Who,
+    fd: Arc<OwnedFd>,
+    used: std::time::Instant,
+}
+
+/// (uid, gid, groups' hash, for writing).
+type Who = (u32, u32, u64, bool);
+
 /// (device, inode, uid, gid, groups' hash, for writing).
 type FileCacheKey = (u64, u64, u32, u32, u64, bool);
+
+fn split(key: &FileCacheKey) -> ((u64, u64), Who) {
+    ((key.0, key.1), (key.2, key.3, key.4, key.5))
+}
+
+impl Files {
+    /// Keeps only the descriptors `keep` says yes to.
+    fn retain(&mut self, mut keep: impl FnMut(&Kept) -> bool) {
+        let mut len = 0;
+        self.map.retain(|_, v| {
+            v.retain(&mut keep);
+            len += v.len();
+            !v.is_empty()
+        });
+        self.len = len;
+    }
+}
 
 impl FileCache {
     /// How long an unused descriptor is kept.
@@ -299,10 +330,11 @@ impl FileCache {
     }
 
     fn get(&self, key: &FileCacheKey) -> Option<Arc<OwnedFd>> {
+        let (file, who) = split(key);
         let mut f = self.lock();
-        let e = f.map.get_mut(key)?;
-        e.1 = std::time::Instant::now();
-        Some(e.0.clone())
+        let k = f.map.get_mut(&file)?.iter_mut().find(|k| k.who == who)?;
+        k.used = std::time::Instant::now();
+        Some(k.fd.clone())
     }
 
     fn put(&self, key: FileCacheKey, fd: Arc<OwnedFd>) {
@@ -311,41 +343,49 @@ impl FileCache {
         let due = f
             .swept
             .is_none_or(|at| now.saturating_duration_since(at) >= Self::SWEEP_EVERY);
-        if f.map.len() >= Self::MAX / 2 && due {
-            f.map
-                .retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        if f.len >= Self::MAX / 2 && due {
+            f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
             f.swept = Some(now);
         }
-        if f.map.len() >= Self::MAX {
+        if f.len >= Self::MAX {
             // Full of descriptors used within IDLE (a client making files
             // faster than MAX a second): the older half goes, so the newest
             // (the ones the next calls are for) are kept.
-            let mut used: Vec<std::time::Instant> = f.map.values().map(|(_, u)| *u).collect();
+            let mut used: Vec<std::time::Instant> =
+                f.map.values().flatten().map(|k| k.used).collect();
             let mid = used.len() / 2;
             let (_, cut, _) = used.select_nth_unstable(mid);
             let cut = *cut;
-            f.map.retain(|_, (_, u)| *u > cut);
+            f.retain(|k| k.used > cut);
         }
-        f.map.insert(key, (fd, now));
+        let (file, who) = split(&key);
+        let kept = f.map.entry(file).or_default();
+        let before = kept.len();
+        kept.retain(|k| k.who != who);
+        kept.push(Kept { who, fd, used: now });
+        let after = kept.len();
+        f.len = f.len + after - before;
     }
 
     /// Closes the descriptors of `file` (removed, or renamed over).
     pub fn forget(&self, file: (u64, u64)) {
-        self.lock().map.retain(|k, _| (k.0, k.1) != file);
+        let mut f = self.lock();
+        if let Some(v) = f.map.remove(&file) {
+            f.len -= v.len();
+        }
     }
 
     /// Closes the descriptors unused for [`FileCache::IDLE`].
     pub fn sweep(&self) {
         let now = std::time::Instant::now();
         let mut f = self.lock();
-        f.map
-            .retain(|_, (_, used)| now.saturating_duration_since(*used) < Self::IDLE);
+        f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
         f.swept = Some(now);
     }
 
     /// Descriptors held.
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.lock().len
     }
 
     /// True when none is held.
@@ -683,6 +723,9 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     let ex = &cx.ex(&dir).fs;
                     let wire = ex.handle_in(dir.fd.as_fd(), &n).ok();
                     io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
+                    if st.nlink <= 1 && !st.is_dir() {
+                        cx.srv.v3_files.forget((st.dev, st.ino));
+                    }
                     if let Some(w) = wire {
                         if st.nlink <= 1 || st.is_dir() {
                             ex.forget(&w);
@@ -717,7 +760,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     let t = name(to.name)?;
                     let moved = io3(fs::stat_at(sdir.fd.as_fd(), &f))?;
                     deleg_conflicts(cx, (moved.dev, moved.ino), true).map_err(st3)?;
-                    if let Ok(gone) = fs::stat_at(tdir.fd.as_fd(), &t) {
+                    let gone = fs::stat_at(tdir.fd.as_fd(), &t).ok();
+                    if let Some(gone) = &gone {
                         deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
                     }
                     let ex = &cx.ex(&tdir).fs;
@@ -726,6 +770,11 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     fail_wcc[0].1 = attrs_of(cx, &sdir);
                     fail_wcc[1].1 = attrs_of(cx, &tdir);
                     r?;
+                    if let Some(gone) = gone.filter(|g| {
+                        g.is_file() && g.nlink <= 1 && (g.dev, g.ino) != (moved.dev, moved.ino)
+                    }) {
+                        cx.srv.v3_files.forget((gone.dev, gone.ino));
+                    }
                     if let Some(w) = replaced {
                         if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
                             ex.forget(&w);
@@ -1316,5 +1365,34 @@ mod file_cache_tests {
             );
         }
         assert!(c.get(&key(0)).is_none(), "the oldest descriptor kept");
+    }
+
+    #[test]
+    fn forget_closes_every_descriptor_of_a_file_and_only_those() {
+        let c = FileCache::default();
+        let fd = Arc::new(OwnedFd::from(std::fs::File::open("/dev/null").unwrap()));
+        let (reader, writer, other) = (
+            (1, 5, 1000, 1000, 7, false),
+            (1, 5, 1000, 1000, 7, true),
+            (1, 6, 1000, 1000, 7, true),
+        );
+        for k in [reader, writer, other] {
+            c.put(k, fd.clone());
+        }
+        c.put(writer, fd.clone());
+        assert_eq!(
+            c.len(),
+            3,
+            "a second put of the same key replaces the first"
+        );
+        c.forget((1, 5));
+        assert!(c.get(&reader).is_none() && c.get(&writer).is_none());
+        assert!(c.get(&other).is_some());
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            Arc::strong_count(&fd),
+            2,
+            "the forgotten descriptors are not held"
+        );
     }
 }
