@@ -184,18 +184,24 @@ def loopback_tcp(size: int) -> dict:
                               stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         cmd = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-l", "1M", "--json"]
-        received = None
+        received = sent = None
         for _ in range(50):  # the server needs a moment to listen
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
             try:
-                received = json.loads(p.stdout)["end"]["sum_received"]
+                end = json.loads(p.stdout)["end"]
+                received, sent = end["sum_received"], end["sum_sent"]
                 break
             except (ValueError, KeyError):
                 time.sleep(0.1)  # retry interval while iperf3 -s starts
         if received is None:
             return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(cmd)}
-        return {"mb_per_s": received["bits_per_second"] / 8 / 1e6, "bytes": int(received["bytes"]),
-                "seconds": received["seconds"], "command": " ".join(cmd)}  # fmt: skip
+        # The rate is the receiver's. Its byte count can fall short of what
+        # was sent when it lags (on a busy machine iperf3 stops counting at
+        # the sender's end of test), so `bytes` is what was sent: the
+        # transfer's size.
+        return {"mb_per_s": received["bits_per_second"] / 8 / 1e6, "bytes": int(sent["bytes"]),
+                "received_bytes": int(received["bytes"]), "seconds": received["seconds"],
+                "command": " ".join(cmd)}  # fmt: skip
     finally:
         if server.poll() is None:
             server.kill()
