@@ -1059,16 +1059,7 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
 /// which syncfs itself refuses (EBADF): the directory is opened for
 /// reading through it first.
 pub fn sync_file_system(dir: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: valid fd and C string; the result is a fresh descriptor.
-    let fd = cvt(unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c".".as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    })?;
-    // SAFETY: fresh descriptor from the kernel.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fd = reopen(dir, libc::O_RDONLY | libc::O_DIRECTORY)?;
     // SAFETY: valid fd.
     cvt(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
 }

@@ -516,7 +516,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                                     )
                                 })
                                 .map_err(st3)
-                                .and_then(|()| {
+                                .and_then(|_| {
                                     apply_attrs(
                                         &fh,
                                         &st,
@@ -1049,16 +1049,10 @@ fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Sta
         mode: None,
         ..set.clone()
     };
-    let changes = rest.size.is_some()
-        || rest.uid.is_some()
-        || rest.gid.is_some()
-        || !matches!(rest.atime, SetTime::Keep)
-        || !matches!(rest.mtime, SetTime::Keep);
-    if !changes {
-        // Nothing to set: the attributes `child` read are the file's.
+    if !apply_attrs(&fh, &st, &rest).map_err(st3)? {
+        // Nothing set: the attributes `child` read are the file's.
         return Ok((fh, st));
     }
-    apply_attrs(&fh, &st, &rest).map_err(st3)?;
     let st = io3(fs::stat(fh.fd.as_fd()))?;
     Ok((fh, st))
 }

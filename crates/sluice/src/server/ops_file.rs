@@ -162,7 +162,7 @@ fn open_create(
     let fh = fh_at(cx, dir, io(fs::open_path_at(dir.fd.as_fd(), name))?)?;
     let st = stat_of(&fh)?;
     let mut set = a.mask;
-    let unchanged;
+    let changed;
     if made {
         let rest = attrs::SetAttrs {
             mode: None,
@@ -182,12 +182,7 @@ fn open_create(
         } else {
             rest
         };
-        unchanged = rest.size.is_none()
-            && rest.uid.is_none()
-            && rest.gid.is_none()
-            && matches!(rest.atime, SetTime::Keep)
-            && matches!(rest.mtime, SetTime::Keep);
-        apply_attrs(&fh, &st, &rest)?;
+        changed = apply_attrs(&fh, &st, &rest)?;
     } else {
         // UNCHECKED on an existing file: only the size is applied (others'
         // delegations were checked before the file was opened, in open).
@@ -195,14 +190,13 @@ fn open_create(
             size: a.size,
             ..Default::default()
         };
-        apply_attrs(&fh, &st, &only_size)?;
-        unchanged = a.size.is_none();
+        changed = apply_attrs(&fh, &st, &only_size)?;
         set = [0; 3];
         if a.size.is_some() {
             set[0] |= 1 << crate::nfs4::consts::attr::SIZE;
         }
     }
-    Ok((fh, Some(Arc::new(fd)), set, unchanged.then_some(st)))
+    Ok((fh, Some(Arc::new(fd)), set, (!changed).then_some(st)))
 }
 
 /// OPEN (RFC 8881 section 18.16).

@@ -356,20 +356,22 @@ pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
 
 /// Applies settable attributes to the object behind `fh` (a size by
 /// path).
-pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<(), Nfsstat4> {
+pub(super) fn apply_attrs(fh: &Fh, st: &Stat, a: &attrs::SetAttrs) -> Result<bool, Nfsstat4> {
     apply_attrs_through(fh, st, a, None)
 }
 
 /// [`apply_attrs`], a size set through `open` (a descriptor of the file
 /// open for writing) when given: truncating by path would break a write
-/// delegation's kernel lease.
+/// delegation's kernel lease. True when it changed the file (`st` no
+/// longer describes it); false when there was nothing to do.
 pub(super) fn apply_attrs_through(
     fh: &Fh,
     st: &Stat,
     a: &attrs::SetAttrs,
     open: Option<BorrowedFd<'_>>,
-) -> Result<(), Nfsstat4> {
+) -> Result<bool, Nfsstat4> {
     let fd = fh.fd.as_fd();
+    let mut changed = false;
     if let Some(size) = a.size {
         if st.is_dir() {
             return Err(status::ISDIR);
@@ -386,26 +388,30 @@ pub(super) fn apply_attrs_through(
             // Setting the same size still updates mtime and ctime.
             io(fs::utimens(fd, SetTime::Keep, SetTime::Now))?;
         }
+        changed = true;
     }
     if a.uid.is_some() || a.gid.is_some() {
         let uid = a.uid.unwrap_or(u32::MAX);
         let gid = a.gid.unwrap_or(u32::MAX);
         if a.uid.is_some_and(|u| u != st.uid) || a.gid.is_some_and(|g| g != st.gid) {
             io(fs::chown(fd, uid, gid))?;
+            changed = true;
         }
     }
     if let Some(mode) = a.mode {
         if !st.is_symlink() {
             io(fs::chmod(fd, mode))?;
+            changed = true;
         }
     }
     if a.atime != SetTime::Keep || a.mtime != SetTime::Keep {
         if st.is_symlink() {
-            return Ok(());
+            return Ok(changed);
         }
         io(fs::utimens(fd, a.atime, a.mtime))?;
+        changed = true;
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// SETATTR.
