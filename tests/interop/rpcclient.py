@@ -961,6 +961,7 @@ CLAIM_DELEG_CUR_FH = 5
 OPEN_DELEGATE_NONE = 0
 UNCHECKED4 = 0
 GUARDED4 = 1
+EXCLUSIVE4_1 = 3
 
 # LOCK types (section 18.10)
 READ_LT = 1
@@ -1012,16 +1013,21 @@ def op_open(
     delegate_type: int = OPEN_DELEGATE_NONE,
     seqid: int = 0,
     deleg_stateid: bytes | None = None,
+    createmode: int = 0,
+    verifier: bytes = bytes(8),
 ):
     """OPEN. With `name` the claim is CLAIM_NULL (the name in the current
     directory); without, CLAIM_FH (the current filehandle) unless `claim`
     says CLAIM_PREVIOUS (a reclaim of the current filehandle after a server
     restart, with `delegate_type`). `create` opens with OPEN4_CREATE,
-    UNCHECKED4 and the given mode. The clientid of an open owner is ignored
-    in NFSv4.1 (the session's client is used)."""
+    `createmode` (UNCHECKED4 unless told) and the given mode; EXCLUSIVE4_1
+    sends `verifier` and no attributes. The clientid of an open owner is
+    ignored in NFSv4.1 (the session's client is used)."""
     p = Packer().u32(seqid).u32(access).u32(deny).raw(open_owner4(clientid, owner))
-    if create:
-        p.u32(1).u32(UNCHECKED4).raw(fattr4_mode(mode))
+    if create and createmode == EXCLUSIVE4_1:
+        p.u32(1).u32(EXCLUSIVE4_1).fixed(verifier).bitmap([]).opaque(b"")
+    elif create:
+        p.u32(1).u32(createmode).raw(fattr4_mode(mode))
     else:
         p.u32(0)
     if claim is None:
