@@ -7,6 +7,7 @@ use super::handle::{kernel_handle, open_kernel_handle, HandleError, HandleKey};
 use super::handle_memo::{Fresh, HandleMemo};
 use std::collections::HashMap;
 use std::ffi::CStr;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ pub struct Export {
     mount: OwnedFd,
     key: HandleKey,
     id: u8,
-    cache: Mutex<HashMap<Vec<u8>, Arc<OwnedFd>>>,
+    cache: Mutex<Cache>,
     last_sweep: Mutex<std::time::Instant>,
     /// Handles of inodes seen, for listings.
     memo: HandleMemo,
@@ -81,7 +82,7 @@ impl Export {
             mount,
             key,
             id,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
             last_sweep: Mutex::new(std::time::Instant::now()),
         })
     }
@@ -154,16 +155,49 @@ impl Export {
 
     /// Opens the object a wire handle names, as an O_PATH descriptor.
     pub fn resolve(&self, wire: &[u8]) -> Result<Arc<OwnedFd>, HandleError> {
-        if wire == self.root_fh.as_slice() {
-            return Ok(self.root.clone());
+        self.resolve_as(wire, false).map(|(fd, _)| fd)
+    }
+
+    /// [`Export::resolve`], with a full status of the object read on the
+    /// way (the stat that checks the handle is not stale then asks for
+    /// everything, times included): for a caller that is about to answer
+    /// the object's attributes.
+    pub fn resolve_stat(&self, wire: &[u8]) -> Result<(Arc<OwnedFd>, Stat), HandleError> {
+        match self.resolve_as(wire, true)? {
+            (fd, Some(st)) => Ok((fd, st)),
+            (fd, None) => {
+                let st = fs::stat(fd.as_fd()).map_err(|_| HandleError::Stale)?;
+                Ok((fd, st))
+            }
         }
-        let cached = self.cache.lock().ok().and_then(|c| c.get(wire).cloned());
+    }
+
+    /// Opens the object `wire` names; with `full`, the status read to
+    /// check it is a full one, and is returned.
+    fn resolve_as(
+        &self,
+        wire: &[u8],
+        full: bool,
+    ) -> Result<(Arc<OwnedFd>, Option<Stat>), HandleError> {
+        // The status that checks a descriptor's object is still there.
+        // Not a full stat unless asked: asking for the times would make
+        // the next write take a new one.
+        let check = |fd: BorrowedFd<'_>| {
+            if full {
+                fs::stat(fd)
+            } else {
+                fs::identity(fd)
+            }
+        };
+        if wire == self.root_fh.as_slice() {
+            return Ok((self.root.clone(), None));
+        }
+        let cached = self.cache.lock().ok().and_then(|c| c.fd(wire));
         if let Some(fd) = cached {
             // A descriptor stays valid after its object is removed; a
-            // removed object's handle is stale. (Not a full stat: asking
-            // for the times would make the next write take a new one.)
-            match fs::identity(fd.as_fd()) {
-                Ok(st) if st.nlink > 0 => return Ok(fd),
+            // removed object's handle is stale.
+            match check(fd.as_fd()) {
+                Ok(st) if st.nlink > 0 => return Ok((fd, full.then_some(st))),
                 _ => {
                     if let Ok(mut c) = self.cache.lock() {
                         c.remove(wire);
@@ -178,7 +212,7 @@ impl Export {
         }
         let fd = as_root(|| open_kernel_handle(self.mount.as_fd(), kind, bytes))
             .map_err(|_| HandleError::Stale)?;
-        let st = fs::identity(fd.as_fd()).map_err(|_| HandleError::Stale)?;
+        let st = check(fd.as_fd()).map_err(|_| HandleError::Stale)?;
         if st.dev != self.root_stat.dev || st.nlink == 0 {
             return Err(HandleError::Stale);
         }
@@ -193,8 +227,8 @@ impl Export {
         if due {
             self.sweep();
         }
-        self.remember(wire, &fd);
-        Ok(fd)
+        self.remember(wire, &fd, Some(&st));
+        Ok((fd, full.then_some(st)))
     }
 
     /// Drops the cached descriptors of objects that have no name left
@@ -203,13 +237,13 @@ impl Export {
     /// most every [`SWEEP_EVERY`], when a handle is opened.
     pub fn sweep(&self) {
         if let Ok(mut c) = self.cache.lock() {
-            c.retain(|_, fd| fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
+            c.retain(|fd| fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
         }
     }
 
     /// Handles with a cached descriptor (for tests).
     pub fn cached(&self) -> usize {
-        self.cache.lock().map_or(0, |c| c.len())
+        self.cache.lock().map_or(0, |c| c.by_wire.len())
     }
 
     /// Opens the object a wire handle names even when it has no name left
@@ -229,14 +263,30 @@ impl Export {
     /// Keeps `fd` as the descriptor of handle `wire` (one just opened by
     /// handle, or by name: the client that looked the name up or created
     /// it sends the handle next, and [`Export::resolve`] then need not
-    /// open it again). A full cache is emptied first.
-    pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>) {
+    /// open it again). `st`, a stat of `fd` when the caller has one,
+    /// lets [`Export::cached_handle`] find the handle by inode. A full
+    /// cache is emptied first.
+    pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>, st: Option<&Stat>) {
         if let Ok(mut c) = self.cache.lock() {
-            if c.len() >= CACHE_LIMIT {
-                c.clear();
+            if c.by_wire.len() >= CACHE_LIMIT {
+                c.by_wire.clear();
+                c.by_ino.clear();
             }
-            c.entry(wire.to_vec()).or_insert_with(|| fd.clone());
+            c.insert(wire, fd, st.map(|st| (st.dev, st.ino)));
         }
+    }
+
+    /// The handle and the cached descriptor of the inode `st` describes
+    /// (a stat of a descriptor just opened by name), when the cache holds
+    /// one: the client's next call then need not ask the kernel for the
+    /// handle. A cached descriptor holds its inode, so no other inode can
+    /// have its number while it is cached: the same number on the same
+    /// device is the same inode.
+    pub fn cached_handle(&self, st: &Stat) -> Option<(Vec<u8>, Arc<OwnedFd>)> {
+        let c = self.cache.lock().ok()?;
+        let wire = c.by_ino.get(&(st.dev, st.ino))?;
+        let fd = c.by_wire.get(wire)?.0.clone();
+        Some((wire.to_vec(), fd))
     }
 
     /// Forgets the cached descriptor of a handle (after removal), and
@@ -246,5 +296,145 @@ impl Export {
         let fd = self.cache.lock().ok().and_then(|mut c| c.remove(wire));
         drop(fd);
         self.memo.read_deletes();
+    }
+}
+
+/// Descriptors kept open for recently used handles, by handle and by
+/// inode (device and number, for the entries whose inode is known).
+/// (The handle is kept once, shared by both maps; inodes are hashed with
+/// one multiplication: their numbers are not chosen by clients.)
+#[derive(Default)]
+struct Cache {
+    by_wire: HashMap<Arc<[u8]>, Kept>,
+    by_ino: HashMap<Ino, Arc<[u8]>, BuildHasherDefault<InoHasher>>,
+}
+
+/// An inode: its device and number.
+type Ino = (u64, u64);
+
+/// A cached descriptor, and its inode when known.
+type Kept = (Arc<OwnedFd>, Option<Ino>);
+
+/// Hashes an [`Ino`] (Fibonacci hashing of device and number).
+#[derive(Default)]
+struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Cache {
+    fn fd(&self, wire: &[u8]) -> Option<Arc<OwnedFd>> {
+        self.by_wire.get(wire).map(|(fd, _)| fd.clone())
+    }
+
+    /// Keeps `fd` for `wire` unless it has one already.
+    fn insert(&mut self, wire: &[u8], fd: &Arc<OwnedFd>, ino: Option<Ino>) {
+        if self.by_wire.contains_key(wire) {
+            return;
+        }
+        let wire: Arc<[u8]> = Arc::from(wire);
+        if let Some(ino) = ino {
+            self.by_ino.insert(ino, wire.clone());
+        }
+        self.by_wire.insert(wire, (fd.clone(), ino));
+    }
+
+    fn remove(&mut self, wire: &[u8]) -> Option<Arc<OwnedFd>> {
+        let (fd, ino) = self.by_wire.remove(wire)?;
+        if let Some(ino) = ino {
+            if self.by_ino.get(&ino).is_some_and(|w| **w == *wire) {
+                self.by_ino.remove(&ino);
+            }
+        }
+        Some(fd)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Arc<OwnedFd>) -> bool) {
+        let by_ino = &mut self.by_ino;
+        self.by_wire.retain(|wire, (fd, ino)| {
+            let k = keep(fd);
+            if !k {
+                if let Some(ino) = ino {
+                    if by_ino.get(ino).is_some_and(|w| w == wire) {
+                        by_ino.remove(ino);
+                    }
+                }
+            }
+            k
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(tag: &str) -> (Export, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("sluice-export-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ex = Export::open(&dir, 0, HandleKey::new([9; 32])).unwrap();
+        (ex, dir)
+    }
+
+    /// The cached descriptor and handle of `name`, as LOOKUP keeps them.
+    fn keep(ex: &Export, name: &CStr) -> (Vec<u8>, Stat) {
+        let fd = fs::open_path_at(ex.root_fd().as_fd(), name).unwrap();
+        let st = fs::stat(fd.as_fd()).unwrap();
+        let wire = ex.handle_of(fd.as_fd()).unwrap();
+        ex.remember(&wire, &Arc::new(fd), Some(&st));
+        (wire, st)
+    }
+
+    #[test]
+    fn a_cached_inode_is_found_by_number_until_its_descriptor_goes() {
+        let (ex, dir) = export("by-ino");
+        for n in ["a", "b", "c"] {
+            std::fs::write(dir.join(n), n).unwrap();
+        }
+        let (a, sa) = keep(&ex, c"a");
+        let (b, sb) = keep(&ex, c"b");
+        let (c, sc) = keep(&ex, c"c");
+        assert_eq!(ex.cached_handle(&sa).unwrap().0, a);
+        assert_eq!(ex.cached_handle(&sb).unwrap().0, b);
+        // Another device's inode of the same number is not this one.
+        let other = Stat {
+            dev: sa.dev + 1,
+            ..sa
+        };
+        assert!(ex.cached_handle(&other).is_none());
+        // Forgotten (REMOVE), swept (removed locally): not found.
+        ex.forget(&a);
+        assert!(ex.cached_handle(&sa).is_none());
+        std::fs::remove_file(dir.join("b")).unwrap();
+        ex.sweep();
+        assert!(ex.cached_handle(&sb).is_none());
+        assert_eq!(ex.cached_handle(&sc).unwrap().0, c);
+        // A handle opened again (PUTFH) is found by number too.
+        let fd = ex.resolve(&a).unwrap();
+        let (wire, found) = ex.cached_handle(&sa).unwrap();
+        assert_eq!(wire, a);
+        assert!(Arc::ptr_eq(&fd, &found));
+        // A full cache starts again empty, by number too.
+        for i in 0..CACHE_LIMIT {
+            let fd = Arc::new(fs::reopen(ex.root_fd().as_fd(), libc::O_PATH).unwrap());
+            ex.remember(&i.to_ne_bytes(), &fd, None);
+        }
+        assert!(ex.cached_handle(&sa).is_none());
+        assert!(ex.cached_handle(&sc).is_none());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

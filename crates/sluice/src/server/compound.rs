@@ -314,6 +314,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
                 session: None,
                 cur_sid: None,
                 saved_sid: None,
+                cur_stat: None,
             };
             let at = res.len();
             res.u32(0);
@@ -454,6 +455,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             session: Some(&session),
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
+            cur_stat: None,
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
         let _ = d.skip(*next);
@@ -552,7 +554,10 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
                 }
             }
             let mut st = match run_op(&mut cx, desc, opnum, &mut d, res) {
-                Outcome::Done(st) => st,
+                Outcome::Done(st) => {
+                    cx.keep_stat_after(opnum);
+                    st
+                }
                 Outcome::WouldBlock => {
                     debug_assert!(
                         mode != Mode::Wait && _may_wait.is_none(),

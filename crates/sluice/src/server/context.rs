@@ -7,8 +7,9 @@ use super::exports::{Exported, Loc};
 use super::state::{Session, Stateid};
 use super::Server;
 use crate::engine::cred::Identity;
+use crate::engine::fs::Stat;
 use crate::engine::handle::HandleError;
-use crate::nfs4::consts::status;
+use crate::nfs4::consts::{op, status};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use std::net::IpAddr;
@@ -52,12 +53,42 @@ pub(super) struct Ctx<'a> {
     pub cur_sid: Option<Stateid>,
     /// The current stateid saved with the filehandle by SAVEFH.
     pub saved_sid: Option<Stateid>,
+    /// A status of the current filehandle's object that an op before
+    /// read (PUTFH, LOOKUP, OPEN), with the descriptor it was read through:
+    /// GETATTR answers from it when nothing ran in between that could
+    /// change the object (see [`Ctx::keep_stat_after`]).
+    pub cur_stat: Option<(Arc<OwnedFd>, Stat)>,
 }
 
 impl<'a> Ctx<'a> {
     /// The current filehandle or NFS4ERR_NOFILEHANDLE.
     pub(super) fn cur(&self) -> Result<&Fh, Nfsstat4> {
         self.cur.as_ref().ok_or(status::NOFILEHANDLE)
+    }
+
+    /// The status PUTFH, LOOKUP or OPEN read of the current filehandle's
+    /// object, when it is still the current one and nothing has run since
+    /// that could have changed it.
+    pub(super) fn cur_stat(&self) -> Option<Stat> {
+        let (fd, st) = self.cur_stat.as_ref()?;
+        let cur = self.cur.as_ref()?;
+        Arc::ptr_eq(fd, &cur.fd).then_some(*st)
+    }
+
+    /// Forgets the status kept for the current filehandle unless op
+    /// `opnum`, just run, is one that keeps it: PUTFH, LOOKUP and OPEN,
+    /// which may have read it last, and GETFH, GETATTR and ACCESS, which
+    /// change nothing. Any other op might change the object or the
+    /// current filehandle. (A status kept from before a PUTFH that read
+    /// none is of the object only if PUTFH put the same descriptor back,
+    /// and nothing that changes things ran since.)
+    pub(super) fn keep_stat_after(&mut self, opnum: u32) {
+        if !matches!(
+            opnum,
+            op::PUTFH | op::LOOKUP | op::OPEN | op::GETFH | op::GETATTR | op::ACCESS
+        ) {
+            self.cur_stat = None;
+        }
     }
 
     /// The saved filehandle or NFS4ERR_NOFILEHANDLE.
@@ -68,11 +99,22 @@ impl<'a> Ctx<'a> {
     /// Resolves a wire handle; handles of exports that do not admit the
     /// caller's address get NFS4ERR_ACCESS.
     pub(super) fn resolve(&self, wire: &[u8]) -> Result<Fh, Nfsstat4> {
+        self.resolve_with(wire, false).map(|(fh, _)| fh)
+    }
+
+    /// [`Ctx::resolve`]; with `full`, also a full status of the object
+    /// when the check of the handle read one (see
+    /// `Export::resolve_stat`).
+    pub(super) fn resolve_with(
+        &self,
+        wire: &[u8],
+        full: bool,
+    ) -> Result<(Fh, Option<Stat>), Nfsstat4> {
         // No identity switch here: the export opens a handle as root
         // itself, and only when its cache does not have the descriptor
         // (two credential changes fewer per request for a client that
         // does not work as root).
-        let (fd, loc) = match self.srv.exports.resolve(wire) {
+        let (fd, loc, st) = match self.srv.exports.resolve_with(wire, full) {
             Ok(r) => r,
             Err(HandleError::Bad) => return Err(status::BADHANDLE),
             // A file whose last name went (REMOVE, or a RENAME over it)
@@ -85,6 +127,7 @@ impl<'a> Ctx<'a> {
                 .resolve_unlinked(wire, |st| {
                     self.srv.state.file_is_open(super::ops_file::file_key(st))
                 })
+                .map(|(fd, loc)| (fd, loc, None))
                 .ok_or(status::STALE)?,
         };
         if let Loc::Export(i) = loc {
@@ -92,11 +135,12 @@ impl<'a> Ctx<'a> {
                 return Err(status::ACCESS);
             }
         }
-        Ok(Fh {
+        let fh = Fh {
             wire: wire.to_vec(),
             fd,
             loc,
-        })
+        };
+        Ok((fh, st))
     }
 
     /// The export `fh` belongs to.

@@ -335,6 +335,17 @@ impl Exports {
 
     /// Opens the object a wire handle names.
     pub fn resolve(&self, wire: &[u8]) -> Result<(Arc<OwnedFd>, Loc), HandleError> {
+        self.resolve_with(wire, false).map(|(fd, loc, _)| (fd, loc))
+    }
+
+    /// Opens the object a wire handle names; with `full`, also gives a
+    /// full status of it when it is an exported object (see
+    /// [`Export::resolve_stat`]).
+    pub fn resolve_with(
+        &self,
+        wire: &[u8],
+        full: bool,
+    ) -> Result<(Arc<OwnedFd>, Loc, Option<Stat>), HandleError> {
         // The export id byte routes the handle; the export checks the seal
         // (and that the sealed id is its own) before trusting it.
         let id = *wire.get(1).ok_or(HandleError::Bad)?;
@@ -348,10 +359,14 @@ impl Exports {
                 // A pseudo directory of an earlier configuration.
                 return Err(HandleError::Stale);
             }
-            return Ok((self.placeholder.clone(), Loc::Pseudo(n)));
+            return Ok((self.placeholder.clone(), Loc::Pseudo(n), None));
         }
         match self.list.get(id as usize) {
-            Some(e) => Ok((e.fs.resolve(wire)?, Loc::Export(id as usize))),
+            Some(e) if full => {
+                let (fd, st) = e.fs.resolve_stat(wire)?;
+                Ok((fd, Loc::Export(id as usize), Some(st)))
+            }
+            Some(e) => Ok((e.fs.resolve(wire)?, Loc::Export(id as usize), None)),
             None => {
                 // Sealed by us for an export no longer configured?
                 self.key.open(wire)?;

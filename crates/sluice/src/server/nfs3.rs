@@ -72,6 +72,7 @@ pub(super) fn call(
         session: None,
         cur_sid: None,
         saved_sid: None,
+        cur_stat: None,
     };
     let mut e = Encoder::with_capacity(256);
     match run(&mut cx, a, &mut e) {
@@ -202,6 +203,22 @@ fn resolve(cx: &mut Ctx<'_>, wire: &[u8]) -> R<Fh> {
     };
     cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
     Ok(fh)
+}
+
+/// [`resolve`], with the object's full status, read by the stat that
+/// checks the handle (see `Export::resolve_stat`): one stat where a
+/// procedure answers attributes.
+fn resolve_stat(cx: &mut Ctx<'_>, wire: &[u8]) -> R<(Fh, Stat)> {
+    let (fh, st) = cx.resolve_with(wire, true).map_err(st3)?;
+    let Loc::Export(i) = fh.loc else {
+        return Err(status::BADHANDLE);
+    };
+    cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
+    let st = match st {
+        Some(st) => st,
+        None => io3(fs::stat(fh.fd.as_fd()))?,
+    };
+    Ok((fh, st))
 }
 
 /// A handle as an NFSv3 reply carries it: within the configured size.
@@ -467,16 +484,14 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             match a {
                 Args3::Null => Ok(()),
                 Args3::Getattr(fh) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     e.u32(0);
                     fattr(cx, fh.loc, &st).encode(e);
                     Ok(())
                 }
                 Args3::Setattr(fh, sa, guard) => {
-                    let fh = resolve(cx, fh)?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     let _as = cred::assume(&cx.id);
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
                     let before = wcc_of(cx, &fh, &st);
                     fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                     if let Some(g) = guard {
@@ -539,9 +554,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Lookup(DirOp { dir, name: n }) => {
-                    let dir = resolve(cx, dir)?;
+                    let (dir, dst) = resolve_stat(cx, dir)?;
                     let _as = cred::assume(&cx.id);
-                    let dst = io3(fs::stat(dir.fd.as_fd()))?;
                     fail_attrs = Some(fattr(cx, dir.loc, &dst));
                     is_dir(&dst)?;
                     let (fh, st) = lookup(cx, &dir, &dst, n)?;
@@ -552,8 +566,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Access(fh, want) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     let (r, w, x) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
                     let ro = cx.ex(&fh).rules.read_only;
                     let mut granted = 0;
@@ -579,8 +592,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Readlink(fh) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     fail_attrs = Some(fattr(cx, fh.loc, &st));
                     if !st.is_symlink() {
                         return Err(status::INVAL.into());
@@ -593,9 +605,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 }
                 Args3::Read(fh, offset, count) => read(cx, fh, offset, count, e, &mut fail_attrs),
                 Args3::Write(fh, offset, how, data) => {
-                    let fh = resolve(cx, fh)?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     let _as = cred::assume(&cx.id);
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
                     let before = wcc_of(cx, &fh, &st);
                     fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                     read_only(cx, &fh)?;
@@ -786,9 +797,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Link(fh, w) => {
-                    let src = resolve(cx, fh)?;
+                    let (src, st) = resolve_stat(cx, fh)?;
                     let _as = cred::assume(&cx.id);
-                    let st = io3(fs::stat(src.fd.as_fd()))?;
                     fail_attrs = Some(fattr(cx, src.loc, &st));
                     let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
                     if src.loc != dir.loc {
@@ -818,8 +828,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     &mut fail_attrs,
                 ),
                 Args3::Fsstat(fh) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     fail_attrs = Some(fattr(cx, fh.loc, &st));
                     let s = io3(fs::statfs(fh.fd.as_fd()))?;
                     e.u32(0);
@@ -834,8 +843,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Fsinfo(fh) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     let rules = &cx.ex(&fh).rules;
                     e.u32(0);
                     post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
@@ -858,8 +866,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Pathconf(fh) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     e.u32(0);
                     post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
                     e.u32(LINK_MAX);
@@ -871,8 +878,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     Ok(())
                 }
                 Args3::Commit(fh, offset, count) => {
-                    let fh = resolve(cx, fh)?;
-                    let st = io3(fs::stat(fh.fd.as_fd()))?;
+                    let (fh, st) = resolve_stat(cx, fh)?;
                     let before = wcc_of(cx, &fh, &st);
                     fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                     file(&st)?;
@@ -1014,8 +1020,7 @@ fn dir_to_change(
     w: &DirOp<'_>,
     fail_wcc: &mut Vec<(Option<WccAttr>, Option<Fattr3>)>,
 ) -> R<(Fh, WccAttr)> {
-    let dir = resolve(cx, w.dir)?;
-    let st = io3(fs::stat(dir.fd.as_fd()))?;
+    let (dir, st) = resolve_stat(cx, w.dir)?;
     let before = wcc_of(cx, &dir, &st);
     fail_wcc.push((Some(before), Some(fattr(cx, dir.loc, &st))));
     is_dir(&st)?;
@@ -1239,9 +1244,8 @@ fn readdir(
     e: &mut Encoder,
     fail_attrs: &mut Option<Fattr3>,
 ) -> Result<(), Stop3> {
-    let dir = resolve(cx, dir)?;
+    let (dir, dst) = resolve_stat(cx, dir)?;
     let _as = cred::assume(&cx.id);
-    let dst = io3(fs::stat(dir.fd.as_fd()))?;
     *fail_attrs = Some(fattr(cx, dir.loc, &dst));
     is_dir(&dst)?;
     let mut reader = io3(fs::DirReader::open(dir.fd.as_fd(), cookie))?.with_dots();

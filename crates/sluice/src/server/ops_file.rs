@@ -155,12 +155,13 @@ fn open_create(
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
-            return Ok((fh_at(cx, dir, fd)?, None, [0; 3], Some(st)));
+            return Ok((fh_at(cx, dir, fd, Some(&st))?, None, [0; 3], Some(st)));
         }
         Err(e) => return io(Err(e)),
     };
-    let fh = fh_at(cx, dir, io(fs::open_path_at(dir.fd.as_fd(), name))?)?;
-    let st = stat_of(&fh)?;
+    let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
+    let st = io(fs::stat(pfd.as_fd()))?;
+    let fh = fh_at(cx, dir, pfd, Some(&st))?;
     let mut set = a.mask;
     let changed;
     if made {
@@ -260,7 +261,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 let (fh, fd, set, st) = match &how {
                     How::NoCreate => {
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        (fh_at(cx, &dir, pfd)?, None, [0; 3], None)
+                        (fh_at(cx, &dir, pfd, None)?, None, [0; 3], None)
                     }
                     h => {
                         // Creating opens an existing file for writing (or
@@ -366,6 +367,9 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             delegation,
         }
         .encode(e);
+        // `st` is the file as the OPEN leaves it (read again after any
+        // attribute it set): a GETATTR that follows answers from it.
+        cx.cur_stat = Some((fh.fd.clone(), st));
         cx.cur = Some(fh);
         cx.cur_sid = Some(sid);
         Ok(())

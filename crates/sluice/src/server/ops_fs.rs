@@ -8,7 +8,7 @@ use super::context::{Ctx, Fh, OpStatus, Outcome, Stop};
 use super::exports::Loc;
 use super::state::{FileKey, Stateid};
 use crate::engine::fs::{self, SetTime, Stat};
-use crate::nfs4::consts::{access, attr, ftype, status};
+use crate::nfs4::consts::{access, attr, ftype, op, status};
 use crate::nfs4::msg::{
     AccessResOk, Bitmap4, ChangeInfo4, Component4, CreateArgs, CreateResOk, Createtype4, Fattr4,
     NfsFh4, ReaddirArgs, RenameArgs, RenameResOk, SetattrArgs, Xdr,
@@ -157,6 +157,15 @@ pub(super) fn stat_any(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, Nfsstat4> {
     }
 }
 
+/// Stats `fh`, the current filehandle, or gives the status the op
+/// before read of it when that is still good (see [`Ctx::cur_stat`]).
+pub(super) fn stat_cur(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, Nfsstat4> {
+    match cx.cur_stat() {
+        Some(st) => Ok(st),
+        None => stat_any(cx, fh),
+    }
+}
+
 /// The current filehandle, which must be a directory.
 pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
@@ -229,11 +238,18 @@ pub(super) fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
     status::OK
 }
 
-/// PUTFH.
+/// PUTFH. When GETATTR comes next (the COMPOUND a client revalidates
+/// its cache with), the stat that checks the handle reads the whole
+/// status, and GETATTR answers from it.
 pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let fh = x(NfsFh4::decode(d))?;
-        cx.cur = Some(cx.resolve(&fh.0)?);
+        let getattr_next = d.clone().u32() == Ok(op::GETATTR);
+        let (fh, st) = cx.resolve_with(&fh.0, getattr_next)?;
+        if let Some(st) = st {
+            cx.cur_stat = Some((fh.fd.clone(), st));
+        }
+        cx.cur = Some(fh);
         Ok(())
     })
 }
@@ -281,7 +297,9 @@ pub(super) fn child_or_block(cx: &Ctx<'_>, dir: &Fh, name: &CString) -> Result<(
     }
 }
 
-/// The handle and status of `fd`, just opened below `dir`.
+/// The handle and status of `fd`, just opened below `dir`. When the
+/// handle cache already holds the inode, its handle and descriptor are
+/// used, and the kernel is not asked for the handle again.
 fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4> {
     let ex = &cx.ex(dir).fs;
     let st = io(fs::stat(fd.as_fd()))?;
@@ -289,17 +307,31 @@ fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4>
         // Another file system mounted inside the export is not exported.
         return Err(status::NOENT);
     }
-    Ok((fh_at(cx, dir, fd)?, st))
+    if let Some((wire, fd)) = ex.cached_handle(&st) {
+        let fh = Fh {
+            wire,
+            fd,
+            loc: dir.loc,
+        };
+        return Ok((fh, st));
+    }
+    Ok((fh_at(cx, dir, fd, Some(&st))?, st))
 }
 
-/// The file handle of `fd`, just opened by name below `dir`. Its
-/// descriptor goes into the handle cache: the client sends the handle
-/// next, and PUTFH then need not open the object again.
-pub(super) fn fh_at(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<Fh, Nfsstat4> {
+/// The file handle of `fd`, just opened by name below `dir` (`st` its
+/// status, when the caller has it). Its descriptor goes into the handle
+/// cache: the client sends the handle next, and PUTFH then need not open
+/// the object again.
+pub(super) fn fh_at(
+    cx: &Ctx<'_>,
+    dir: &Fh,
+    fd: OwnedFd,
+    st: Option<&Stat>,
+) -> Result<Fh, Nfsstat4> {
     let ex = &cx.ex(dir).fs;
     let wire = io(ex.handle_of(fd.as_fd()))?;
     let fd = Arc::new(fd);
-    ex.remember(&wire, &fd);
+    ex.remember(&wire, &fd, st);
     Ok(Fh {
         wire,
         fd,
@@ -309,11 +341,24 @@ pub(super) fn fh_at(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<Fh, Nfsstat4>
 
 /// LOOKUP. On the connection's task only what the kernel has in memory;
 /// a name that must be read from storage is looked up on a worker.
+///
+/// The directory is not stat'ed first: the kernel's lookup says when the
+/// current filehandle is not a directory (ENOTDIR), and only then is it
+/// looked at, to tell a symbolic link (NFS4ERR_SYMLINK) from another
+/// non-directory (NFS4ERR_NOTDIR). The status read of what was found is
+/// kept for a GETATTR that follows.
 pub(super) fn lookup(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> Outcome {
     run_or_block(|| {
         let name = component(d)?;
-        let (dir, _) = cur_dir(cx)?;
-        let (fh, _) = child_or_block(cx, &dir, &name)?;
+        let dir = cx.cur()?.clone();
+        let (fh, st) = match child_or_block(cx, &dir, &name) {
+            Err(Stop::Status(s)) if s == status::NOTDIR => {
+                cur_dir(cx)?;
+                return Err(Stop::Status(s));
+            }
+            r => r?,
+        };
+        cx.cur_stat = Some((fh.fd.clone(), st));
         cx.cur = Some(fh);
         Ok(())
     })
@@ -344,7 +389,7 @@ pub(super) fn getattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
     run_or_block(|| {
         let Bitmap4(req) = x(Bitmap4::decode(d))?;
         let fh = cx.cur()?;
-        let mut st = stat_any(cx, fh)?;
+        let mut st = stat_cur(cx, fh)?;
         let asks = |bit: u32| req.first().is_some_and(|w| w & (1 << bit) != 0);
         if st.is_file() && (asks(attr::CHANGE) || asks(attr::SIZE)) {
             holder_attrs(cx, fh, &mut st)?;
@@ -480,7 +525,7 @@ pub(super) fn access(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
     run(|| {
         let want = x(u32::decode(d))?;
         let fh = cx.cur()?;
-        let st = stat_any(cx, fh)?;
+        let st = stat_cur(cx, fh)?;
         let (r, w, xx) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
         let mut granted = 0;
         // The extended attribute bits (RFC 8276) are NFSv4.2's; in 4.1

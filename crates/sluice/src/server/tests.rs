@@ -1265,3 +1265,249 @@ fn the_quick_path_does_not_try_a_waiting_read_again() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The sizes the GETATTRs (of SIZE alone) of a COMPOUND4res of SEQUENCE,
+/// PUTROOTFH, LOOKUP, GETFH, GETATTR and SETATTR answered, and the
+/// (op, status) of each result.
+fn sizes_in(body: &[u8]) -> (Vec<u64>, Vec<(u32, Nfsstat4)>) {
+    let mut d = Decoder::new(body);
+    let h = CompoundResHeader::decode(&mut d).unwrap();
+    let (mut sizes, mut results) = (Vec::new(), Vec::new());
+    for _ in 0..h.numres {
+        let (o, s) = next_result(&mut d);
+        results.push((o, s));
+        if s != status::OK {
+            break;
+        }
+        match o {
+            op::SEQUENCE => {
+                SequenceResOk::decode(&mut d).unwrap();
+            }
+            op::GETFH => {
+                NfsFh4::decode(&mut d).unwrap();
+            }
+            op::GETATTR => {
+                let f = Fattr4::decode(&mut d).unwrap();
+                assert_eq!(f.mask, Bitmap4::of(&[attr::SIZE]));
+                sizes.push(Decoder::new(&f.vals).u64().unwrap());
+            }
+            op::SETATTR => {
+                Bitmap4::decode(&mut d).unwrap();
+            }
+            op::OPEN => {
+                crate::nfs4::msg::OpenResOk::decode(&mut d).unwrap();
+            }
+            _ => {}
+        }
+    }
+    (sizes, results)
+}
+
+/// GETATTR after an OPEN that truncated an existing file answers the
+/// size the OPEN left, not the one it found.
+#[test]
+fn getattr_after_open_answers_the_file_as_the_open_left_it() {
+    use crate::nfs4::msg::{Createhow4, OpenArgs, OpenClaim4, Openflag4, StateOwner4};
+    let (srv, dir) = server("open-stat");
+    std::fs::write(dir.join("f"), b"four").unwrap();
+    let sid = session(&srv);
+    let mut vals = Encoder::new();
+    vals.u64(0);
+    let open = args(&OpenArgs {
+        seqid: 0,
+        share_access: 3,
+        share_deny: 0,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: b"truncates".to_vec(),
+        },
+        openhow: Openflag4::Create(Createhow4::Unchecked(Fattr4 {
+            mask: Bitmap4::of(&[attr::SIZE]),
+            vals: vals.into_inner(),
+        })),
+        claim: OpenClaim4::Null(Component4::new("f")),
+    });
+    let ops = [
+        sequence(&sid, 1, 0, false),
+        (op::PUTROOTFH, vec![]),
+        (op::OPEN, open),
+        (op::GETFH, vec![]),
+        (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE]))),
+    ];
+    let (sizes, results) = sizes_in(&pc(&srv, &root(), &compound(1, &ops)).unwrap());
+    assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+    assert_eq!(sizes, [0]);
+    assert_eq!(std::fs::metadata(dir.join("f")).unwrap().len(), 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// GETATTR right after LOOKUP answers from the status LOOKUP read, but
+/// an op that may change the file in between (SETATTR here) makes it
+/// read the file again: the size set is the size answered.
+#[test]
+fn getattr_after_lookup_answers_what_the_file_is_after_the_ops_between() {
+    let (srv, dir) = server("lookup-stat");
+    std::fs::write(dir.join("f"), b"four").unwrap();
+    let sid = session(&srv);
+    let size = || (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])));
+    let mut vals = Encoder::new();
+    vals.u64(100);
+    let setattr = args(&crate::nfs4::msg::SetattrArgs {
+        stateid: Stateid4::ANONYMOUS,
+        attrs: Fattr4 {
+            mask: Bitmap4::of(&[attr::SIZE]),
+            vals: vals.into_inner(),
+        },
+    });
+    let ops = [
+        sequence(&sid, 1, 0, false),
+        (op::PUTROOTFH, vec![]),
+        lookup_op("f"),
+        (op::GETFH, vec![]),
+        size(),
+        (op::SETATTR, setattr),
+        size(),
+        size(),
+    ];
+    let body = pc(&srv, &root(), &compound(1, &ops)).unwrap();
+    let (sizes, results) = sizes_in(&body);
+    assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+    assert_eq!(sizes, [4, 100, 100]);
+    // A file changed behind the server between two COMPOUNDs: the
+    // second one's LOOKUP reads it again.
+    std::fs::write(dir.join("f"), b"seven b").unwrap();
+    let ops = [
+        sequence(&sid, 2, 0, false),
+        (op::PUTROOTFH, vec![]),
+        lookup_op("f"),
+        size(),
+    ];
+    let (sizes, _) = sizes_in(&pc(&srv, &root(), &compound(1, &ops)).unwrap());
+    assert_eq!(sizes, [7]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// LOOKUP below a file is NFS4ERR_NOTDIR, below a symbolic link
+/// NFS4ERR_SYMLINK (RFC 8881 section 18.13.3), though LOOKUP no longer
+/// looks at the directory before the name.
+#[test]
+fn lookup_below_a_file_or_a_symlink_says_which() {
+    let (srv, dir) = server("lookup-notdir");
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    std::os::unix::fs::symlink("f", dir.join("l")).unwrap();
+    let sid = session(&srv);
+    for (seq, (first, want)) in [("f", status::NOTDIR), ("l", status::SYMLINK)]
+        .into_iter()
+        .enumerate()
+    {
+        let (st, _) = run_from(
+            &srv,
+            &sid,
+            seq as u32 + 1,
+            None,
+            &[(op::PUTROOTFH, vec![]), lookup_op(first), lookup_op("x")],
+        );
+        assert_eq!(st, want, "LOOKUP below {first}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A name looked up again gives the handle the kernel would give, from
+/// the handle cache; a name a local process has put another file under
+/// gives the new file's handle, not the cached one's.
+#[test]
+fn a_name_looked_up_again_gives_the_handle_of_what_it_names_now() {
+    let (srv, dir) = server("lookup-again");
+    std::fs::write(dir.join("f"), b"old").unwrap();
+    std::fs::write(dir.join("g"), b"new").unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let kernel = |name: &std::ffi::CStr| {
+        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), name)
+            .unwrap()
+    };
+    let mut seq = 0;
+    let mut looked_up = |name: &str| {
+        seq += 1;
+        let ops = [
+            sequence(&sid, seq, 0, false),
+            (op::PUTROOTFH, vec![]),
+            lookup_op(name),
+            (op::GETFH, vec![]),
+        ];
+        let (st, results, _, fh) = split_results(&pc(&srv, &root(), &compound(1, &ops)).unwrap());
+        assert_eq!(st, status::OK, "{results:?}");
+        fh.unwrap()
+    };
+    let old = kernel(c"f");
+    assert_eq!(looked_up("f"), old);
+    let cached = ex.cached();
+    assert_eq!(looked_up("f"), old);
+    assert_eq!(
+        ex.cached(),
+        cached,
+        "the second LOOKUP cached a descriptor again"
+    );
+    // The cached descriptor holds the old inode: the renamed-over file's
+    // number cannot be the new file's.
+    let new = kernel(c"g");
+    std::fs::rename(dir.join("g"), dir.join("f")).unwrap();
+    assert_ne!(new, old);
+    assert_eq!(looked_up("f"), new);
+    assert_eq!(looked_up("f"), new);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// PUTFH followed by GETATTR reads the file's whole status once, when it
+/// checks the handle, and GETATTR answers from it: what the file is now,
+/// after any op between, and NFS4ERR_STALE once a local process has
+/// removed it.
+#[test]
+fn putfh_then_getattr_answers_the_file_as_it_is() {
+    let (srv, dir) = server("putfh-stat");
+    std::fs::write(dir.join("f"), b"four").unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let wire = ex
+        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"f")
+        .unwrap();
+    let size = || (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])));
+    let putfh = || (op::PUTFH, args(&NfsFh4(wire.clone())));
+    let mut vals = Encoder::new();
+    vals.u64(9);
+    let setattr = args(&crate::nfs4::msg::SetattrArgs {
+        stateid: Stateid4::ANONYMOUS,
+        attrs: Fattr4 {
+            mask: Bitmap4::of(&[attr::SIZE]),
+            vals: vals.into_inner(),
+        },
+    });
+    let mut seq = 0;
+    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(ops);
+        sizes_in(&pc(&srv, &root(), &compound(1, &all)).unwrap())
+    };
+    // Twice: the first opens the handle, the second finds it cached.
+    for _ in 0..2 {
+        let (sizes, results) = run(vec![putfh(), size()]);
+        assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+        assert_eq!(sizes, [4]);
+    }
+    std::fs::write(dir.join("f"), b"seven b").unwrap();
+    assert_eq!(run(vec![putfh(), size()]).0, [7]);
+    let (sizes, results) = run(vec![
+        putfh(),
+        size(),
+        (op::SETATTR, setattr),
+        putfh(),
+        size(),
+    ]);
+    assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+    assert_eq!(sizes, [7, 9]);
+    std::fs::remove_file(dir.join("f")).unwrap();
+    let (_, results) = run(vec![putfh(), size()]);
+    assert_eq!(results.last(), Some(&(op::PUTFH, status::STALE)));
+    let _ = std::fs::remove_dir_all(dir);
+}
