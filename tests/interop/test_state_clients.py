@@ -554,6 +554,77 @@ def test_current_stateid_cleared_by_filehandle_change(srv, how):
         expect_ok(a.compound([rc.op_putfh(fh), rc.op_close(opened)]), "CLOSE with the open's own stateid")
 
 
+# --- a stateid of another file: NFS4ERR_BAD_STATEID (RFC 8881 section 15.1.5.2) -
+
+
+def two_opens(c: Client, tag: str):
+    """(name, stateid, filehandle) of two new files `c` has open."""
+    out = []
+    for part in "ab":
+        name = unique_name(f"{tag}-{part}")
+        out.append((name, *c.must_open(name)))
+    return out
+
+
+def test_close_with_another_files_stateid_is_bad_stateid(srv):
+    """CLOSE under a filehandle that is not the open's file is
+    NFS4ERR_BAD_STATEID, and the open stays: CLOSE under its own file then
+    works. (The Linux server compares the current filehandle with the
+    stateid's file last, after the stateid's own checks: nfs4_check_fh.)"""
+    with client(srv) as a:
+        a.establish()
+        (_, sa, fa), (_, sb, fb) = two_opens(a, "close-other")
+        expect(a.compound([rc.op_putfh(fb), rc.op_close(sa)]), St.BAD_STATEID, "CLOSE of A's open under B")
+        assert a.test_stateids([sa, sb]) == [St.OK, St.OK], "an open went with the refused CLOSE"
+        expect_ok(a.compound([rc.op_putfh(fa), rc.op_close(sa)]), "CLOSE of A's open under A")
+        expect_ok(a.compound([rc.op_putfh(fb), rc.op_close(sb)]), "CLOSE of B's open under B")
+
+
+def test_open_downgrade_with_another_files_stateid_is_bad_stateid(srv):
+    """OPEN_DOWNGRADE under another file is NFS4ERR_BAD_STATEID; the open
+    is untouched, and downgrades under its own file."""
+    with client(srv) as a:
+        a.establish()
+        (_, sa, fa), (_, sb, fb) = two_opens(a, "downgrade-other")
+        expect(a.compound([rc.op_putfh(fb), rc.op_open_downgrade(sa, OPEN4_SHARE_ACCESS_READ)]), St.BAD_STATEID,
+               "OPEN_DOWNGRADE of A's open under B")
+        r = expect_ok(a.compound([rc.op_putfh(fa), rc.op_open_downgrade(sa, OPEN4_SHARE_ACCESS_READ)]),
+                      "OPEN_DOWNGRADE of A's open under A")
+        assert r[2].stateid[4:] == sa[4:], "the downgrade made a new open"
+
+
+def test_lock_and_locku_with_another_files_stateid_are_bad_stateid(srv):
+    """LOCK by a new lock owner with another file's open stateid, LOCK by an
+    existing owner and LOCKU with another file's lock stateid: all
+    NFS4ERR_BAD_STATEID, and the lock taken under its own file stays."""
+    with client(srv) as a:
+        a.establish()
+        (name_a, sa, fa), (_, sb, fb) = two_opens(a, "lock-other")
+        expect(a.lock(fb, sa), St.BAD_STATEID, "LOCK with A's open stateid under B")
+        lk = expect_ok(a.lock(fa, sa, offset=0, length=10), "LOCK of A under A").stateid
+        expect(a.compound([rc.op_putfh(fb), rc.op_lock_existing(lk, offset=20, length=10)]), St.BAD_STATEID,
+               "LOCK with A's lock stateid under B")
+        expect(a.compound([rc.op_putfh(fb), rc.op_locku(lk, 0, 10)]), St.BAD_STATEID, "LOCKU of A's lock under B")
+        with client(srv) as b:
+            b.establish()
+            ob, _ = b.must_open(name_a, create=False)
+            expect(b.lock(fa, ob, offset=0, length=10), St.DENIED, "another client's LOCK over A's lock")
+            expect_ok(a.compound([rc.op_putfh(fa), rc.op_locku(lk, 0, 10)]), "LOCKU of A's lock under A")
+            expect_ok(b.lock(fa, ob, offset=0, length=10), "another client's LOCK after the LOCKU")
+
+
+def test_read_and_write_with_another_files_stateid_are_bad_stateid(srv):
+    """READ and WRITE under another file than their open's are
+    NFS4ERR_BAD_STATEID too."""
+    with client(srv) as a:
+        a.establish()
+        (_, sa, fa), (_, sb, fb) = two_opens(a, "io-other")
+        expect(a.compound([rc.op_putfh(fb), rc.op_read(0, 10, stateid=sa)]), St.BAD_STATEID, "READ with A's stateid under B")
+        expect(a.compound([rc.op_putfh(fb), rc.op_write(0, b"x", stateid=sa)]), St.BAD_STATEID,
+               "WRITE with A's stateid under B")
+        expect_ok(a.compound([rc.op_putfh(fa), rc.op_write(0, b"x", stateid=sa)]), "WRITE with A's stateid under A")
+
+
 # --- FREE_STATEID, CLOSE after RENAME ------------------------------------------
 
 

@@ -321,6 +321,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             clientid,
             owner: args.owner.owner,
             file: file_key(&st),
+            fh: fh.wire.clone(),
             access,
             deny,
             reclaim,
@@ -484,7 +485,10 @@ pub(super) fn open_downgrade(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Enco
     run(|| {
         let args = x(OpenDowngradeArgs::decode(d))?;
         let sid = cx.stateid(args.stateid)?;
-        cur_file(cx)?;
+        let (fh, _) = cur_file(cx)?;
+        if cx.srv.state.other_file(&sid, &fh.wire) {
+            return Err(status::BAD_STATEID);
+        }
         let sid = cx
             .srv
             .state
@@ -500,7 +504,9 @@ pub(super) fn close(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
     run(|| {
         let args = x(CloseArgs::decode(d))?;
         let sid = cx.stateid(args.stateid)?;
-        cx.cur()?;
+        if cx.srv.state.other_file(&sid, &cx.cur()?.wire) {
+            return Err(status::BAD_STATEID);
+        }
         let file = cx.srv.state.close(&sid)?;
         cx.srv.read.readahead.forget_stream(file, stream_id(&sid));
         put_stateid(e, &Stateid::INVALID);

@@ -21,6 +21,9 @@ pub(super) struct OpenState {
     pub owner: Vec<u8>,
     /// The file.
     pub file: FileKey,
+    /// The wire handle the file was first opened by: ops that act on
+    /// the open (or its locks) must name it (see [`StateTable::other_file`]).
+    pub fh: Vec<u8>,
     /// Current stateid sequence.
     pub seqid: u32,
     /// OPEN4_SHARE_ACCESS bits held.
@@ -118,6 +121,8 @@ pub struct OpenRequest {
     pub owner: Vec<u8>,
     /// The file.
     pub file: FileKey,
+    /// The file's wire handle.
+    pub fh: Vec<u8>,
     /// Requested share access (1 read, 2 write, 3 both).
     pub access: u32,
     /// Requested share deny.
@@ -503,6 +508,7 @@ impl StateTable {
                     clientid,
                     owner,
                     file,
+                    fh: req.fh,
                     seqid: 1,
                     access: req.access,
                     deny: req.deny,
@@ -621,6 +627,28 @@ impl StateTable {
         };
         inner.ids.remove(&sid.other);
         Ok(file)
+    }
+
+    /// Whether `sid`, an open or lock stateid of this server with a
+    /// current seqid, is of another file than the one wire handle `fh`
+    /// names: CLOSE and OPEN_DOWNGRADE then answer NFS4ERR_BAD_STATEID,
+    /// as the Linux server does (`nfs4_check_fh` compares the handles,
+    /// after the stateid's own checks, which is why any other fault of
+    /// the stateid is left to the op). LOCK, LOCKU, READ and WRITE check
+    /// the file itself against the stateid's.
+    pub fn other_file(&self, sid: &Stateid, fh: &[u8]) -> bool {
+        let inner = self.lock();
+        let open = match inner.ids.states.get(&sid.other) {
+            Some(StateEntry::Open(o)) if check_seqid(o.seqid, sid.seqid).is_ok() => o,
+            Some(StateEntry::Lock(l)) if check_seqid(l.seqid, sid.seqid).is_ok() => {
+                match inner.ids.states.get(&l.open) {
+                    Some(StateEntry::Open(o)) => o,
+                    _ => return false,
+                }
+            }
+            _ => return false,
+        };
+        open.fh != fh
     }
 
     /// TEST_STATEID for one stateid.
