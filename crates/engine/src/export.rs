@@ -4,10 +4,10 @@
 use super::cred::as_root;
 use super::fs::{self, Stat};
 use super::handle::{kernel_handle, open_kernel_handle, HandleError, HandleKey};
-use super::handle_memo::{Fresh, HandleMemo};
+use super::handle_memo::{Fresh, HandleMemo, InoHasher};
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -314,26 +314,6 @@ type Ino = (u64, u64);
 
 /// A cached descriptor, and its inode when known.
 type Kept = (Arc<OwnedFd>, Option<Ino>);
-
-/// Hashes an [`Ino`] (Fibonacci hashing of device and number).
-#[derive(Default)]
-struct InoHasher(u64);
-
-impl Hasher for InoHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 impl Cache {
     fn fd(&self, wire: &[u8]) -> Option<Arc<OwnedFd>> {

@@ -161,7 +161,7 @@ const LOG: usize = 4096;
 /// Hashes an inode number with one multiplication (Fibonacci hashing):
 /// numbers are not chosen by clients, and often consecutive.
 #[derive(Debug, Default)]
-struct InoHasher(u64);
+pub(crate) struct InoHasher(u64);
 
 impl Hasher for InoHasher {
     fn finish(&self) -> u64 {

@@ -554,28 +554,41 @@ type Results = (
 /// Parses a COMPOUND4res of SEQUENCE, PUTFH, LOOKUP, GETFH, READ and the
 /// like.
 fn split_results(body: &[u8]) -> Results {
+    let (mut data, mut fh) = (None, None);
+    let (status, results) = each_result(body, |o, d| match o {
+        op::GETFH => fh = Some(NfsFh4::decode(d).unwrap().0),
+        op::READ => {
+            d.bool().unwrap();
+            data = Some(d.opaque(1 << 20).unwrap().to_vec());
+        }
+        _ => {}
+    });
+    (status, results, data, fh)
+}
+
+/// Walks a COMPOUND4res: SEQUENCE's result is read here, every other
+/// successful result by `f` (given its op), up to the first failure.
+/// Returns the status and the (op, status) of each result.
+fn each_result(
+    body: &[u8],
+    mut f: impl FnMut(u32, &mut Decoder<'_>),
+) -> (Nfsstat4, Vec<(u32, Nfsstat4)>) {
     let mut d = Decoder::new(body);
     let h = CompoundResHeader::decode(&mut d).unwrap();
-    let (mut results, mut data, mut fh) = (Vec::new(), None, None);
+    let mut results = Vec::new();
     for _ in 0..h.numres {
         let (o, s) = next_result(&mut d);
         results.push((o, s));
         if s != status::OK {
             break;
         }
-        match o {
-            op::SEQUENCE => {
-                SequenceResOk::decode(&mut d).unwrap();
-            }
-            op::GETFH => fh = Some(NfsFh4::decode(&mut d).unwrap().0),
-            op::READ => {
-                d.bool().unwrap();
-                data = Some(d.opaque(1 << 20).unwrap().to_vec());
-            }
-            _ => {}
+        if o == op::SEQUENCE {
+            SequenceResOk::decode(&mut d).unwrap();
+        } else {
+            f(o, &mut d);
         }
     }
-    (h.status, results, data, fh)
+    (h.status, results)
 }
 
 fn read_op(offset: u64, count: u32) -> (u32, Vec<u8>) {
@@ -1270,37 +1283,52 @@ fn the_quick_path_does_not_try_a_waiting_read_again() {
 /// PUTROOTFH, LOOKUP, GETFH, GETATTR and SETATTR answered, and the
 /// (op, status) of each result.
 fn sizes_in(body: &[u8]) -> (Vec<u64>, Vec<(u32, Nfsstat4)>) {
-    let mut d = Decoder::new(body);
-    let h = CompoundResHeader::decode(&mut d).unwrap();
-    let (mut sizes, mut results) = (Vec::new(), Vec::new());
-    for _ in 0..h.numres {
-        let (o, s) = next_result(&mut d);
-        results.push((o, s));
-        if s != status::OK {
-            break;
+    let mut sizes = Vec::new();
+    let (_, results) = each_result(body, |o, d| match o {
+        op::GETFH => {
+            NfsFh4::decode(d).unwrap();
         }
-        match o {
-            op::SEQUENCE => {
-                SequenceResOk::decode(&mut d).unwrap();
-            }
-            op::GETFH => {
-                NfsFh4::decode(&mut d).unwrap();
-            }
-            op::GETATTR => {
-                let f = Fattr4::decode(&mut d).unwrap();
-                assert_eq!(f.mask, Bitmap4::of(&[attr::SIZE]));
-                sizes.push(Decoder::new(&f.vals).u64().unwrap());
-            }
-            op::SETATTR => {
-                Bitmap4::decode(&mut d).unwrap();
-            }
-            op::OPEN => {
-                crate::nfs4::msg::OpenResOk::decode(&mut d).unwrap();
-            }
-            _ => {}
+        op::GETATTR => {
+            let f = Fattr4::decode(d).unwrap();
+            assert_eq!(f.mask, Bitmap4::of(&[attr::SIZE]));
+            sizes.push(Decoder::new(&f.vals).u64().unwrap());
         }
-    }
+        op::SETATTR => {
+            Bitmap4::decode(d).unwrap();
+        }
+        op::OPEN => {
+            crate::nfs4::msg::OpenResOk::decode(d).unwrap();
+        }
+        _ => {}
+    });
     (sizes, results)
+}
+
+/// A server whose export holds file "f" (4 bytes), and a session.
+fn server_with_f(tag: &str) -> (Server, PathBuf, [u8; 16]) {
+    let (srv, dir) = server(tag);
+    std::fs::write(dir.join("f"), b"four").unwrap();
+    let sid = session(&srv);
+    (srv, dir, sid)
+}
+
+/// GETATTR of SIZE alone.
+fn getattr_size() -> (u32, Vec<u8>) {
+    (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])))
+}
+
+/// SETATTR of the size to `n`, with the anonymous stateid.
+fn setattr_size(n: u64) -> (u32, Vec<u8>) {
+    let mut vals = Encoder::new();
+    vals.u64(n);
+    let a = crate::nfs4::msg::SetattrArgs {
+        stateid: Stateid4::ANONYMOUS,
+        attrs: Fattr4 {
+            mask: Bitmap4::of(&[attr::SIZE]),
+            vals: vals.into_inner(),
+        },
+    };
+    (op::SETATTR, args(&a))
 }
 
 /// GETATTR after an OPEN that truncated an existing file answers the
@@ -1308,9 +1336,7 @@ fn sizes_in(body: &[u8]) -> (Vec<u64>, Vec<(u32, Nfsstat4)>) {
 #[test]
 fn getattr_after_open_answers_the_file_as_the_open_left_it() {
     use crate::nfs4::msg::{Createhow4, OpenArgs, OpenClaim4, Openflag4, StateOwner4};
-    let (srv, dir) = server("open-stat");
-    std::fs::write(dir.join("f"), b"four").unwrap();
-    let sid = session(&srv);
+    let (srv, dir, sid) = server_with_f("open-stat");
     let mut vals = Encoder::new();
     vals.u64(0);
     let open = args(&OpenArgs {
@@ -1332,7 +1358,7 @@ fn getattr_after_open_answers_the_file_as_the_open_left_it() {
         (op::PUTROOTFH, vec![]),
         (op::OPEN, open),
         (op::GETFH, vec![]),
-        (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE]))),
+        getattr_size(),
     ];
     let (sizes, results) = sizes_in(&pc(&srv, &root(), &compound(1, &ops)).unwrap());
     assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
@@ -1346,19 +1372,9 @@ fn getattr_after_open_answers_the_file_as_the_open_left_it() {
 /// read the file again: the size set is the size answered.
 #[test]
 fn getattr_after_lookup_answers_what_the_file_is_after_the_ops_between() {
-    let (srv, dir) = server("lookup-stat");
-    std::fs::write(dir.join("f"), b"four").unwrap();
-    let sid = session(&srv);
-    let size = || (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])));
-    let mut vals = Encoder::new();
-    vals.u64(100);
-    let setattr = args(&crate::nfs4::msg::SetattrArgs {
-        stateid: Stateid4::ANONYMOUS,
-        attrs: Fattr4 {
-            mask: Bitmap4::of(&[attr::SIZE]),
-            vals: vals.into_inner(),
-        },
-    });
+    let (srv, dir, sid) = server_with_f("lookup-stat");
+    let size = getattr_size;
+    let setattr = setattr_size(100).1;
     let ops = [
         sequence(&sid, 1, 0, false),
         (op::PUTROOTFH, vec![]),
@@ -1464,24 +1480,14 @@ fn a_name_looked_up_again_gives_the_handle_of_what_it_names_now() {
 /// removed it.
 #[test]
 fn putfh_then_getattr_answers_the_file_as_it_is() {
-    let (srv, dir) = server("putfh-stat");
-    std::fs::write(dir.join("f"), b"four").unwrap();
-    let sid = session(&srv);
+    let (srv, dir, sid) = server_with_f("putfh-stat");
     let ex = &srv.exports.list()[0].fs;
     let wire = ex
         .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"f")
         .unwrap();
-    let size = || (op::GETATTR, args(&Bitmap4::of(&[attr::SIZE])));
+    let size = getattr_size;
     let putfh = || (op::PUTFH, args(&NfsFh4(wire.clone())));
-    let mut vals = Encoder::new();
-    vals.u64(9);
-    let setattr = args(&crate::nfs4::msg::SetattrArgs {
-        stateid: Stateid4::ANONYMOUS,
-        attrs: Fattr4 {
-            mask: Bitmap4::of(&[attr::SIZE]),
-            vals: vals.into_inner(),
-        },
-    });
+    let setattr = setattr_size(9).1;
     let mut seq = 0;
     let mut run = |ops: Vec<(u32, Vec<u8>)>| {
         seq += 1;
