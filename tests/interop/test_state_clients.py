@@ -582,15 +582,25 @@ def test_close_with_another_files_stateid_is_bad_stateid(srv):
 
 def test_open_downgrade_with_another_files_stateid_is_bad_stateid(srv):
     """OPEN_DOWNGRADE under another file is NFS4ERR_BAD_STATEID; the open
-    is untouched, and downgrades under its own file."""
+    is untouched, and downgrades under its own file. The stateid's own
+    checks come first: an old seqid under another file is
+    NFS4ERR_OLD_STATEID. (A is opened for reading, then for both, so that
+    the downgrade to reading is one the Linux server takes too: it allows
+    only access modes the owner has opened with.)"""
     with client(srv) as a:
         a.establish()
-        (_, sa, fa), (_, sb, fb) = two_opens(a, "downgrade-other")
+        name_a = unique_name("downgrade-other-a")
+        first = expect_ok(a.open(name_a, access=OPEN4_SHARE_ACCESS_READ), "OPEN A for reading").stateid
+        r = expect_ok(a.open(name_a), "OPEN A for both")
+        sa, fa = r.stateid, r.fh
+        sb, fb = a.must_open(unique_name("downgrade-other-b"))
         expect(a.compound([rc.op_putfh(fb), rc.op_open_downgrade(sa, OPEN4_SHARE_ACCESS_READ)]), St.BAD_STATEID,
                "OPEN_DOWNGRADE of A's open under B")
+        expect(a.compound([rc.op_putfh(fb), rc.op_close(first)]), St.OLD_STATEID, "CLOSE with A's old seqid under B")
         r = expect_ok(a.compound([rc.op_putfh(fa), rc.op_open_downgrade(sa, OPEN4_SHARE_ACCESS_READ)]),
                       "OPEN_DOWNGRADE of A's open under A")
         assert r[2].stateid[4:] == sa[4:], "the downgrade made a new open"
+        expect_ok(a.compound([rc.op_putfh(fa), rc.op_close(r[2].stateid)]), "CLOSE of A's open under A")
 
 
 def test_lock_and_locku_with_another_files_stateid_are_bad_stateid(srv):
