@@ -554,6 +554,52 @@ def test_current_stateid_cleared_by_filehandle_change(srv, how):
         expect_ok(a.compound([rc.op_putfh(fh), rc.op_close(opened)]), "CLOSE with the open's own stateid")
 
 
+# --- OPEN_DOWNGRADE: back to what some of the OPENs asked (RFC 8881 18.18.3) ----
+
+R, W, B = OPEN4_SHARE_ACCESS_READ, OPEN4_SHARE_ACCESS_WRITE, OPEN4_SHARE_ACCESS_BOTH
+DENY_NONE, DENY_W = 0, OPEN4_SHARE_DENY_WRITE
+
+
+@pytest.mark.parametrize(
+    "opens,to,status",
+    [
+        ([(B, DENY_NONE)], (R, DENY_NONE), St.INVAL),
+        ([(R, DENY_NONE), (B, DENY_NONE)], (R, DENY_NONE), St.OK),
+        ([(R, DENY_NONE), (W, DENY_NONE)], (R, DENY_NONE), St.OK),
+        ([(R, DENY_NONE), (W, DENY_NONE)], (B, DENY_NONE), St.OK),
+        ([(B, DENY_W)], (B, DENY_NONE), St.INVAL),
+        ([(B, DENY_NONE), (B, DENY_W)], (B, DENY_NONE), St.OK),
+        ([(R, DENY_NONE)], (B, DENY_NONE), St.INVAL),
+    ],
+    ids=["both-to-read", "read+both-to-read", "read+write-to-read", "read+write-to-both",
+         "denywrite-to-denynone", "denynone+denywrite-to-denynone", "read-to-both"],
+)
+def test_open_downgrade_goes_back_only_to_what_opens_asked(srv, opens, to, status):
+    """OPEN_DOWNGRADE's access and deny must be exactly the union of those
+    of some of the OPENs in effect (RFC 8881 section 18.18.3), else
+    NFS4ERR_INVAL and the open is unchanged. The Linux server checks each
+    access and deny value on its own, so it refuses the union of a read
+    and a write OPEN (read+write-to-both); the RFC allows it."""
+    with client(srv) as a:
+        a.establish()
+        name = unique_name("downgrade")
+        for access, deny in opens:
+            r = expect_ok(a.open(name, access=access, deny=deny), f"OPEN access {access} deny {deny}")
+        sid, fh = r.stateid, r.fh
+        r = a.compound([rc.op_putfh(fh), rc.op_open_downgrade(sid, to[0], to[1])])
+        assert r.status == status, f"OPEN_DOWNGRADE to {to} after {opens}: {r!r}"
+        if status == St.OK:
+            sid = r[2].stateid
+            # The OPENs beyond the new bits are given up: back up is refused.
+            full = (to[0], to[1])
+            for access, deny in opens:
+                full = (full[0] | access, full[1] | deny)
+            if full != to:
+                expect(a.compound([rc.op_putfh(fh), rc.op_open_downgrade(sid, full[0], full[1])]), St.INVAL,
+                       f"OPEN_DOWNGRADE back up to {full}")
+        expect_ok(a.compound([rc.op_putfh(fh), rc.op_close(sid)]), "CLOSE")
+
+
 # --- a stateid of another file: NFS4ERR_BAD_STATEID (RFC 8881 section 15.1.5.2) -
 
 

@@ -30,8 +30,36 @@ pub(super) struct OpenState {
     pub access: u32,
     /// OPEN4_SHARE_DENY bits held.
     pub deny: u32,
+    /// The (access, deny) pairs of the OPENs in effect (at most 12
+    /// different ones): what OPEN_DOWNGRADE may go back to.
+    pub opens: Vec<(u32, u32)>,
     /// Descriptor opened with the access mode.
     pub fd: Arc<OwnedFd>,
+}
+
+impl OpenState {
+    /// Whether OPEN_DOWNGRADE may set (`access`, `deny`): RFC 8881
+    /// section 18.18.3 asks that they be exactly the union of the bits of
+    /// some of the OPENs in effect. The OPENs whose bits all lie within
+    /// them are the largest such set, so the union of theirs must be
+    /// them.
+    fn may_downgrade_to(&self, access: u32, deny: u32) -> bool {
+        let (mut a, mut d) = (0, 0);
+        for &(oa, od) in &self.opens {
+            if oa & !access == 0 && od & !deny == 0 {
+                a |= oa;
+                d |= od;
+            }
+        }
+        (a, d) == (access, deny)
+    }
+
+    /// Notes an OPEN's (access, deny) as in effect.
+    fn add_open(&mut self, access: u32, deny: u32) {
+        if !self.opens.contains(&(access, deny)) {
+            self.opens.push((access, deny));
+        }
+    }
 }
 
 /// A lock-owner's state on one file, derived from an open.
@@ -491,6 +519,7 @@ impl StateTable {
                 }
                 o.access = want;
                 o.deny |= req.deny;
+                o.add_open(req.access, req.deny);
                 o.seqid = o.seqid.wrapping_add(1);
                 return Ok(Stateid {
                     seqid: o.seqid,
@@ -512,6 +541,7 @@ impl StateTable {
                     seqid: 1,
                     access: req.access,
                     deny: req.deny,
+                    opens: vec![(req.access, req.deny)],
                     fd,
                 }),
             );
@@ -592,7 +622,9 @@ impl StateTable {
         }
     }
 
-    /// OPEN_DOWNGRADE.
+    /// OPEN_DOWNGRADE: to access and deny bits that are the union of
+    /// those of some of the open's OPENs (RFC 8881 section 18.18.3), or
+    /// NFS4ERR_INVAL. The OPENs with bits beyond the new ones are given up.
     pub fn downgrade(&self, sid: &Stateid, access: u32, deny: u32) -> Result<Stateid, Nfsstat4> {
         let mut inner = self.lock();
         let Some(StateEntry::Open(o)) = inner.ids.states.get_mut(&sid.other) else {
@@ -600,11 +632,18 @@ impl StateTable {
             return Err(status::BAD_STATEID);
         };
         check_seqid(o.seqid, sid.seqid)?;
-        if access & !o.access != 0 || deny & !o.deny != 0 || access == 0 {
+        if access & !o.access != 0
+            || deny & !o.deny != 0
+            || access == 0
+            || !o.may_downgrade_to(access, deny)
+        {
             return Err(status::INVAL);
         }
         o.access = access;
         o.deny = deny;
+        // The OPENs with more than these bits are given up.
+        o.opens
+            .retain(|&(oa, od)| oa & !access == 0 && od & !deny == 0);
         o.seqid = o.seqid.wrapping_add(1);
         Ok(Stateid {
             seqid: o.seqid,
