@@ -155,26 +155,14 @@ impl Export {
 
     /// Opens the object a wire handle names, as an O_PATH descriptor.
     pub fn resolve(&self, wire: &[u8]) -> Result<Arc<OwnedFd>, HandleError> {
-        self.resolve_as(wire, false).map(|(fd, _)| fd)
+        self.resolve_with(wire, false).map(|(fd, _)| fd)
     }
 
-    /// [`Export::resolve`], with a full status of the object read on the
-    /// way (the stat that checks the handle is not stale then asks for
-    /// everything, times included): for a caller that is about to answer
-    /// the object's attributes.
-    pub fn resolve_stat(&self, wire: &[u8]) -> Result<(Arc<OwnedFd>, Stat), HandleError> {
-        match self.resolve_as(wire, true)? {
-            (fd, Some(st)) => Ok((fd, st)),
-            (fd, None) => {
-                let st = fs::stat(fd.as_fd()).map_err(|_| HandleError::Stale)?;
-                Ok((fd, st))
-            }
-        }
-    }
-
-    /// Opens the object `wire` names; with `full`, the status read to
-    /// check it is a full one, and is returned.
-    fn resolve_as(
+    /// [`Export::resolve`]; with `full`, the stat that checks the handle
+    /// is not stale asks for everything, times included, and is returned:
+    /// for a caller about to answer the object's attributes. (None for the
+    /// export root, which is not checked.)
+    pub fn resolve_with(
         &self,
         wire: &[u8],
         full: bool,
@@ -269,8 +257,7 @@ impl Export {
     pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>, st: Option<&Stat>) {
         if let Ok(mut c) = self.cache.lock() {
             if c.by_wire.len() >= CACHE_LIMIT {
-                c.by_wire.clear();
-                c.by_ino.clear();
+                c.clear();
             }
             c.insert(wire, fd, st.map(|st| (st.dev, st.ino)));
         }
@@ -306,8 +293,11 @@ impl Export {
 #[derive(Default)]
 struct Cache {
     by_wire: HashMap<Arc<[u8]>, Kept>,
-    by_ino: HashMap<Ino, Arc<[u8]>, BuildHasherDefault<InoHasher>>,
+    by_ino: InoIndex,
 }
+
+/// The handles of cached descriptors by inode.
+type InoIndex = HashMap<Ino, Arc<[u8]>, BuildHasherDefault<InoHasher>>;
 
 /// An inode: its device and number.
 type Ino = (u64, u64);
@@ -334,11 +324,7 @@ impl Cache {
 
     fn remove(&mut self, wire: &[u8]) -> Option<Arc<OwnedFd>> {
         let (fd, ino) = self.by_wire.remove(wire)?;
-        if let Some(ino) = ino {
-            if self.by_ino.get(&ino).is_some_and(|w| **w == *wire) {
-                self.by_ino.remove(&ino);
-            }
-        }
+        unindex(&mut self.by_ino, ino, wire);
         Some(fd)
     }
 
@@ -347,14 +333,24 @@ impl Cache {
         self.by_wire.retain(|wire, (fd, ino)| {
             let k = keep(fd);
             if !k {
-                if let Some(ino) = ino {
-                    if by_ino.get(ino).is_some_and(|w| w == wire) {
-                        by_ino.remove(ino);
-                    }
-                }
+                unindex(by_ino, *ino, wire);
             }
             k
         });
+    }
+
+    fn clear(&mut self) {
+        self.by_wire.clear();
+        self.by_ino.clear();
+    }
+}
+
+/// Drops the inode index's entry of `ino` when it is `wire`'s.
+fn unindex(by_ino: &mut InoIndex, ino: Option<Ino>, wire: &[u8]) {
+    if let Some(ino) = ino {
+        if by_ino.get(&ino).is_some_and(|w| **w == *wire) {
+            by_ino.remove(&ino);
+        }
     }
 }
 

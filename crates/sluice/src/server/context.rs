@@ -97,14 +97,9 @@ impl<'a> Ctx<'a> {
     }
 
     /// Resolves a wire handle; handles of exports that do not admit the
-    /// caller's address get NFS4ERR_ACCESS.
-    pub(super) fn resolve(&self, wire: &[u8]) -> Result<Fh, Nfsstat4> {
-        self.resolve_with(wire, false).map(|(fh, _)| fh)
-    }
-
-    /// [`Ctx::resolve`]; with `full`, also a full status of the object
-    /// when the check of the handle read one (see
-    /// `Export::resolve_stat`).
+    /// caller's address get NFS4ERR_ACCESS. With `full`, also a full
+    /// status of the object when the check of the handle read one (see
+    /// `Export::resolve_with`).
     pub(super) fn resolve_with(
         &self,
         wire: &[u8],

@@ -339,8 +339,8 @@ impl Exports {
     }
 
     /// Opens the object a wire handle names; with `full`, also gives a
-    /// full status of it when it is an exported object (see
-    /// [`Export::resolve_stat`]).
+    /// full status of it when it is an exported object other than an
+    /// export's root (see [`Export::resolve_with`]).
     pub fn resolve_with(
         &self,
         wire: &[u8],
@@ -362,11 +362,10 @@ impl Exports {
             return Ok((self.placeholder.clone(), Loc::Pseudo(n), None));
         }
         match self.list.get(id as usize) {
-            Some(e) if full => {
-                let (fd, st) = e.fs.resolve_stat(wire)?;
-                Ok((fd, Loc::Export(id as usize), Some(st)))
+            Some(e) => {
+                let (fd, st) = e.fs.resolve_with(wire, full)?;
+                Ok((fd, Loc::Export(id as usize), st))
             }
-            Some(e) => Ok((e.fs.resolve(wire)?, Loc::Export(id as usize), None)),
             None => {
                 // Sealed by us for an export no longer configured?
                 self.key.open(wire)?;

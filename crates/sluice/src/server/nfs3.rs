@@ -196,28 +196,28 @@ fn wcc_of(cx: &Ctx<'_>, fh: &Fh, st: &Stat) -> WccAttr {
 /// Resolves an NFSv3 handle and takes the caller's identity for its
 /// export (the caller keeps it while the returned guard lives).
 fn resolve(cx: &mut Ctx<'_>, wire: &[u8]) -> R<Fh> {
-    let fh = cx.resolve(wire).map_err(st3)?;
+    resolve_with(cx, wire, false).map(|(fh, _)| fh)
+}
+
+/// [`resolve`], with the object's full status, read by the stat that
+/// checks the handle (see `Export::resolve_with`): one stat where a
+/// procedure answers attributes.
+fn resolve_stat(cx: &mut Ctx<'_>, wire: &[u8]) -> R<(Fh, Stat)> {
+    let (fh, st) = resolve_with(cx, wire, true)?;
+    let st = match st {
+        Some(st) => st,
+        None => io3(fs::stat(fh.fd.as_fd()))?,
+    };
+    Ok((fh, st))
+}
+
+fn resolve_with(cx: &mut Ctx<'_>, wire: &[u8], full: bool) -> R<(Fh, Option<Stat>)> {
+    let (fh, st) = cx.resolve_with(wire, full).map_err(st3)?;
     let Loc::Export(i) = fh.loc else {
         // NFSv3 clients mount exports, never the NFSv4 pseudo root.
         return Err(status::BADHANDLE);
     };
     cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
-    Ok(fh)
-}
-
-/// [`resolve`], with the object's full status, read by the stat that
-/// checks the handle (see `Export::resolve_stat`): one stat where a
-/// procedure answers attributes.
-fn resolve_stat(cx: &mut Ctx<'_>, wire: &[u8]) -> R<(Fh, Stat)> {
-    let (fh, st) = cx.resolve_with(wire, true).map_err(st3)?;
-    let Loc::Export(i) = fh.loc else {
-        return Err(status::BADHANDLE);
-    };
-    cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
-    let st = match st {
-        Some(st) => st,
-        None => io3(fs::stat(fh.fd.as_fd()))?,
-    };
     Ok((fh, st))
 }
 

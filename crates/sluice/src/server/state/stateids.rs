@@ -632,11 +632,9 @@ impl StateTable {
             return Err(status::BAD_STATEID);
         };
         check_seqid(o.seqid, sid.seqid)?;
-        if access & !o.access != 0
-            || deny & !o.deny != 0
-            || access == 0
-            || !o.may_downgrade_to(access, deny)
-        {
+        // (Bits beyond those held are refused there too: every OPEN's
+        // bits are held.)
+        if access == 0 || !o.may_downgrade_to(access, deny) {
             return Err(status::INVAL);
         }
         o.access = access;
