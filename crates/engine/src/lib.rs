@@ -14,6 +14,7 @@ pub mod fs;
 pub mod handle;
 pub mod handle_memo;
 pub mod hugebuf;
+pub mod mapped;
 pub mod rangelock;
 pub mod read;
 pub mod readahead;

@@ -91,10 +91,28 @@ impl Default for RangeLocks {
     }
 }
 
+/// The lock table a guard belongs to: borrowed, or shared for a guard
+/// that outlives its caller (see [`RangeLocks::try_read_owned`]).
+enum Owner<'a> {
+    Borrowed(&'a RangeLocks),
+    Shared(Arc<RangeLocks>),
+}
+
+impl std::ops::Deref for Owner<'_> {
+    type Target = RangeLocks;
+
+    fn deref(&self) -> &RangeLocks {
+        match self {
+            Owner::Borrowed(l) => l,
+            Owner::Shared(l) => l,
+        }
+    }
+}
+
 /// A held range; released when dropped.
 #[must_use]
 pub struct RangeGuard<'a> {
-    owner: &'a RangeLocks,
+    owner: Owner<'a>,
     key: (u64, u64),
     table: Option<Arc<FileTable>>,
     ticket: u64,
@@ -116,7 +134,7 @@ impl RangeLocks {
     /// Locks `[start, end)` of file `key`, shared or exclusive, waiting for
     /// earlier conflicting requests.
     pub fn lock(&self, key: (u64, u64), start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
-        self.acquire(key, start, end, exclusive, true)
+        self.acquire(Owner::Borrowed(self), key, start, end, exclusive, true)
             .expect("a waiting lock is always granted")
     }
 
@@ -129,21 +147,33 @@ impl RangeLocks {
         end: u64,
         exclusive: bool,
     ) -> Option<RangeGuard<'_>> {
-        self.acquire(key, start, end, exclusive, false)
+        self.acquire(Owner::Borrowed(self), key, start, end, exclusive, false)
     }
 
-    fn acquire(
+    /// Like [`RangeLocks::try_read`], for a guard that may outlive the
+    /// caller (data lent to a reply until it is sent).
+    pub fn try_read_owned(
+        self: &Arc<Self>,
+        key: (u64, u64),
+        start: u64,
+        end: u64,
+    ) -> Option<RangeGuard<'static>> {
+        self.acquire(Owner::Shared(self.clone()), key, start, end, false, false)
+    }
+
+    fn acquire<'a>(
         &self,
+        owner: Owner<'a>,
         key: (u64, u64),
         start: u64,
         end: u64,
         exclusive: bool,
         wait: bool,
-    ) -> Option<RangeGuard<'_>> {
+    ) -> Option<RangeGuard<'a>> {
         let end = end.max(start.saturating_add(1));
         if !self.enabled {
             return Some(RangeGuard {
-                owner: self,
+                owner,
                 key,
                 table: None,
                 ticket: 0,
@@ -165,7 +195,7 @@ impl RangeLocks {
         // table found empty under the map's mutex has no users and can go.
         drop(files);
         let guard = RangeGuard {
-            owner: self,
+            owner,
             key,
             table: Some(table.clone()),
             ticket,

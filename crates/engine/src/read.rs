@@ -62,6 +62,27 @@ pub struct ReadAt<'a> {
     /// Whether the file may be opened again with O_DIRECT (not while a
     /// kernel lease on it would be broken by that open).
     pub direct: bool,
+    /// Whether the caller can take data lent from a mapping of the file
+    /// ([`Data::lent`]): it hands the data only to the kernel.
+    pub lend: bool,
+}
+
+/// Data read for a reply.
+#[derive(Debug, Clone)]
+pub struct Data {
+    /// The bytes.
+    pub bytes: Bytes,
+    /// Whether they are lent from a mapping of the file (see
+    /// [`crate::mapped`]): they hold a shared range lock until dropped,
+    /// and must be given only to the kernel (the XDR encoder's
+    /// `opaque_lent`), never read here.
+    pub lent: bool,
+}
+
+impl Data {
+    fn own(bytes: Bytes) -> Self {
+        Data { bytes, lent: false }
+    }
 }
 
 /// The read path's parts: the readahead engine, the read cache of data read
@@ -122,12 +143,13 @@ impl ReadPath {
     }
 
     /// Reads up to `r.count` bytes at `r.offset` into a fresh buffer that a
-    /// reply can carry without copying: from the read cache, else the page
-    /// cache, else the device, with O_DIRECT for a large request of a cold
+    /// reply can carry without copying (or, for a caller that can take it,
+    /// lends them from a mapping of the file: [`Data::lent`]): from the
+    /// read cache, else the page cache, else the device, with O_DIRECT for a large request of a cold
     /// sequential reader that keeps several in flight (the readahead
     /// engine decides), and tells the readahead engine about the request.
     /// In [`Mode::NoWait`], only what is in memory is served.
-    pub fn read(&self, r: &ReadAt<'_>, mode: Mode) -> Result<Bytes, ReadError> {
+    pub fn read(&self, r: &ReadAt<'_>, mode: Mode) -> Result<Data, ReadError> {
         crate::hugebuf::busy();
         let (file, st, fd) = (r.file, r.st, r.fd);
         let count64 = r.count as u64;
@@ -137,7 +159,7 @@ impl ReadPath {
                 .access_own_cache(file, r.stream, fd, r.offset, count64, st.size);
             self.read_ahead(r, &access);
             self.readahead.record(access, true);
-            return Ok(data);
+            return Ok(Data::own(data));
         }
         // Whether the page cache lacks some of the data, asked only for a
         // request that may go past the cache, and without touching the
@@ -148,10 +170,23 @@ impl ReadPath {
             && r.direct
             && self.readahead.direct_candidate(r.offset, count64)
             && fs::cached_fully(fd.as_fd(), r.offset, within) == Some(false);
+        let lendable = r.lend
+            && !uncached
+            && self.readahead.config().lend_min > 0
+            && within >= self.readahead.config().lend_min;
         if mode == Mode::NoWait {
             if uncached {
                 self.readahead.queued(file, r.stream, fd, r.offset, count64);
                 return Err(ReadError::WouldBlock);
+            }
+            if lendable {
+                if let Some(data) = self.lend(r, within) {
+                    let access = self
+                        .readahead
+                        .access(file, r.stream, fd, r.offset, count64, st.size);
+                    self.readahead.record(access, true);
+                    return Ok(data);
+                }
             }
             // Only what the page cache holds; the rest is read where
             // waiting is allowed (also the reopen a write-only open
@@ -174,7 +209,7 @@ impl ReadPath {
             if access.keep {
                 self.bufcache.insert(file, st, r.offset, buf.clone());
             }
-            return Ok(buf);
+            return Ok(Data::own(buf));
         }
         // Readahead starts before this request waits for the disk.
         let access = self
@@ -186,7 +221,7 @@ impl ReadPath {
         if self.ahead.wait(file, r.offset, count64) {
             if let Some(data) = self.bufcache.get(file, st, r.offset, r.count) {
                 self.readahead.record(access, false);
-                return Ok(data);
+                return Ok(Data::own(data));
             }
         }
         let direct = if access.direct && r.direct {
@@ -194,6 +229,12 @@ impl ReadPath {
         } else {
             None
         };
+        if direct.is_none() && lendable {
+            if let Some(data) = self.lend(r, within) {
+                self.readahead.record(access, true);
+                return Ok(data);
+            }
+        }
         let read = match direct {
             Some(res) => res.map(|buf| {
                 self.readahead
@@ -220,7 +261,32 @@ impl ReadPath {
             // what was read past it.
             self.bufcache.insert(file, st, r.offset, buf.clone());
         }
-        Ok(buf)
+        Ok(Data::own(buf))
+    }
+
+    /// Lends the `within` bytes at `r.offset` (all inside the file) from
+    /// a mapping of the file, when the page cache holds them all, read
+    /// in, and no WRITE of the server's waits for them; None otherwise
+    /// (to be copied as usual).
+    fn lend(&self, r: &ReadAt<'_>, within: u64) -> Option<Data> {
+        let fd = r.fd.as_fd();
+        let end = r.offset + within;
+        if fs::cached_fully(fd, r.offset, within) != Some(true) {
+            return None;
+        }
+        // Pages being read in count as cached; readahead reads them in
+        // order, so the last one is the one to ask.
+        if !fs::page_ready(fd, end - 1) {
+            return None;
+        }
+        let map = self.readahead.mapping(r.file, r.stream, fd, end).ok()?;
+        let range = self.locks.try_read_owned(r.file, r.offset, end)?;
+        let bytes = crate::mapped::lend(&map, r.offset, within as usize, range)?;
+        self.readahead
+            .stats
+            .lent_bytes
+            .fetch_add(within, std::sync::atomic::Ordering::Relaxed);
+        Some(Data { bytes, lent: true })
     }
 
     /// The stream's own O_DIRECT descriptor (the open's has the page

@@ -26,8 +26,9 @@
 //! page cache but handed back to the caller ([`Access::ahead`]), to be
 //! read the same way into the server's own cache (see `engine::ahead`).
 
+use crate::mapped::Mapping;
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,6 +49,10 @@ pub struct Config {
     /// Keep a window ahead of readers that read past the page cache too
     /// ([`Access::ahead`]); off when there is no cache to read it into.
     pub direct_ahead: bool,
+    /// Smallest read of cached data that is lent to the reply from a
+    /// mapping of the file instead of copied (see [`crate::mapped`]); 0
+    /// never is.
+    pub lend_min: u64,
 }
 
 impl Default for Config {
@@ -57,6 +62,7 @@ impl Default for Config {
             max: 16 * 1024 * 1024,
             direct_min: 256 * 1024,
             direct_ahead: true,
+            lend_min: 64 * 1024,
         }
     }
 }
@@ -77,6 +83,9 @@ pub struct Stats {
     pub misses: AtomicU64,
     /// Bytes read past the page cache for sequential readers.
     pub direct_bytes: AtomicU64,
+    /// Bytes of cached data lent to replies from mappings of files
+    /// instead of copied (see [`crate::mapped`]).
+    pub lent_bytes: AtomicU64,
 }
 
 /// What [`Readahead::access`] or [`Readahead::begin`] found out about one
@@ -168,6 +177,9 @@ struct Table {
     /// O_DIRECT descriptors of streams that read past the page cache,
     /// kept while the stream is.
     direct_fds: HashMap<(FileId, u64), Arc<OwnedFd>>,
+    /// Mappings of the file that streams' cached reads are lent from,
+    /// kept while the stream is.
+    maps: HashMap<(FileId, u64), Arc<Mapping>>,
     tick: u64,
 }
 
@@ -458,6 +470,7 @@ impl Readahead {
             return;
         };
         t.direct_fds.remove(&key);
+        t.maps.remove(&key);
         if let Some(v) = t.streams.remove(&key) {
             let unused: u64 = v.iter().map(Reader::unused).sum();
             self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
@@ -469,12 +482,60 @@ impl Readahead {
         let removed = {
             let mut t = self.lock();
             t.direct_fds.remove(&(file, stream));
+            t.maps.remove(&(file, stream));
             t.streams.remove(&(file, stream))
         };
         if let Some(v) = removed {
             let unused: u64 = v.iter().map(Reader::unused).sum();
             self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
         }
+    }
+
+    /// Lets go of what the streams of `file` keep open of it (O_DIRECT
+    /// descriptors, mappings), so that a file removed by its name frees
+    /// its space without waiting for its streams to be forgotten; a
+    /// stream that reads again opens it again.
+    pub fn forget_file(&self, file: FileId) {
+        let (fds, maps) = {
+            let mut t = self.lock();
+            if t.direct_fds.is_empty() && t.maps.is_empty() {
+                return;
+            }
+            let fds: Vec<_> = t.direct_fds.extract_if(|k, _| k.0 == file).collect();
+            let maps: Vec<_> = t.maps.extract_if(|k, _| k.0 == file).collect();
+            (fds, maps)
+        };
+        // Closed and unmapped outside the table's lock.
+        drop((fds, maps));
+    }
+
+    /// The mapping of `file` that stream `stream` lends cached reads
+    /// from, reaching at least to `end`; made through `fd` on first use
+    /// (or when the file grew past it) and kept as long as the stream is.
+    pub fn mapping(
+        &self,
+        file: FileId,
+        stream: u64,
+        fd: BorrowedFd<'_>,
+        end: u64,
+    ) -> std::io::Result<Arc<Mapping>> {
+        if let Some(m) = self.lock().maps.get(&(file, stream)) {
+            if m.len() >= end {
+                return Ok(m.clone());
+            }
+        }
+        // Mapped without the table's lock; of two racing maps one is kept.
+        let m = Arc::new(Mapping::new(fd, end)?);
+        let mut t = self.lock();
+        if !t.streams.contains_key(&(file, stream)) {
+            // A stream's first read (or forgotten meanwhile): used once.
+            return Ok(m);
+        }
+        let kept = t.maps.entry((file, stream)).or_insert_with(|| m.clone());
+        if kept.len() < end {
+            *kept = m;
+        }
+        Ok(kept.clone())
     }
 
     /// The O_DIRECT descriptor stream `stream` of `file` reads through,
@@ -589,6 +650,7 @@ fn prefetch(job: &Job) {
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::AsFd;
 
     const MB: u64 = 1024 * 1024;
 
@@ -860,5 +922,41 @@ mod tests {
             ra.access((2, i), 1, &fd, 0, 8192, 1 << 30);
         }
         assert!(ra.lock().streams.len() <= MAX_STREAMS);
+    }
+
+    #[test]
+    fn mappings_are_kept_with_their_stream_and_go_with_it_or_the_file() {
+        use crate::mapped::MAP_STEP;
+        let ra = Readahead::new(Config::default());
+        let fd = fd();
+        let file = (3, 1);
+        // No stream yet: mapped for one use, not kept.
+        let a = ra.mapping(file, 1, fd.as_fd(), 4096).expect("map");
+        let b = ra.mapping(file, 1, fd.as_fd(), 4096).expect("map");
+        assert!(!Arc::ptr_eq(&a, &b));
+        drop((a, b));
+        // Once the stream is known, kept and found again.
+        ra.access(file, 1, &fd, 0, 4096, 4096);
+        ra.access(file, 2, &fd, 0, 4096, 4096);
+        let a = ra.mapping(file, 1, fd.as_fd(), 4096).expect("map");
+        assert!(Arc::ptr_eq(
+            &a,
+            &ra.mapping(file, 1, fd.as_fd(), MAP_STEP).unwrap()
+        ));
+        assert_eq!(Arc::strong_count(&a), 2, "the test's and the stream's");
+        // A read past it maps the file again, further.
+        let longer = ra.mapping(file, 1, fd.as_fd(), MAP_STEP + 1).expect("map");
+        assert_eq!(longer.len(), 2 * MAP_STEP);
+        assert_eq!(Arc::strong_count(&a), 1, "replaced");
+        assert_eq!(Arc::strong_count(&longer), 2);
+        ra.forget_stream(file, 1);
+        assert_eq!(Arc::strong_count(&longer), 1, "forgotten with the stream");
+        // The file's name removed: every stream of it lets go.
+        let other = ra.mapping(file, 2, fd.as_fd(), 4096).expect("map");
+        assert_eq!(Arc::strong_count(&other), 2);
+        ra.forget_file((3, 9));
+        assert_eq!(Arc::strong_count(&other), 2, "another file's");
+        ra.forget_file(file);
+        assert_eq!(Arc::strong_count(&other), 1);
     }
 }

@@ -183,8 +183,9 @@ pub const SHARE_MIN: usize = 2048;
 pub struct Encoder {
     buf: Vec<u8>,
     /// Spliced buffers, each with the offset in `buf` it stands before,
-    /// in ascending order.
-    chunks: Vec<(usize, Bytes)>,
+    /// in ascending order, and whether it is lent (see
+    /// [`Encoder::opaque_lent`]).
+    chunks: Vec<(usize, Bytes, bool)>,
     chunk_len: usize,
 }
 
@@ -224,7 +225,7 @@ impl Encoder {
     pub fn to_vec(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len());
         let mut at = 0;
-        for (off, b) in &self.chunks {
+        for (off, b, _) in &self.chunks {
             out.extend_from_slice(&self.buf[at..*off]);
             out.extend_from_slice(b);
             at = *off;
@@ -236,23 +237,37 @@ impl Encoder {
     /// The encoded bytes as buffers to be sent in order, without copying
     /// spliced data. Empty buffers are left out.
     pub fn into_parts(self) -> Vec<Bytes> {
+        self.into_marked_parts()
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect()
+    }
+
+    /// Like [`Encoder::into_parts`], with each buffer marked true when it
+    /// is lent (see [`Encoder::opaque_lent`]).
+    pub fn into_marked_parts(self) -> Vec<(Bytes, bool)> {
         let total_inline = self.buf.len();
         let inline = Bytes::from(self.buf);
         let mut parts = Vec::with_capacity(self.chunks.len() * 2 + 1);
         let mut at = 0;
-        for (off, b) in self.chunks {
+        for (off, b, lent) in self.chunks {
             if off > at {
-                parts.push(inline.slice(at..off));
+                parts.push((inline.slice(at..off), false));
             }
             if !b.is_empty() {
-                parts.push(b);
+                parts.push((b, lent));
             }
             at = off;
         }
         if total_inline > at {
-            parts.push(inline.slice(at..));
+            parts.push((inline.slice(at..), false));
         }
         parts
+    }
+
+    /// Whether any spliced buffer is lent.
+    pub fn has_lent(&self) -> bool {
+        self.chunks.iter().any(|(_, _, lent)| *lent)
     }
 
     /// The encoded bytes, borrowed. Only for encoders without spliced
@@ -266,7 +281,7 @@ impl Encoder {
     /// spliced buffers wholly before it.
     fn inline_pos(&self, at: usize) -> (usize, usize) {
         let mut before = 0;
-        for (i, (off, b)) in self.chunks.iter().enumerate() {
+        for (i, (off, b, _)) in self.chunks.iter().enumerate() {
             if at <= off + before {
                 return (at - before, i);
             }
@@ -283,7 +298,7 @@ impl Encoder {
     /// Drops everything after `len` bytes.
     pub fn truncate(&mut self, len: usize) {
         let (inline, keep) = self.inline_pos(len);
-        for (_, b) in self.chunks.drain(keep..) {
+        for (_, b, _) in self.chunks.drain(keep..) {
             self.chunk_len -= b.len();
         }
         self.buf.truncate(inline);
@@ -345,10 +360,23 @@ impl Encoder {
             self.opaque(&b);
             return;
         }
+        self.splice(b, false);
+    }
+
+    /// Writes variable-length opaque data with its length, always spliced
+    /// in by reference and marked as lent: memory that this process must
+    /// not read itself (a mapping of a file, which a truncation elsewhere
+    /// can take away), only hand to the kernel. Whoever sends the parts
+    /// takes them with [`Encoder::into_marked_parts`].
+    pub fn opaque_lent(&mut self, b: Bytes) {
+        self.splice(b, true);
+    }
+
+    fn splice(&mut self, b: Bytes, lent: bool) {
         self.u32(b.len() as u32);
         let pad = pad4(b.len());
         self.chunk_len += b.len();
-        self.chunks.push((self.buf.len(), b));
+        self.chunks.push((self.buf.len(), b, lent));
         self.buf.extend_from_slice(&[0u8; 3][..pad]);
     }
 
@@ -384,8 +412,12 @@ impl Encoder {
         }
         self.buf.extend_from_slice(&other.buf);
         self.chunk_len += other.chunk_len;
-        self.chunks
-            .extend(other.chunks.into_iter().map(|(off, b)| (off + base, b)));
+        self.chunks.extend(
+            other
+                .chunks
+                .into_iter()
+                .map(|(off, b, l)| (off + base, b, l)),
+        );
     }
 }
 

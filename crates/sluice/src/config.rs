@@ -10,6 +10,7 @@
 //! metrics = "127.0.0.1:9100"
 //! readahead_max = "16M"
 //! direct_read_min = "256K"
+//! lend_read_min = "64K"     # cached READs this big sent from a mapping; 0 = never
 //! direct_write_min = "256K"  # default 0: no WRITE past the page cache
 //! read_cache = "2G"
 //! inline_quick_ops = 2       # default: the number of CPUs; 0: never
@@ -81,6 +82,8 @@ pub struct ServerSection {
     pub readahead_max: Option<Size>,
     /// Smallest READ of a cold sequential stream read with O_DIRECT.
     pub direct_read_min: Option<Size>,
+    /// Smallest READ of cached data sent from a mapping of the file.
+    pub lend_read_min: Option<Size>,
     /// Smallest aligned WRITE written with O_DIRECT.
     pub direct_write_min: Option<Size>,
     /// Memory for data read with O_DIRECT, kept for the next reader.
@@ -287,6 +290,7 @@ listen = "127.0.0.1:2049"
 lease_time = 30
 readahead_max = "8M"
 direct_read_min = "1M"
+lend_read_min = "128K"
 read_cache = "512M"
 require_privileged_port = true
 max_connections = 10
@@ -305,6 +309,7 @@ max_write = "512K"
         .unwrap();
         assert_eq!(c.server.readahead_max, Some(Size(8 << 20)));
         assert_eq!(c.server.direct_read_min, Some(Size(1 << 20)));
+        assert_eq!(c.server.lend_read_min, Some(Size(128 << 10)));
         assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];

@@ -79,6 +79,11 @@ struct ServeCli {
     /// O_DIRECT, past the page cache; 0 never does [default: 256K].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_read_min: Option<u64>,
+    /// READs of at least this many bytes (suffixes K, M, G) of data the
+    /// page cache holds are sent from a mapping of the file, copied once
+    /// (by the socket) instead of twice; 0 never are [default: 64K].
+    #[arg(long, value_parser = sluice::config::parse_size)]
+    lend_read_min: Option<u64>,
     /// WRITEs of at least this many bytes (suffixes K, M, G), at offsets
     /// and of lengths that are multiples of 4 KiB, are written past the
     /// page cache (O_DIRECT), so that a stream of them is not held back by
@@ -285,6 +290,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(min) = cli.direct_read_min.or(srv.direct_read_min.map(|Size(n)| n)) {
         config.readahead.direct_min = min;
+    }
+    if let Some(min) = cli.lend_read_min.or(srv.lend_read_min.map(|Size(n)| n)) {
+        config.readahead.lend_min = min;
     }
     if let Some(n) = cli
         .direct_write_min

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 26] = [
+        let counters: [(&str, &str, u64); 28] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -147,6 +147,16 @@ impl Collector for Collect {
                 "sluice_direct_read_bytes",
                 "Bytes of cold sequential streams read with O_DIRECT, past the page cache (their READs and their readahead).",
                 load(&ra.direct_bytes),
+            ),
+            (
+                "sluice_read_lent_bytes",
+                "Bytes of cached file data sent from a mapping of the file, copied once (by the socket) instead of twice.",
+                load(&ra.lent_bytes),
+            ),
+            (
+                "sluice_read_lent_settled_bytes",
+                "Bytes of such data copied after all, because the reply had to wait for room in the socket.",
+                crate::engine::mapped::settled_bytes(),
             ),
             (
                 "sluice_read_cache_hits",

@@ -506,9 +506,10 @@ struct Held(
 );
 
 /// One reply waiting to be written: its buffers, the first of them
-/// possibly partly written, and what it holds.
+/// possibly partly written, each marked true while it is lent file data
+/// (see [`Queued::settle`]), and what it holds.
 struct Queued {
-    parts: std::collections::VecDeque<Bytes>,
+    parts: std::collections::VecDeque<(Bytes, bool)>,
     /// None for calls the server makes (callbacks).
     _held: Option<Held>,
 }
@@ -585,24 +586,34 @@ impl Outbox {
     /// after the replies queued before it.
     fn send(&self, reply: Encoder, held: Option<Held>) {
         let mut parts = std::collections::VecDeque::with_capacity(4);
-        parts.push_back(Bytes::copy_from_slice(&rpc::record_mark(reply.len())));
-        parts.extend(reply.into_parts());
+        parts.push_back((
+            Bytes::copy_from_slice(&rpc::record_mark(reply.len())),
+            false,
+        ));
+        parts.extend(reply.into_marked_parts());
+        let mut reply = Queued { parts, _held: held };
         let mut q = self.lock();
         if q.failed {
             return;
         }
-        q.replies.push_back(Queued { parts, _held: held });
         if q.draining {
-            // The writer task owns the socket and will get to it.
+            // The writer task owns the socket and will get to it, when
+            // the client makes room.
+            reply.settle();
+            q.replies.push_back(reply);
             return;
         }
+        q.replies.push_back(reply);
         match self.drain(&mut q) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 q.draining = true;
+                for r in &mut q.replies {
+                    r.settle();
+                }
                 self.wake.notify_one();
             }
-            Err(e) => Self::fail(&mut q, e),
+            Err(e) => self.fail(&mut q, e),
         }
     }
 
@@ -616,7 +627,7 @@ impl Outbox {
                     .iter()
                     .flat_map(|r| r.parts.iter())
                     .take(IOV_PER_WRITE)
-                    .map(|b| IoSlice::new(b))
+                    .map(|(b, _)| IoSlice::new(b))
                     .collect();
                 self.wr.try_write_vectored(&slices)?
             };
@@ -662,26 +673,47 @@ impl Outbox {
             match ready.and_then(|()| self.drain(&mut q)) {
                 Ok(()) => q.draining = false,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => Self::fail(&mut q, e),
+                Err(e) => self.fail(&mut q, e),
             }
         }
     }
 
     /// The connection is broken: drops what is queued (giving back what
-    /// it holds) and every later reply.
-    fn fail(q: &mut Queue, e: std::io::Error) {
+    /// it holds) and every later reply, and shuts the socket down, so
+    /// that the reading side ends too and the client connects again.
+    /// (A reply of file data that another process truncated away while it
+    /// was lent fails to be written with EFAULT, after part of the record
+    /// went out: the client must see the connection go.)
+    fn fail(&self, q: &mut Queue, e: std::io::Error) {
         tracing::debug!(error = %e, "replies not sent; connection broken");
         q.failed = true;
         q.draining = false;
         q.replies.clear();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(self.wr.as_ref());
+        // SAFETY: shutdown of the connection's own socket, still open.
+        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+    }
+}
+
+impl Queued {
+    /// Copies lent file data into memory of the server's own, letting go
+    /// of its range lock: a reply that waits for the client to make room
+    /// must not hold up the server's WRITEs to that range meanwhile.
+    fn settle(&mut self) {
+        for (b, lent) in &mut self.parts {
+            if *lent {
+                *b = crate::engine::mapped::settle(b);
+                *lent = false;
+            }
+        }
     }
 }
 
 /// Drops `n` written bytes from the front of `parts` (or as many as it
 /// holds); returns how many of the `n` were beyond its end.
-fn advance(parts: &mut std::collections::VecDeque<Bytes>, mut n: usize) -> usize {
+fn advance(parts: &mut std::collections::VecDeque<(Bytes, bool)>, mut n: usize) -> usize {
     while n > 0 {
-        let Some(first) = parts.front_mut() else {
+        let Some((first, _)) = parts.front_mut() else {
             return n;
         };
         if n >= first.len() {
@@ -913,14 +945,17 @@ mod tests {
 
     #[test]
     fn advance_drops_written_bytes() {
-        let mut parts: std::collections::VecDeque<Bytes> = [&b"abc"[..], b"de", b"fghij"]
+        let mut parts: std::collections::VecDeque<(Bytes, bool)> = [&b"abc"[..], b"de", b"fghij"]
             .into_iter()
-            .map(Bytes::from_static)
+            .map(|b| (Bytes::from_static(b), false))
             .collect();
+        let bytes = |p: &std::collections::VecDeque<(Bytes, bool)>| {
+            p.iter().map(|(b, _)| b.clone()).collect::<Vec<_>>()
+        };
         assert_eq!(advance(&mut parts, 4), 0);
-        assert_eq!(parts, [&b"e"[..], b"fghij"]);
+        assert_eq!(bytes(&parts), [&b"e"[..], b"fghij"]);
         assert_eq!(advance(&mut parts, 3), 0);
-        assert_eq!(parts, [&b"hij"[..]]);
+        assert_eq!(bytes(&parts), [&b"hij"[..]]);
         assert_eq!(advance(&mut parts, 5), 2);
         assert!(parts.is_empty());
     }

@@ -315,6 +315,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
                 cur_sid: None,
                 saved_sid: None,
                 cur_stat: None,
+                lend: false,
             };
             let at = res.len();
             res.u32(0);
@@ -456,6 +457,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
             cur_stat: None,
+            lend: !*cachethis,
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
         let _ = d.skip(*next);
@@ -609,8 +611,10 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
         Some(Arc::new(body.to_vec()))
     } else {
         // Not asked to cache: keep small replies anyway so a retransmission
-        // after a lost connection gets the real answer.
-        (body.len() <= 4096).then(|| Arc::new(body.to_vec()))
+        // after a lost connection gets the real answer (but not file data
+        // lent from a mapping, which the server must not read itself: a
+        // READ_PLUS of a few data bytes among holes).
+        (body.len() <= 4096 && !body.has_lent()).then(|| Arc::new(body.to_vec()))
     };
     slot.finish(cached);
     Step::Done(Some(body))

@@ -58,6 +58,10 @@ pub(super) struct Ctx<'a> {
     /// GETATTR answers from it when nothing ran in between that could
     /// change the object (see [`Ctx::keep_stat_after`]).
     pub cur_stat: Option<(Arc<OwnedFd>, Stat)>,
+    /// Whether READs may lend file data from a mapping of the file
+    /// (`sluice_engine::mapped`): not when the reply will be copied by the
+    /// server itself (an NFSv4.1 reply the client asked to cache).
+    pub lend: bool,
 }
 
 impl<'a> Ctx<'a> {

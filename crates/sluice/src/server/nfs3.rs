@@ -73,6 +73,7 @@ pub(super) fn call(
         cur_sid: None,
         saved_sid: None,
         cur_stat: None,
+        lend: true,
     };
     let mut e = Encoder::with_capacity(256);
     match run(&mut cx, a, &mut e) {
@@ -736,6 +737,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
                     if st.nlink <= 1 && !st.is_dir() {
                         cx.srv.v3_files.forget((st.dev, st.ino));
+                        cx.srv.read.readahead.forget_file((st.dev, st.ino));
                     }
                     if let Some(w) = wire {
                         if st.nlink <= 1 || st.is_dir() {
@@ -785,6 +787,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                         g.is_file() && g.nlink <= 1 && (g.dev, g.ino) != (moved.dev, moved.ino)
                     }) {
                         cx.srv.v3_files.forget((gone.dev, gone.ino));
+                        cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
                     }
                     if let Some(w) = replaced {
                         if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
@@ -1215,19 +1218,20 @@ fn read(
         offset,
         count: count as usize,
         direct: !cx.srv.state.write_delegated(key),
+        lend: cx.lend,
     };
     let data = cx.srv.read.read(&at, mode).map_err(stop)?;
     let after = io3(fs::stat(fd.as_fd()))?;
-    let eof = offset.saturating_add(data.len() as u64) >= after.size;
+    let len = data.bytes.len();
+    let eof = offset.saturating_add(len as u64) >= after.size;
     let m = &cx.srv.metrics;
     m.reads.fetch_add(1, Ordering::Relaxed);
-    m.read_bytes_sent
-        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    m.read_bytes_sent.fetch_add(len as u64, Ordering::Relaxed);
     e.u32(0);
     post_op_attr(e, Some(&fattr(cx, fh.loc, &after)));
-    e.u32(data.len() as u32);
+    e.u32(len as u32);
     e.bool(eof);
-    e.opaque_shared(data);
+    super::ops_file::put_data(e, data);
     m.read_latency.observe(started.elapsed());
     Ok(())
 }

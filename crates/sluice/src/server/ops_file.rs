@@ -12,7 +12,7 @@ use super::Delegations;
 use crate::engine::cred;
 use crate::engine::fs::{self, SetTime, Stat, Time};
 use crate::engine::rangelock::RangeGuard;
-use crate::engine::read::{Mode, ReadAt, ReadError};
+use crate::engine::read::{Data, Mode, ReadAt, ReadError};
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{
     deleg, lock_type, why_no_deleg, Bitmap4, CloseArgs, CommitArgs, Createhow4, LockArgs,
@@ -30,8 +30,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
-
-use bytes::Bytes;
 
 /// The (device, inode) key of a file.
 pub(super) fn file_key(st: &Stat) -> FileKey {
@@ -585,7 +583,7 @@ pub(super) fn read_data(
     sid: Stateid,
     offset: u64,
     count: usize,
-) -> Result<Bytes, Stop> {
+) -> Result<Data, Stop> {
     // Under a write delegation's kernel lease the file is not opened
     // again (O_DIRECT) to read; a write-only descriptor has to be, and the
     // lease goes first.
@@ -602,10 +600,21 @@ pub(super) fn read_data(
         offset,
         count,
         direct: !leased,
+        lend: cx.lend,
     };
     let data = cx.srv.read.read(&at, read_mode()).map_err(stop)?;
     cx.srv.metrics.reads.fetch_add(1, Ordering::Relaxed);
     Ok(data)
+}
+
+/// Writes file data as XDR opaque data: spliced in by reference, and
+/// marked as lent when it is (see `sluice_engine::mapped`).
+pub(super) fn put_data(e: &mut Encoder, data: Data) {
+    if data.lent {
+        e.opaque_lent(data.bytes);
+    } else {
+        e.opaque_shared(data.bytes);
+    }
 }
 
 /// The shared range lock a READ or READ_PLUS holds around its data. On
@@ -673,13 +682,14 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
         let r = read_start(cx, d)?;
         let data = read_data(cx, &r.fh, &r.fd, &r.st, r.sid, r.offset, r.count as usize)?;
         let size = io(fs::stat(r.fd.as_fd()))?.size;
-        let eof = r.offset.saturating_add(data.len() as u64) >= size;
+        let len = data.bytes.len() as u64;
+        let eof = r.offset.saturating_add(len) >= size;
         cx.srv
             .metrics
             .read_bytes_sent
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(len, Ordering::Relaxed);
         e.bool(eof);
-        e.opaque_shared(data);
+        put_data(e, data);
         Ok(())
     })
 }

@@ -2,10 +2,13 @@
 //! DEALLOCATE.
 
 use super::context::{must_not_wait, Ctx, OpStatus, Outcome, Stop};
-use super::ops_file::{cur_file, file_key, io_fd, read_data, read_start, timed_read, ReadStart};
+use super::ops_file::{
+    cur_file, file_key, io_fd, put_data, read_data, read_start, timed_read, ReadStart,
+};
 use super::ops_fs::{io, run, x};
 use crate::engine::extents::{self, Segment};
 use crate::engine::fs;
+use crate::engine::read::Data;
 use crate::nfs4::consts::status;
 use crate::nfs4::msg::{AllocateArgs, SeekArgs, SeekResOk, Xdr};
 use crate::xdr::{Decoder, Encoder};
@@ -69,13 +72,16 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
         // the file system an extent lookup per page: btrfs, cold).
         let buf = if segs.iter().any(|s| matches!(s, Segment::Data(..))) {
             let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
-            let got = offset + buf.len() as u64;
+            let got = offset + buf.bytes.len() as u64;
             if got < end {
                 segs = extents::segments(&data, offset, got, min_hole);
             }
             buf
         } else {
-            Bytes::new()
+            Data {
+                bytes: Bytes::new(),
+                lent: false,
+            }
         };
         let mut budget = count as usize + DATA_HEADER;
         let mut body = Encoder::with_capacity(256);
@@ -93,7 +99,13 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
                     let from = (o - offset) as usize;
                     body.u32(CONTENT_DATA);
                     body.u64(o);
-                    body.opaque_shared(buf.slice(from..from + l as usize));
+                    put_data(
+                        &mut body,
+                        Data {
+                            bytes: buf.bytes.slice(from..from + l as usize),
+                            lent: buf.lent,
+                        },
+                    );
                     budget -= DATA_HEADER + (l as usize).div_ceil(4) * 4;
                     covered = o + l;
                     nsegs += 1;

@@ -1,0 +1,148 @@
+"""Cached READs lent from a mapping of the file (crates/engine/src/mapped.rs).
+
+A READ of at least --lend-read-min bytes (64 KiB) that the page cache holds
+is sent from a mapping of the file: the socket copies the page cache
+itself. Such data is the file, not a copy, so:
+
+* a WRITE to its range must wait until the socket has taken it (the
+  READ's range lock lives as long as the lent data): READs stay whole
+  against WRITEs, checked here with 256 KiB blocks that each WRITE fills
+  with one generation number;
+* a reply that waits for a slow client is copied first, so that it does
+  not hold up WRITEs to its range for as long as the client takes.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import rpcclient as rc
+from rpcclient import Conn, Session, expect_ok
+
+BLOCK = 256 << 10
+BLOCKS = 2
+# Stop after this many checked READs, or after SECONDS.
+READS = 4_000
+SECONDS = 40
+
+
+def block_data(block: int, gen: int) -> bytes:
+    return struct.pack("<QQ", block, gen) * (BLOCK // 16)
+
+
+def torn(data: bytes, block: int) -> str | None:
+    """None when `data` is block `block` of one generation throughout."""
+    if len(data) != BLOCK:
+        return f"{len(data)} bytes"
+    b, gen = struct.unpack_from("<QQ", data, 0)
+    if b != block:
+        return f"block number {b}"
+    if data != block_data(block, gen):
+        gens = {struct.unpack_from("<QQ", data, i)[1] for i in range(0, BLOCK, 4096)}
+        return f"generations {sorted(gens)[:6]}"
+    return None
+
+
+def file_ops(name: str):
+    return [rc.op_putrootfh(), rc.op_lookup(name)]
+
+
+def test_large_cached_reads_are_lent_and_never_torn_by_writes(sluice_factory):
+    srv = sluice_factory(metrics=True, root_squash=False)
+    (srv.export / "lent.dat").write_bytes(b"".join(block_data(b, 0) for b in range(BLOCKS)))
+    stop = threading.Event()
+    deadline = time.monotonic() + SECONDS
+    counts = {"reads": 0, "writes": 0}
+    bad: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def writer(seed: int):
+        try:
+            with Conn(srv.port, timeout=30) as c:
+                s = Session(c)
+                gen = seed
+                while not stop.is_set():
+                    gen += 2
+                    b = gen % BLOCKS
+                    r = s.compound(file_ops("lent.dat") + [rc.op_write(b * BLOCK, block_data(b, gen))])
+                    expect_ok(r, "WRITE")
+                    with lock:
+                        counts["writes"] += 1
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+            stop.set()
+
+    def reader(seed: int):
+        try:
+            with Conn(srv.port, timeout=30) as c:
+                s = Session(c)
+                i = seed
+                while not stop.is_set():
+                    i += 1
+                    b = i % BLOCKS
+                    r = s.compound(file_ops("lent.dat") + [rc.op_read(b * BLOCK, BLOCK)])
+                    expect_ok(r, "READ")
+                    why = torn(r[3].data, b)
+                    with lock:
+                        counts["reads"] += 1
+                        if why:
+                            bad.append(f"block {b}: {why}")
+                        if counts["reads"] >= READS or time.monotonic() > deadline:
+                            stop.set()
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
+    threads += [threading.Thread(target=reader, args=(r * 7,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=SECONDS + 60)
+    assert not errors, errors
+    lent = srv.counter("sluice_read_lent_bytes")
+    print(f"{counts['reads']} READs of 256 KiB, {counts['writes']} WRITEs; "
+          f"{lent / BLOCK:.0f} blocks lent, {len(bad)} torn")
+    assert not bad, bad[:10]
+    assert counts["reads"] >= 500 and counts["writes"] >= 200, counts
+    # Most READs were lent (the rest met a WRITE waiting for their range,
+    # and were copied under their lock as before).
+    assert lent >= BLOCK * counts["reads"] // 4, (lent, counts)
+
+
+def test_a_reply_waiting_for_a_slow_client_lets_writes_through(sluice_factory):
+    srv = sluice_factory(metrics=True, root_squash=False)
+    # 16 MiB of replies: more than loopback sockets hold (about 4 MiB).
+    blocks = 64
+    (srv.export / "slow.dat").write_bytes(b"".join(block_data(b, 0) for b in range(blocks)))
+    with Conn(srv.port, timeout=30) as slow, Conn(srv.port, timeout=30) as other:
+        s = Session(slow, slots=blocks)
+        # 64 READs of 256 KiB at once, none of whose replies is read:
+        # they fill the socket, and the rest wait in the server.
+        xids = []
+        for b in range(blocks):
+            xid = rc.next_xid()
+            ops = [s.seq_op(slot=b)] + file_ops("slow.dat") + [rc.op_read(b * BLOCK, BLOCK)]
+            slow.send_record(rc.call_header(xid, proc=rc.PROC_COMPOUND) + rc.compound_args(ops))
+            xids.append(xid)
+        assert srv.wait_counter("sluice_read_lent_settled_bytes", BLOCK, deadline=20), \
+            "no lent reply was copied while the client did not read"
+        # A WRITE to every block goes through while those replies wait.
+        o = Session(other)
+        for b in range(blocks):
+            expect_ok(o.compound(file_ops("slow.dat") + [rc.op_write(b * BLOCK, block_data(b, 1))]),
+                      "WRITE while replies wait")
+        # Now the slow client reads its replies: each block whole, of one
+        # generation (those answered before the WRITEs: the old one).
+        gens = []
+        for b, xid in enumerate(xids):
+            r = slow.wait_for(xid)
+            reply = rc.CompoundReply(r.body)
+            expect_ok(reply, "READ")
+            data = reply[3].data
+            assert torn(data, b) is None, (b, torn(data, b))
+            gens.append(struct.unpack_from("<QQ", data, 0)[1])
+        assert 0 in gens, gens
