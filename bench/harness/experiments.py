@@ -61,6 +61,9 @@ BASELINE = "sluice-base"
 # The servers a run can start; the variants of the others are left out.
 SERVERS = ["sluice", RA_OFF, HOLE_4K, BASELINE, "ganesha"]
 CACHES = ["cold", "warm"]
+# The stream case whose warm-up fills the page cache only (see
+# `_pagecache_variant`).
+PAGECACHE = "seq-1-stream-pagecache"
 
 SEQ_1M = LoadSpec(mode="read", pattern="seq", bs=MiB, inflight=8)
 
@@ -240,6 +243,27 @@ def _loopback(cfg: Config) -> Variant:
     return Variant("local", "iperf3", "loopback_tcp", lambda ctx: clients.loopback_tcp(cfg.size), None, 1.0)
 
 
+def _pagecache_variant(server: str, path: str, spec: LoadSpec, cfg: Config) -> Variant:
+    """One sequential pass over a file that the page cache holds but the
+    server's own read cache does not (the file a client wrote, or a local
+    process read): warmed by emptying the server's own cache and reading
+    the file locally, not over the wire."""
+    v = _load_variant(server, "read", path, spec, cfg)
+
+    def warm(ctx: Context) -> None:
+        ctx.servers[server].drop_caches()
+        ctx.fs.read_through(path.lstrip("/"))
+
+    v.warmup = warm
+    v.warmup_seconds = cfg.pass_seconds(cfg.size)
+    return v
+
+
+def _only_cache(rounds: list[Round], case: str, cache: str) -> list[Round]:
+    """`rounds` without the rounds of `case` in other cache states."""
+    return [r for r in rounds if r.case != case or r.cache == cache]
+
+
 def _only_in(rounds: list[Round], op: str, cache: str) -> list[Round]:
     """`rounds` with the variant of `op` kept in the rounds of `cache` only."""
     for rnd in rounds:
@@ -380,10 +404,11 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
             "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
                              _fio_read(STREAM_FILE, cfg), _loopback(cfg)]
             + [_load_variant(s, "read", path, seq, cfg) for s in three],
+            PAGECACHE: [_loopback(cfg)] + [_pagecache_variant(s, path, seq, cfg) for s in three],
             "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
             "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=seq) for s in three],
         }
-        rounds = _rounds("stream" + V3, cfg, cases, CACHES, cfg.size)
+        rounds = _only_cache(_rounds("stream" + V3, cfg, cases, CACHES, cfg.size), PAGECACHE, "warm")
         return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
     cases = {
         "seq-1-stream": [
@@ -393,6 +418,9 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
             _loopback(cfg),
         ]
         + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in three],
+        # Warm from the page cache alone (in the seq-1-stream warm rounds,
+        # sluice answers from its own read cache, filled by the pass before).
+        PAGECACHE: [_loopback(cfg)] + [_pagecache_variant(s, path, SEQ_1M, cfg) for s in three],
         "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
         # Warm for random reads means the whole file is cached: one
         # sequential READ pass first.
@@ -402,7 +430,7 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
             for s in both
         ],
     }
-    rounds = _rounds("stream", cfg, cases, CACHES, cfg.size)
+    rounds = _only_cache(_rounds("stream", cfg, cases, CACHES, cfg.size), PAGECACHE, "warm")
     return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
 
 

@@ -225,7 +225,7 @@ def file_systems(results: dict, experiment: str) -> list[str]:
 
 # --- markdown -----------------------------------------------------------------
 
-STREAM_CASES = ["seq-1-stream", "seq-4-streams", "random-8k", "nfs-rs-seq-1-stream"]
+STREAM_CASES = ["seq-1-stream", "seq-1-stream-pagecache", "seq-4-streams", "random-8k", "nfs-rs-seq-1-stream"]
 MIX_CASES = [("randrw-50", SLUICE_MIX, GANESHA_MIX), ("randread-only", SLUICE_READ, GANESHA_READ)]
 WRITE_CASES = ["seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable", "random-8k-unstable"]
 
@@ -517,8 +517,10 @@ SECTIONS = [
     (
         "stream",
         "### stream: streaming and random reads against the device limit",
-        "`seq-1-stream`: one sequential pass, 1 MiB requests, 8 in flight; `seq-4-streams`: four "
-        "connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
+        "`seq-1-stream`: one sequential pass, 1 MiB requests, 8 in flight (warm: after one such pass, so "
+        "sluice answers from its own read cache); `seq-1-stream-pagecache` (warm only): the same pass over "
+        "the file in the page cache alone (each server's own cache emptied, the file read locally); "
+        "`seq-4-streams`: four connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
         "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
         "file (NFSv4.1, up to 8 reads in flight). Limit: for cold rounds the best direct read of the "
         "file on the server's file system by fio (io_uring, 1 MiB requests from huge-page buffers, the "

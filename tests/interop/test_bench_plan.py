@@ -64,3 +64,44 @@ def test_v3_experiments_measure_and_warm_up_over_nfsv3():
                     assert v.server == "local", (exp, rnd.case, v.server, v.client)
         for rnd in v4:
             assert all(v.spec.proto == "v4" for v in rnd.variants if v.spec), (exp, rnd.case)
+
+
+def test_the_page_cache_stream_is_warm_only_and_warms_without_the_wire():
+    """seq-1-stream-pagecache: warm rounds only, next to the loopback
+    ceiling, each server's pass warmed by emptying that server's own cache
+    and reading the file locally (not by a pass over the wire)."""
+
+    class Fs:
+        def __init__(self):
+            self.read = []
+
+        def read_through(self, name):
+            self.read.append(name)
+
+    class Srv:
+        def __init__(self):
+            self.dropped = 0
+
+        def drop_caches(self):
+            self.dropped += 1
+
+    class Ctx:
+        def __init__(self, servers):
+            self.fs = Fs()
+            self.servers = {s: Srv() for s in servers}
+
+    servers = ["sluice", experiments.BASELINE, "ganesha"]
+    for exp in ("stream", "stream-v3"):
+        rounds = [r for r in experiments.plan(exp, config(3), servers) if r.case == experiments.PAGECACHE]
+        assert len(rounds) == 3 and {r.cache for r in rounds} == {"warm"}, exp
+        for rnd in rounds:
+            assert [v.op for v in rnd.variants if v.server == "local"] == ["loopback_tcp"]
+            for v in rnd.variants:
+                if v.server == "local":
+                    continue
+                ctx = Ctx(servers)
+                v.warmup(ctx)
+                assert ctx.fs.read == [experiments.STREAM_FILE]
+                assert {s: c.dropped for s, c in ctx.servers.items()} == {
+                    s: int(s == v.server) for s in servers
+                }
