@@ -479,12 +479,14 @@ impl Readahead {
 
     /// Forgets one stream of `file` (its open was closed).
     pub fn forget_stream(&self, file: FileId, stream: u64) {
-        let removed = {
+        let (removed, _fd, _map) = {
             let mut t = self.lock();
-            t.direct_fds.remove(&(file, stream));
-            t.maps.remove(&(file, stream));
-            t.streams.remove(&(file, stream))
+            let fd = t.direct_fds.remove(&(file, stream));
+            let map = t.maps.remove(&(file, stream));
+            (t.streams.remove(&(file, stream)), fd, map)
         };
+        // (The descriptor is closed and the mapping unmapped once the
+        // table is let go of.)
         if let Some(v) = removed {
             let unused: u64 = v.iter().map(Reader::unused).sum();
             self.stats.wasted_bytes.fetch_add(unused, Ordering::Relaxed);
@@ -532,10 +534,16 @@ impl Readahead {
             return Ok(m);
         }
         let kept = t.maps.entry((file, stream)).or_insert_with(|| m.clone());
-        if kept.len() < end {
-            *kept = m;
-        }
-        Ok(kept.clone())
+        let old = if kept.len() < end {
+            Some(std::mem::replace(kept, m))
+        } else {
+            None
+        };
+        let kept = kept.clone();
+        drop(t);
+        // Unmapped (when nothing else holds it) outside the table's lock.
+        drop(old);
+        Ok(kept)
     }
 
     /// The O_DIRECT descriptor stream `stream` of `file` reads through,

@@ -475,6 +475,38 @@ mod tests {
     }
 
     #[test]
+    fn lent_buffers_are_always_spliced_and_stay_marked() {
+        let mut e = Encoder::new();
+        e.u32(7);
+        // Even a few bytes lent are spliced, never copied in.
+        e.opaque_lent(Bytes::from_static(b"abc"));
+        e.opaque_shared(Bytes::from(vec![5u8; SHARE_MIN]));
+        assert!(e.has_lent());
+        let mut outer = Encoder::new();
+        outer.u32(1);
+        outer.append(e.clone());
+        assert!(outer.has_lent(), "append keeps the mark");
+        let marked = outer.clone().into_marked_parts();
+        let lent: Vec<_> = marked
+            .iter()
+            .filter(|(_, l)| *l)
+            .map(|(b, _)| b.clone())
+            .collect();
+        assert_eq!(lent, [Bytes::from_static(b"abc")]);
+        assert_eq!(marked.iter().filter(|(_, l)| !*l).count(), 3);
+        // The same bytes as the plain parts, in the same order.
+        let flat: Vec<u8> = marked.iter().flat_map(|(b, _)| b.to_vec()).collect();
+        assert_eq!(flat, outer.to_vec());
+        let mut want = vec![0, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 3];
+        want.extend_from_slice(b"abc\0");
+        assert_eq!(&flat[..16], &want[..]);
+        // Truncating before it drops the mark with the buffer.
+        outer.truncate(8);
+        assert!(!outer.has_lent());
+        assert!(!Encoder::new().has_lent());
+    }
+
+    #[test]
     fn spliced_buffers_keep_positions() {
         let big = Bytes::from(vec![7u8; SHARE_MIN + 3]);
         let mut e = Encoder::new();
