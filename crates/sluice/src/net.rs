@@ -363,6 +363,7 @@ async fn connection(
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
     let outbox = Arc::new(Outbox::new(wr));
     let writer = tokio::spawn(outbox.clone().run());
+    let backlog = outbox.backlog.clone();
     // Calls to the client over this connection (the back channel of the
     // sessions it is bound to); their replies come in with the calls.
     let cb = {
@@ -372,6 +373,7 @@ async fn connection(
     if let Some(ip) = local {
         cb.set_local(ip);
     }
+    cb.set_backlog(backlog);
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
     let mut asm = RecordAssembler::new(MAX_RECORD);
@@ -536,6 +538,10 @@ struct Outbox {
     wr: tokio::net::tcp::OwnedWriteHalf,
     queue: std::sync::Mutex<Queue>,
     wake: tokio::sync::Notify,
+    /// Set while replies wait for room in the socket (the queue's
+    /// `draining`, for readers outside its lock: READs lend no file data
+    /// meanwhile, see `Server::may_lend`).
+    backlog: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Outbox {
@@ -544,6 +550,7 @@ impl Outbox {
             wr,
             queue: Default::default(),
             wake: tokio::sync::Notify::new(),
+            backlog: Default::default(),
         }
     }
 
@@ -608,6 +615,8 @@ impl Outbox {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 q.draining = true;
+                self.backlog
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 for r in &mut q.replies {
                     r.settle();
                 }
@@ -671,7 +680,11 @@ impl Outbox {
             let ready = self.wr.writable().await;
             let mut q = self.lock();
             match ready.and_then(|()| self.drain(&mut q)) {
-                Ok(()) => q.draining = false,
+                Ok(()) => {
+                    q.draining = false;
+                    self.backlog
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => self.fail(&mut q, e),
             }
@@ -854,13 +867,16 @@ mod tests {
     /// Replies sent from many threads at once, most of them while the
     /// peer is not reading (so the socket fills and the writer task
     /// takes over), arrive whole, each record uninterrupted, with their
-    /// slots and memory given back once written.
+    /// slots and memory given back once written. Lent data among them is
+    /// copied while it waits, and the connection says it is backlogged
+    /// until the queue is written.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn replies_from_many_workers_arrive_whole() {
         let (client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
         let writer = tokio::spawn(outbox.clone().run());
+        let settled = crate::engine::mapped::settled_bytes();
         const THREADS: usize = 8;
         const EACH: usize = 40;
         let slots = Arc::new(Semaphore::new(THREADS * EACH));
@@ -874,7 +890,12 @@ mod tests {
                     let len = (t * 7919 + i * 104_729) % 300_000 + 4;
                     let mut e = Encoder::new();
                     e.u32((t * EACH + i) as u32);
-                    e.opaque_shared(Bytes::from(vec![(t * EACH + i) as u8; len]));
+                    let data = Bytes::from(vec![(t * EACH + i) as u8; len]);
+                    if i % 2 == 0 {
+                        e.opaque_lent(data);
+                    } else {
+                        e.opaque_shared(data);
+                    }
                     let held = Held(
                         memory.clone().try_acquire_owned().unwrap(),
                         slots.clone().try_acquire_owned().unwrap(),
@@ -887,6 +908,11 @@ mod tests {
             s.join().unwrap();
         }
         // Now read everything: the queue was left for the writer task.
+        assert!(outbox.backlog.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(
+            crate::engine::mapped::settled_bytes() > settled,
+            "no lent data was copied"
+        );
         let mut seen = vec![false; THREADS * EACH];
         let mut rd = client;
         for _ in 0..THREADS * EACH {
@@ -908,6 +934,7 @@ mod tests {
         }
         outbox.close();
         writer.await.unwrap();
+        assert!(!outbox.backlog.load(std::sync::atomic::Ordering::Relaxed));
         assert_eq!(slots.available_permits(), THREADS * EACH);
         assert_eq!(memory.available_permits(), THREADS * EACH);
         assert!(!outbox.failed());

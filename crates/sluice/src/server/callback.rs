@@ -66,6 +66,8 @@ pub struct CbConn {
     /// This server's address on the connection (what the portmapper on
     /// the NFS port tells callers).
     local: std::sync::OnceLock<std::net::IpAddr>,
+    /// Set while replies wait for room in the connection's socket.
+    backlog: std::sync::OnceLock<Arc<AtomicBool>>,
 }
 
 impl std::fmt::Debug for CbConn {
@@ -92,7 +94,21 @@ impl CbConn {
             after_reply: Mutex::new(Vec::new()),
             queued: AtomicBool::new(false),
             local: std::sync::OnceLock::new(),
+            backlog: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Shares the flag the connection's sending side sets while replies
+    /// wait for room in its socket.
+    pub fn set_backlog(&self, flag: Arc<AtomicBool>) {
+        let _ = self.backlog.set(flag);
+    }
+
+    /// Whether replies wait for room in the connection's socket now.
+    pub fn backlogged(&self) -> bool {
+        self.backlog
+            .get()
+            .is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
     /// Records this server's address on the connection.

@@ -457,7 +457,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
             cur_stat: None,
-            lend: !*cachethis,
+            lend: !*cachethis && super::may_lend(args.conn.as_ref()),
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
         let _ = d.skip(*next);

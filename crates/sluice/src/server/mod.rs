@@ -335,17 +335,25 @@ impl Server {
         match (call.prog, call.vers) {
             (rpc::NFS_PROGRAM, 4) => {}
             (rpc::NFS_PROGRAM, 3) => {
+                let lend = may_lend(conn);
                 if !nfs3::may_try(call.proc_) {
                     return Call::Paused(Paused {
                         xid,
-                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer),
+                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer, lend),
                     });
                 }
                 let _nowait = context::NoWaitGuard::new();
-                return match nfs3::call(self, call.proc_, &record[args_at..], &call.cred, peer) {
+                return match nfs3::call(
+                    self,
+                    call.proc_,
+                    &record[args_at..],
+                    &call.cred,
+                    peer,
+                    lend,
+                ) {
                     nfs3::Done3::WouldBlock => Call::Paused(Paused {
                         xid,
-                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer),
+                        rest: Rest::V3(record, call.proc_, args_at, call.cred, peer, lend),
                     }),
                     done => Call::Done(v3_reply(xid, done)),
                 };
@@ -461,7 +469,9 @@ enum Rest {
     /// An NFSv3 call not yet run (or that stopped to wait and changed
     /// nothing): the record, procedure, where the arguments start, and
     /// the caller.
-    V3(Vec<u8>, u32, usize, Cred, Option<IpAddr>),
+    /// An NFSv3 call, and whether its READ may lend file data (see
+    /// [`may_lend`]).
+    V3(Vec<u8>, u32, usize, Cred, Option<IpAddr>, bool),
     /// A MOUNT call: the record, version, procedure, where the arguments
     /// start, and the caller's address.
     Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
@@ -494,10 +504,12 @@ impl Paused {
                     rest: Rest::Compound(rest),
                 }),
             },
-            Rest::V3(record, proc_, at, cred, peer) if nfs3::quick(srv, proc_, &record[at..]) => {
+            Rest::V3(record, proc_, at, cred, peer, lend)
+                if nfs3::quick(srv, proc_, &record[at..]) =>
+            {
                 Call::Done(v3_reply(
                     xid,
-                    nfs3::call(srv, proc_, &record[at..], &cred, peer),
+                    nfs3::call(srv, proc_, &record[at..], &cred, peer, lend),
                 ))
             }
             rest => Call::Paused(Paused { xid, rest }),
@@ -510,9 +522,10 @@ impl Paused {
         let xid = self.xid;
         match self.rest {
             Rest::Compound(rest) => compound_reply(xid, rest.resume(srv)),
-            Rest::V3(record, proc_, at, cred, peer) => {
-                v3_reply(xid, nfs3::call(srv, proc_, &record[at..], &cred, peer))
-            }
+            Rest::V3(record, proc_, at, cred, peer, lend) => v3_reply(
+                xid,
+                nfs3::call(srv, proc_, &record[at..], &cred, peer, lend),
+            ),
             Rest::Lock(record, prog, proc_, at, cred, peer, local) => {
                 let done = if prog == crate::mount::NLM_PROGRAM {
                     nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local)
@@ -552,6 +565,14 @@ impl Paused {
 }
 
 /// The reply record of an NFSv3 call.
+/// Whether a READ on connection `conn` may lend file data from a mapping
+/// (`sluice_engine::mapped`): not while replies wait for room in its
+/// socket, since a reply that waits is copied anyway, and lending and then
+/// copying costs more than copying once.
+pub(super) fn may_lend(conn: Option<&Arc<callback::CbConn>>) -> bool {
+    !conn.is_some_and(|c| c.backlogged())
+}
+
 fn v3_reply(xid: u32, done: nfs3::Done3) -> Option<Encoder> {
     match done {
         nfs3::Done3::Reply(body) => {

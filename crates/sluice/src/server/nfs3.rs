@@ -53,6 +53,7 @@ pub(super) fn call(
     args: &[u8],
     cred: &Cred,
     peer: Option<IpAddr>,
+    lend: bool,
 ) -> Done3 {
     let mut d = Decoder::new(args);
     let a = match Args3::decode(proc_, &mut d) {
@@ -73,7 +74,7 @@ pub(super) fn call(
         cur_sid: None,
         saved_sid: None,
         cur_stat: None,
-        lend: true,
+        lend,
     };
     let mut e = Encoder::with_capacity(256);
     match run(&mut cx, a, &mut e) {
