@@ -467,9 +467,8 @@ enum Rest {
     /// A COMPOUND, stopped before an op that may wait.
     Compound(compound::Paused),
     /// An NFSv3 call not yet run (or that stopped to wait and changed
-    /// nothing): the record, procedure, where the arguments start, and
-    /// the caller.
-    /// An NFSv3 call, and whether its READ may lend file data (see
+    /// nothing): the record, procedure, where the arguments start, the
+    /// caller, and whether its READ may lend file data (see
     /// [`may_lend`]).
     V3(Vec<u8>, u32, usize, Cred, Option<IpAddr>, bool),
     /// A MOUNT call: the record, version, procedure, where the arguments
@@ -564,7 +563,6 @@ impl Paused {
     }
 }
 
-/// The reply record of an NFSv3 call.
 /// Whether a READ on connection `conn` may lend file data from a mapping
 /// (`sluice_engine::mapped`): not while replies wait for room in its
 /// socket, since a reply that waits is copied anyway, and lending and then
@@ -573,6 +571,7 @@ pub(super) fn may_lend(conn: Option<&Arc<callback::CbConn>>) -> bool {
     !conn.is_some_and(|c| c.backlogged())
 }
 
+/// The reply record of an NFSv3 call.
 fn v3_reply(xid: u32, done: nfs3::Done3) -> Option<Encoder> {
     match done {
         nfs3::Done3::Reply(body) => {

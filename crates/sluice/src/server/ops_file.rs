@@ -437,6 +437,13 @@ fn delegate(
     let Ok((fd, _)) = cx.srv.state.io_state(open, file_key(st)) else {
         return refused(why_no_deleg::RESOURCE);
     };
+    if write {
+        // The kernel grants a write lease only to the one open of the
+        // file: what READs keep open of it for their streams (mappings of
+        // earlier opens, O_DIRECT descriptors) goes first; streams open
+        // it again when they read next.
+        cx.srv.read.readahead.forget_file(file_key(st));
+    }
     let granted = cx.srv.state.grant_deleg(DelegRequest {
         clientid,
         file: file_key(st),
@@ -950,6 +957,12 @@ pub(super) fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encode
         let fh = cx.cur()?.clone();
         let st = stat_of(&fh)?;
         cx.srv.state.delegreturn(&sid, file_key(&st))?;
+        // What its READs kept (a mapping of the file, an O_DIRECT
+        // descriptor) goes with it, as an open's does at CLOSE.
+        cx.srv
+            .read
+            .readahead
+            .forget_stream(file_key(&st), stream_id(&sid));
         // NLM locks that waited for the delegation to come back.
         super::nlm::wake_file(cx.srv, file_key(&st));
         Ok(())

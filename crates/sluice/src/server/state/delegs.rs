@@ -546,11 +546,13 @@ impl StateTable {
         if d.revoked {
             return Err(status::DELEG_REVOKED);
         }
-        inner.delegs.remove(&sid.other);
-        self.publish(&inner);
+        // Counted before the kernel lease goes: a local process that
+        // waited for it sees the return in the metrics once it runs.
         self.counters
             .delegs_returned
             .fetch_add(1, Ordering::Relaxed);
+        inner.delegs.remove(&sid.other);
+        self.publish(&inner);
         Ok(())
     }
 
