@@ -60,42 +60,44 @@ def test_large_cached_reads_are_lent_and_never_torn_by_writes(sluice_factory):
     errors: list[BaseException] = []
     lock = threading.Lock()
 
-    def writer(seed: int):
+    def client(step):
+        """Runs `step(session, n)` for n = 1, 2, ... on a connection of its
+        own until the test stops; an error stops the test."""
         try:
             with Conn(srv.port, timeout=30) as c:
                 s = Session(c)
-                gen = seed
+                n = 0
                 while not stop.is_set():
-                    gen += 2
-                    b = gen % BLOCKS
-                    r = s.compound(file_ops("lent.dat") + [rc.op_write(b * BLOCK, block_data(b, gen))])
-                    expect_ok(r, "WRITE")
-                    with lock:
-                        counts["writes"] += 1
+                    n += 1
+                    step(s, n)
         except BaseException as e:  # reported by the test
             errors.append(e)
             stop.set()
 
+    def writer(seed: int):
+        def step(s: Session, n: int):
+            gen = seed + 2 * n
+            b = gen % BLOCKS
+            expect_ok(s.compound(file_ops("lent.dat") + [rc.op_write(b * BLOCK, block_data(b, gen))]), "WRITE")
+            with lock:
+                counts["writes"] += 1
+
+        client(step)
+
     def reader(seed: int):
-        try:
-            with Conn(srv.port, timeout=30) as c:
-                s = Session(c)
-                i = seed
-                while not stop.is_set():
-                    i += 1
-                    b = i % BLOCKS
-                    r = s.compound(file_ops("lent.dat") + [rc.op_read(b * BLOCK, BLOCK)])
-                    expect_ok(r, "READ")
-                    why = torn(r[3].data, b)
-                    with lock:
-                        counts["reads"] += 1
-                        if why:
-                            bad.append(f"block {b}: {why}")
-                        if counts["reads"] >= READS or time.monotonic() > deadline:
-                            stop.set()
-        except BaseException as e:  # reported by the test
-            errors.append(e)
-            stop.set()
+        def step(s: Session, n: int):
+            b = (seed + n) % BLOCKS
+            r = s.compound(file_ops("lent.dat") + [rc.op_read(b * BLOCK, BLOCK)])
+            expect_ok(r, "READ")
+            why = torn(r[3].data, b)
+            with lock:
+                counts["reads"] += 1
+                if why:
+                    bad.append(f"block {b}: {why}")
+                if counts["reads"] >= READS or time.monotonic() > deadline:
+                    stop.set()
+
+        client(step)
 
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(2)]
     threads += [threading.Thread(target=reader, args=(r * 7,)) for r in range(3)]
