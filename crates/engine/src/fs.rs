@@ -876,19 +876,9 @@ pub const DIRECT_ALIGN: usize = 4096;
 
 /// Whether the byte at `offset` can be read from the page cache without
 /// waiting: its page is there and read in (`cached_fully` also counts
-/// pages still being read in). A one-byte `preadv2(RWF_NOWAIT)`.
+/// pages still being read in): a one-byte [`read_cached`].
 pub fn page_ready(fd: BorrowedFd<'_>, offset: u64) -> bool {
-    if !NOWAIT_WORKS.load(Ordering::Relaxed) || offset > i64::MAX as u64 {
-        return false;
-    }
-    let mut byte = 0u8;
-    let iov = libc::iovec {
-        iov_base: (&mut byte as *mut u8).cast(),
-        iov_len: 1,
-    };
-    // SAFETY: valid fd; the iovec covers one byte of ours.
-    let n = unsafe { libc::preadv2(fd.as_raw_fd(), &iov, 1, offset as i64, libc::RWF_NOWAIT) };
-    n == 1
+    matches!(read_cached(fd, offset, 1), Ok(Some(b)) if b.len() == 1)
 }
 
 /// Whether every page of `len` bytes at `offset` is in the page cache,

@@ -166,14 +166,17 @@ impl ReadPath {
         // cache: a non-blocking read of missing pages would start reading
         // them in, and the data would then come from the disk twice.
         let within = st.size.saturating_sub(r.offset).min(count64);
-        let uncached = within > 0
-            && r.direct
-            && self.readahead.direct_candidate(r.offset, count64)
-            && fs::cached_fully(fd.as_fd(), r.offset, within) == Some(false);
-        let lendable = r.lend
-            && !uncached
-            && self.readahead.config().lend_min > 0
-            && within >= self.readahead.config().lend_min;
+        let direct_candidate = r.direct && self.readahead.direct_candidate(r.offset, count64);
+        let lend_min = self.readahead.config().lend_min;
+        let may_lend = r.lend && lend_min > 0 && within >= lend_min;
+        // Asked once, for both uses.
+        let cached = if within > 0 && (direct_candidate || may_lend) {
+            fs::cached_fully(fd.as_fd(), r.offset, within)
+        } else {
+            None
+        };
+        let uncached = direct_candidate && cached == Some(false);
+        let lendable = may_lend && cached == Some(true);
         if mode == Mode::NoWait {
             if uncached {
                 self.readahead.queued(file, r.stream, fd, r.offset, count64);
@@ -264,16 +267,13 @@ impl ReadPath {
         Ok(Data::own(buf))
     }
 
-    /// Lends the `within` bytes at `r.offset` (all inside the file) from
-    /// a mapping of the file, when the page cache holds them all, read
-    /// in, and no WRITE of the server's waits for them; None otherwise
-    /// (to be copied as usual).
+    /// Lends the `within` bytes at `r.offset` (all inside the file, all
+    /// in the page cache) from a mapping of the file, when they are read
+    /// in and no WRITE of the server's waits for them; None otherwise (to
+    /// be copied as usual).
     fn lend(&self, r: &ReadAt<'_>, within: u64) -> Option<Data> {
         let fd = r.fd.as_fd();
         let end = r.offset + within;
-        if fs::cached_fully(fd, r.offset, within) != Some(true) {
-            return None;
-        }
         // Pages being read in count as cached; readahead reads them in
         // order, so the last one is the one to ask.
         if !fs::page_ready(fd, end - 1) {
