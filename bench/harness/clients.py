@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -173,6 +175,90 @@ def fio_best(path: Path, size: int, write: bool) -> dict:
     best = max(by_depth, key=lambda d: by_depth[d])
     return {"mb_per_s": by_depth[best], "best_depth": int(best), "by_depth": by_depth, "huge_pages": huge,
             "bytes": size}  # fmt: skip
+
+
+_IPERF_INTERVAL = re.compile(r"^\[\s*\d+\]\s+([\d.]+)-([\d.]+)\s+sec\s+[\d.]+ \w+\s+([\d.]+) MBytes/sec")
+
+
+def fio_beside_loopback(path: Path, size: int, depth: int, alone_mb_per_s: float) -> dict:
+    """The device's direct read rate while loopback TCP carries a stream of
+    the same rate, as it must when a cold file is read over the wire: the
+    sender's and the receiver's copies and the loopback's processing take
+    CPU and memory bandwidth from the reads.
+
+    fio (as in `fio_best`, at `depth`) reads `size` bytes while iperf3 sends
+    1 MiB writes paced at a given rate. The rate that both can sustain at
+    once, R, is where fio's rate beside a stream of R is R itself; fio's
+    rate falls as the stream's grows, so starting from the rate fio reaches
+    alone, one step gives a rate at most R (`lower_mb_per_s`) and a second
+    step, beside a stream of that rate, a rate at least R (`mb_per_s`,
+    the figure compared with: a bound from above)."""
+    steps = []
+    rate = alone_mb_per_s
+    for _ in range(2):
+        step = _fio_beside_one(path, size, depth, rate)
+        if "error" in step:
+            return step
+        steps.append(step)
+        rate = step["mb_per_s"]
+    return {"mb_per_s": steps[1]["mb_per_s"], "lower_mb_per_s": steps[0]["mb_per_s"], "depth": depth,
+            "alone_mb_per_s": alone_mb_per_s, "steps": steps, "bytes": size}  # fmt: skip
+
+
+def _fio_beside_one(path: Path, size: int, depth: int, stream_mb_per_s: float) -> dict:
+    port = _free_port()
+    server = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    client = None
+    try:
+        cmd = ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", "600", "-i", "0.1", "-f", "M", "--forceflush",
+               "-l", "1M", "-b", f"{int(stream_mb_per_s * 8)}M"]  # fmt: skip
+        for _ in range(50):  # the server needs a moment to listen
+            client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            first = _first_interval(client)
+            if first is not None:
+                break
+            client.wait()
+            client = None
+            time.sleep(0.1)  # retry interval while iperf3 -s starts
+        if client is None:
+            return {"error": "iperf3 did not start a stream", "command": " ".join(cmd)}
+        # The stream is flowing: iperf3's clock reads first[1] now.
+        origin = time.monotonic() - first[1]
+        huge = int(HUGEPAGES.read_text()) >= 2 * depth + 16
+        fio = ["fio", "--name=limit", f"--filename={path}", "--rw=read", "--bs=1M", f"--size={size}",
+               "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}", "--output-format=json"] + (
+               ["--iomem=shmhuge"] if huge else [])  # fmt: skip
+        start = time.monotonic() - origin
+        p = subprocess.run(fio, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+        end = time.monotonic() - origin
+        client.send_signal(signal.SIGINT)
+        out, _ = client.communicate(timeout=30)
+        try:
+            bw = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]["read"]["bw_bytes"] / 1e6
+        except (ValueError, KeyError, IndexError):
+            return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(fio)}
+        # The stream's rate over the intervals that lie within fio's run.
+        rates = [float(m.group(3)) * 1.048576 for line in out.splitlines() if (m := _IPERF_INTERVAL.match(line))
+                 and float(m.group(1)) >= start and float(m.group(2)) <= end]  # fmt: skip
+        return {"mb_per_s": bw, "stream_target_mb_per_s": stream_mb_per_s,
+                "stream_mb_per_s": statistics.mean(rates) if rates else None, "huge_pages": huge}  # fmt: skip
+    finally:
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            if proc is not None:
+                proc.wait()
+
+
+def _first_interval(client: subprocess.Popen) -> tuple[float, float] | None:
+    """Reads iperf3's output up to its first interval report: (start, end)
+    of that interval in iperf3's clock, or None if it exits first."""
+    assert client.stdout is not None
+    for line in client.stdout:
+        if m := _IPERF_INTERVAL.match(line):
+            return float(m.group(1)), float(m.group(2))
+    return None
 
 
 def loopback_tcp(size: int) -> dict:

@@ -237,6 +237,24 @@ def _fio_read(name: str, cfg: Config) -> Variant:
                    None, len(clients.FIO_DEPTHS) * cfg.pass_seconds(cfg.size))  # fmt: skip
 
 
+def _fio_beside(name: str, cfg: Config) -> Variant:
+    """The device's direct read rate while loopback TCP carries a stream
+    of that rate (see `clients.fio_beside_loopback`), in the cold rounds,
+    after `_fio_read` in the same round: it starts from that figure."""
+
+    def measure(ctx: Context) -> dict:
+        alone = next((r["result"] for r in reversed(ctx.records) if r["op"] == "direct_read_best"
+                      and r["fs"] == ctx.fs.name), None)  # fmt: skip
+        if alone is None or "error" in alone:
+            alone = clients.fio_best(ctx.local(name), cfg.size, False)
+            if "error" in alone:
+                return alone
+        return clients.fio_beside_loopback(ctx.local(name), cfg.size, alone["best_depth"], alone["mb_per_s"])
+
+    return Variant("local", "fio+iperf3", "direct_read_beside_loopback", measure, None,
+                   4 * cfg.pass_seconds(cfg.size) + 2.0)  # fmt: skip
+
+
 def _loopback(cfg: Config) -> Variant:
     """The loopback TCP ceiling for a transfer of the file's size, in the
     warm rounds."""
@@ -262,6 +280,14 @@ def _pagecache_variant(server: str, path: str, spec: LoadSpec, cfg: Config) -> V
 def _only_cache(rounds: list[Round], case: str, cache: str) -> list[Round]:
     """`rounds` without the rounds of `case` in other cache states."""
     return [r for r in rounds if r.case != case or r.cache == cache]
+
+
+def _cold_limits(rounds: list[Round]) -> list[Round]:
+    """The device's limits in the cold rounds only, the loopback's in the
+    warm ones."""
+    for op in ("direct_read_best", "direct_read_beside_loopback"):
+        rounds = _only_in(rounds, op, "cold")
+    return _only_in(rounds, "loopback_tcp", "warm")
 
 
 def _only_in(rounds: list[Round], op: str, cache: str) -> list[Round]:
@@ -402,19 +428,20 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
         # sluice); nfs-rs speaks NFSv4 only.
         cases = {
             "seq-1-stream": [Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
-                             _fio_read(STREAM_FILE, cfg), _loopback(cfg)]
+                             _fio_read(STREAM_FILE, cfg), _fio_beside(STREAM_FILE, cfg), _loopback(cfg)]
             + [_load_variant(s, "read", path, seq, cfg) for s in three],
             PAGECACHE: [_loopback(cfg)] + [_pagecache_variant(s, path, seq, cfg) for s in three],
             "seq-4-streams": [_load_variant(s, "read", path, four, cfg) for s in three],
             "random-8k": [_load_variant(s, "read", path, rand, cfg, warm=seq) for s in three],
         }
         rounds = _only_cache(_rounds("stream" + V3, cfg, cases, CACHES, cfg.size), PAGECACHE, "warm")
-        return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
+        return _cold_limits(rounds)
     cases = {
         "seq-1-stream": [
             Variant("local", "dd", "direct_read", _dd(STREAM_FILE), None, pass_seconds),
             Variant("local", "dd", "buffered_read", _dd(STREAM_FILE, direct=False), None, pass_seconds),
             _fio_read(STREAM_FILE, cfg),
+            _fio_beside(STREAM_FILE, cfg),
             _loopback(cfg),
         ]
         + [_load_variant(s, "read", path, SEQ_1M, cfg) for s in three],
@@ -431,7 +458,7 @@ def plan_stream(cfg: Config, proto: str = "v4") -> list[Round]:
         ],
     }
     rounds = _only_cache(_rounds("stream", cfg, cases, CACHES, cfg.size), PAGECACHE, "warm")
-    return _only_in(_only_in(rounds, "direct_read_best", "cold"), "loopback_tcp", "warm")
+    return _cold_limits(rounds)
 
 
 # --- mix --------------------------------------------------------------------

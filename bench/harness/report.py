@@ -30,6 +30,7 @@ DIRECT_WRITE = ("local", "dd", "direct_write")
 FIO_READ = ("local", "fio", "direct_read_best")
 FIO_WRITE = ("local", "fio", "direct_write_best")
 LOOPBACK = ("local", "iperf3", "loopback_tcp")
+FIO_BESIDE = ("local", "fio+iperf3", "direct_read_beside_loopback")
 SLUICE_WRITE = ("sluice", "sluice-load", "write")
 GANESHA_WRITE = ("ganesha", "sluice-load", "write")
 BUFFERED_READ = ("local", "dd", "buffered_read")
@@ -113,6 +114,8 @@ RATIOS = {
         ("ganesha/direct read", GANESHA_READ, DIRECT_READ, "mb_per_s"),
         ("sluice/best device read", SLUICE_READ, FIO_READ, "mb_per_s"),
         ("ganesha/best device read", GANESHA_READ, FIO_READ, "mb_per_s"),
+        ("sluice/device beside loopback", SLUICE_READ, FIO_BESIDE, "mb_per_s"),
+        ("ganesha/device beside loopback", GANESHA_READ, FIO_BESIDE, "mb_per_s"),
         ("sluice/loopback TCP", SLUICE_READ, LOOPBACK, "mb_per_s"),
         ("ganesha/loopback TCP", GANESHA_READ, LOOPBACK, "mb_per_s"),
     ],
@@ -348,6 +351,7 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
             limit, limit_ratio = (FIO_READ, "sluice/best device read") if cache == "cold" else (
                 LOOPBACK, "sluice/loopback TCP")  # fmt: skip
             has_limit = ix.metric(at, limit) is not None
+            beside = ix.metric(at, FIO_BESIDE) if cache == "cold" else None
             rows.append(
                 [
                     case,
@@ -357,6 +361,8 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
                     ratio_cell(ix.ratio(at, "sluice/ganesha (nfs-rs)" if nfsrs else "sluice/ganesha")),
                     cell(ix.metric(at, limit)) if has_limit else "",
                     ratio_cell(ix.ratio(at, limit_ratio)) if has_limit else "",
+                    cell(beside) if beside else "",
+                    ratio_cell(ix.ratio(at, "sluice/device beside loopback")) if beside else "",
                     cell(ix.metric(at, DIRECT_READ)) if ix.metric(at, DIRECT_READ) else "",
                     ratio_cell(ix.ratio(at, "sluice/direct read")) if ix.metric(at, DIRECT_READ) else "",
                     cell(ix.metric(at, BUFFERED_READ)) if ix.metric(at, BUFFERED_READ) else "",
@@ -367,7 +373,8 @@ def _stream_tables(ix: Index, fs: str, experiment: str = "stream") -> list[str]:
                 ]
             )
     header = ["case", "cache", "sluice MB/s", "ganesha MB/s", "sluice/ganesha",
-              "limit MB/s (cold: fio best direct read; warm: loopback TCP)", "sluice/limit", "direct read MB/s",
+              "limit MB/s (cold: fio best direct read; warm: loopback TCP)", "sluice/limit",
+              "device beside loopback MB/s", "sluice/device beside loopback", "direct read MB/s",
               "sluice/direct", "local buffered MB/s", "sluice readahead off MB/s", "readahead on/off", "sluice disk/asked",
               "ganesha disk/asked"]  # fmt: skip
     return _table(header, rows)
@@ -525,7 +532,10 @@ SECTIONS = [
         "file (NFSv4.1, up to 8 reads in flight). Limit: for cold rounds the best direct read of the "
         "file on the server's file system by fio (io_uring, 1 MiB requests from huge-page buffers, the "
         "best of queue depths 1, 4, 8, 16 and 32), for warm rounds the loopback TCP ceiling (iperf3, "
-        "one stream, the file's size in 1 MiB writes). Direct read: `dd iflag=direct bs=1M` on the server's "
+        "one stream, the file's size in 1 MiB writes). Device beside loopback (cold): fio's direct read at "
+        "its best depth while iperf3 carries a stream paced at fio's rate, twice (the second stream paced at "
+        "the first read's rate): what the device gives while the loopback carries the same bytes, as a cold "
+        "stream over the wire needs, a bound from above. Direct read: `dd iflag=direct bs=1M` on the server's "
         "file system, in the same rounds as `seq-1-stream`; local buffered: the same `dd` without "
         "`iflag=direct` (the kernel's own readahead for a local reader). `sluice readahead off`: a second sluice "
         "with `--readahead-max 0` in the same rounds. Disk/asked (cold only): bytes the server process "

@@ -138,8 +138,17 @@ def test_stream_has_both_servers_the_limit_and_the_independent_client(smoke):
     assert ("seq-1-stream", "warm", "local", "fio", "direct_read_best") not in got
     assert got[("seq-1-stream", "warm", "local", "iperf3", "loopback_tcp")]["bytes"] >= results["config"]["size"]
     assert ("seq-1-stream", "cold", "local", "iperf3", "loopback_tcp") not in got
+    # The device beside a loopback stream (cold only): two fio reads, each
+    # beside a stream paced at the rate before it, starting from fio alone.
+    beside = got[("seq-1-stream", "cold", "local", "fio+iperf3", "direct_read_beside_loopback")]
+    assert beside["depth"] == fio["best_depth"] and beside["alone_mb_per_s"] == fio["mb_per_s"]
+    first, second = beside["steps"]
+    assert first["stream_target_mb_per_s"] == fio["mb_per_s"]
+    assert second["stream_target_mb_per_s"] == first["mb_per_s"] == beside["lower_mb_per_s"]
+    assert beside["mb_per_s"] == second["mb_per_s"] > 0
+    assert ("seq-1-stream", "warm", "local", "fio+iperf3", "direct_read_beside_loopback") not in got
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "stream"}
-    assert {"sluice/best device read", "sluice/loopback TCP"} <= names
+    assert {"sluice/best device read", "sluice/device beside loopback", "sluice/loopback TCP"} <= names
     for case in ("seq-1-stream", "seq-4-streams", "random-8k"):
         for server in ("sluice", "ganesha"):
             for cache in ("cold", "warm"):
