@@ -152,3 +152,82 @@ def test_a_reply_waiting_for_a_slow_client_lets_writes_through(sluice_factory):
             assert torn(data, b) is None, (b, torn(data, b))
             gens.append(struct.unpack_from("<QQ", data, 0)[1])
         assert 0 in gens, gens
+
+
+def test_a_file_truncated_under_lent_reads_does_not_bring_the_server_down(sluice_factory):
+    """A local process truncating the file while READs of it are lent: the
+    pages behind the lent data are gone, so touching them would kill the
+    server (SIGBUS). The server never reads lent memory itself (the
+    socket's copy of a lost page fails, and that connection is dropped;
+    a queued reply's copy reads zeros), so every client keeps being
+    served."""
+    srv = sluice_factory(metrics=True, root_squash=False)
+    path = srv.export / "shrinking.dat"
+    blocks = 16
+    path.write_bytes(b"".join(block_data(b, 0) for b in range(blocks)))
+    stop = threading.Event()
+    deadline = time.monotonic() + SECONDS
+    counts = {"reads": 0, "truncations": 0, "dropped": 0}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def reader(seed: int):
+        n = seed
+        try:
+            while not stop.is_set():
+                try:
+                    with Conn(srv.port, timeout=30) as c:
+                        s = Session(c)
+                        while not stop.is_set():
+                            n += 1
+                            b = n % blocks
+                            r = s.compound(file_ops("shrinking.dat") + [rc.op_read(b * BLOCK, BLOCK)])
+                            expect_ok(r, "READ")
+                            with lock:
+                                counts["reads"] += 1
+                except (ConnectionError, rc.ConnectionClosed):
+                    # The server drops a connection whose lent data was
+                    # lost under it; the client reconnects, as NFS clients do.
+                    with lock:
+                        counts["dropped"] += 1
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+            stop.set()
+
+    def truncater():
+        gen = 0
+        try:
+            while not stop.is_set():
+                gen += 1
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+                    f.write(b"".join(block_data(b, gen) for b in range(blocks)))
+                with lock:
+                    counts["truncations"] += 1
+                    if (counts["truncations"] >= 300 and counts["reads"] >= 2_000) or time.monotonic() > deadline:
+                        stop.set()
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=reader, args=(r * 5,)) for r in range(3)]
+    threads.append(threading.Thread(target=truncater))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=SECONDS + 60)
+    assert not errors, errors
+    assert srv.alive(), "the server died while files under lent READs were truncated"
+    lent = srv.counter("sluice_read_lent_bytes")
+    print(f"{counts['reads']} READs, {counts['truncations']} truncations, {counts['dropped']} connections "
+          f"dropped, {lent / BLOCK:.0f} blocks lent")
+    assert counts["reads"] >= 200 and counts["truncations"] >= 20, counts
+    assert lent > 0, "no READ was lent: the test did not test lending"
+    # Everyone is still served: a new client reads the last contents whole.
+    expected = path.read_bytes()
+    with Conn(srv.port, timeout=30) as c:
+        s = Session(c)
+        for b in range(blocks):
+            r = s.compound(file_ops("shrinking.dat") + [rc.op_read(b * BLOCK, BLOCK)])
+            expect_ok(r, "READ after the truncations")
+            assert r[3].data == expected[b * BLOCK:(b + 1) * BLOCK], b
