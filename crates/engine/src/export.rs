@@ -136,19 +136,21 @@ impl Export {
 
     /// Wire handle for `name` in directory `dir`, which `st` describes
     /// (a stat made between the ticket `fresh` was made from and `fresh`):
-    /// the memo's, or the kernel's, which the memo then keeps.
+    /// `kept`, the memo's (see [`Fresh::get_all`]), or else the kernel's,
+    /// which the memo then keeps.
     pub fn handle_seen(
         &self,
         fresh: &mut Fresh<'_>,
+        kept: Option<Arc<[u8]>>,
         dir: BorrowedFd<'_>,
         name: &CStr,
         st: &Stat,
-    ) -> io::Result<Vec<u8>> {
-        if let Some(wire) = fresh.get(st) {
+    ) -> io::Result<Arc<[u8]>> {
+        if let Some(wire) = kept {
             return Ok(wire);
         }
         let (kind, bytes) = kernel_handle(dir, name)?;
-        let wire = self.key.seal(self.id, kind, &bytes);
+        let wire: Arc<[u8]> = self.key.seal(self.id, kind, &bytes).into();
         fresh.note(st, kind, &bytes, &wire);
         Ok(wire)
     }

@@ -38,7 +38,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 /// Handles kept at most; the memo starts again empty when full.
 const LIMIT: usize = 256 * 1024;
@@ -93,7 +93,7 @@ pub struct HandleMemo {
 #[derive(Debug, Default)]
 struct Inner {
     /// Inode number -> (device, wire handle).
-    kept: HashMap<u64, (u64, Vec<u8>), BuildHasherDefault<InoHasher>>,
+    kept: HashMap<u64, (u64, Arc<[u8]>), BuildHasherDefault<InoHasher>>,
     /// Events read from the group so far.
     events: u64,
     /// The inode numbers of the last [`LOG`] events, the newest last (see
@@ -190,7 +190,7 @@ pub struct Fresh<'a> {
     /// Inodes deleted between the stats' ticket and then: not answered for.
     gone: Gone,
     /// Inode number, device and wire handle of each handle noted.
-    noted: Vec<(u64, u64, Vec<u8>)>,
+    noted: Vec<(u64, u64, Arc<[u8]>)>,
 }
 
 impl HandleMemo {
@@ -386,27 +386,49 @@ impl Fresh<'_> {
     /// the inode `st` describes, asked of the kernel after this was made,
     /// to be kept when this is dropped. Not when its number is not that of
     /// `st` (the name was replaced between the stat and the handle).
-    pub fn note(&mut self, st: &Stat, kind: i32, bytes: &[u8], wire: &[u8]) {
+    pub fn note(&mut self, st: &Stat, kind: i32, bytes: &[u8], wire: &Arc<[u8]>) {
         if self.memo.group.is_some()
             && st.dev == self.memo.dev
             && ino_of(kind, bytes) == Some(st.ino)
         {
-            self.noted.push((st.ino, st.dev, wire.to_vec()));
+            self.noted.push((st.ino, st.dev, wire.clone()));
         }
     }
 
     /// The kept handle of the inode `st` describes (made before the
     /// [`HandleMemo::fresh`] this came from).
-    pub fn get(&self, st: &Stat) -> Option<Vec<u8>> {
-        if st.dev != self.memo.dev || self.gone.has(st.ino) {
-            return None;
-        }
-        let wire = match self.memo.inner.read().ok()?.kept.get(&st.ino) {
-            Some((dev, wire)) if *dev == st.dev => wire.clone(),
-            _ => return None,
+    pub fn get(&self, st: &Stat) -> Option<Arc<[u8]>> {
+        self.get_all([Some(st)]).pop().flatten()
+    }
+
+    /// [`Fresh::get`] for each of a batch of stats (None: none asked),
+    /// under one lock: a listing asks for every entry of a batch.
+    pub fn get_all<'s>(
+        &self,
+        stats: impl IntoIterator<Item = Option<&'s Stat>>,
+    ) -> Vec<Option<Arc<[u8]>>> {
+        let Ok(g) = self.memo.inner.read() else {
+            return stats.into_iter().map(|_| None).collect();
         };
-        self.memo.hits.fetch_add(1, Ordering::Relaxed);
-        Some(wire)
+        let mut hits = 0;
+        let found = stats
+            .into_iter()
+            .map(|st| {
+                let st = st.filter(|st| st.dev == self.memo.dev && !self.gone.has(st.ino))?;
+                match g.kept.get(&st.ino) {
+                    Some((dev, wire)) if *dev == st.dev => {
+                        hits += 1;
+                        Some(wire.clone())
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        drop(g);
+        if hits > 0 {
+            self.memo.hits.fetch_add(hits, Ordering::Relaxed);
+        }
+        found
     }
 }
 
@@ -522,7 +544,7 @@ mod tests {
         let (st, kind, bytes) = seen(dir, name);
         let mut f = m.fresh(t);
         assert_eq!(f.get(&st), None);
-        f.note(&st, kind, &bytes, &bytes);
+        f.note(&st, kind, &bytes, &Arc::from(bytes.as_slice()));
         drop(f);
         st
     }
@@ -531,7 +553,7 @@ mod tests {
     fn found(m: &HandleMemo, dir: &std::fs::File, name: &CStr) -> Option<Vec<u8>> {
         let t = m.ticket();
         let st = fs::stat_at(dir.as_fd(), name).expect("stat");
-        m.fresh(t).get(&st)
+        m.fresh(t).get(&st).map(|w| w.to_vec())
     }
 
     #[test]
@@ -614,8 +636,8 @@ mod tests {
         let (st_a, kind, bytes_a) = seen(&dir, c"a");
         let (st_x, _, bytes_x) = seen(&dir, c"x");
         let mut f = m.fresh(t);
-        f.note(&st_a, kind, &bytes_a, &bytes_a);
-        f.note(&st_x, kind, &bytes_x, &bytes_x);
+        f.note(&st_a, kind, &bytes_a, &Arc::from(bytes_a.as_slice()));
+        f.note(&st_x, kind, &bytes_x, &Arc::from(bytes_x.as_slice()));
         // x is deleted, and another reading of the memo hears of it,
         // before the handles are kept: x's number may be a new inode's
         // by then. a's delete-free handle is kept.
@@ -624,7 +646,7 @@ mod tests {
         drop(f);
         let f = m.fresh(m.ticket());
         assert_eq!(f.get(&st_x), None, "a deleted inode's handle was kept");
-        assert_eq!(f.get(&st_a), Some(bytes_a));
+        assert_eq!(f.get(&st_a).as_deref(), Some(bytes_a.as_slice()));
     }
 
     #[test]
@@ -652,7 +674,7 @@ mod tests {
         let (st_a, _, _) = seen(&dir, c"a");
         let (_, kind, bytes_b) = seen(&dir, c"b");
         let mut f = m.fresh(t);
-        f.note(&st_a, kind, &bytes_b, &bytes_b);
+        f.note(&st_a, kind, &bytes_b, &Arc::from(bytes_b.as_slice()));
         drop(f);
         assert_eq!(m.counts().0, 0, "b's handle kept as a's");
     }
@@ -666,7 +688,7 @@ mod tests {
         ) {
             let m = HandleMemo::off();
             let mut g = Inner::default();
-            g.kept.insert(7, (1, vec![1]));
+            g.kept.insert(7, (1, Arc::from(vec![1u8])));
             m.events_in(&mut g, &buf);
             proptest::prop_assert!(g.events >= u64::from(!buf.is_empty()));
             if buf.len() < META_LEN && !buf.is_empty() {

@@ -1292,11 +1292,21 @@ fn readdir(
             batch.push((ent, dots, st));
         }
         let mut fresh = plus.map(|_| ex.memo().fresh(ticket));
+        let mut kept = match &fresh {
+            Some(f) => f.get_all(
+                batch
+                    .iter()
+                    .map(|(_, dots, st)| st.as_ref().filter(|_| !dots)),
+            ),
+            None => Vec::new(),
+        }
+        .into_iter();
         for (ent, dots, st) in &batch {
             let name = ent.name.as_bytes();
+            let kept = kept.next().flatten();
             let fh = match (&mut fresh, st) {
-                (Some(_), Some(_)) if *dots => Some(dir.wire.clone()),
-                (Some(f), Some(st)) => ex.handle_seen(f, dir.fd.as_fd(), &ent.name, st).ok(),
+                (Some(_), Some(_)) if *dots => Some(dir.wire.as_slice().into()),
+                (Some(f), Some(st)) => ex.handle_seen(f, kept, dir.fd.as_fd(), &ent.name, st).ok(),
                 _ => None,
             };
             let fileid = match st {

@@ -682,9 +682,17 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                 }
             }
             let mut fresh = want_fh.then(|| ex.memo().fresh(ticket));
+            let mut kept = match &fresh {
+                Some(f) => f.get_all(batch.iter().map(|(_, st)| Some(st))),
+                None => Vec::new(),
+            }
+            .into_iter();
             for (ent, st) in &batch {
                 let wire = match &mut fresh {
-                    Some(f) => ex.handle_seen(f, dir.fd.as_fd(), &ent.name, st).ok(),
+                    Some(f) => {
+                        let kept = kept.next().flatten();
+                        ex.handle_seen(f, kept, dir.fd.as_fd(), &ent.name, st).ok()
+                    }
                     None => None,
                 };
                 let fits = listing.add(ent.next, ent.name.as_bytes(), |list, req| {
