@@ -522,4 +522,71 @@ mod tests {
         assert!(v.bool().unwrap(), "xattr_support");
         assert_eq!(v.remaining(), 0);
     }
+
+    /// Every supported attribute is answered on its own and with all the
+    /// others: the bitmap says exactly what the values hold, and
+    /// write-only times and a missing handle are left out of both.
+    #[test]
+    fn every_supported_attribute_is_encoded_and_the_bitmap_matches_the_values() {
+        let st = Stat {
+            mode: libc::S_IFREG | 0o600,
+            size: 5,
+            ino: 9,
+            nlink: 1,
+            ..Default::default()
+        };
+        let fh = [7u8; 30];
+        for minor in 0..=2 {
+            for handle in [None, Some(&fh[..])] {
+                let src = AttrSource {
+                    st: &st,
+                    fh: handle,
+                    fs: None,
+                    fsid: (3, 0),
+                    mounted_on: None,
+                    lease_secs: 90,
+                    max_read: MAX_IO,
+                    max_write: MAX_IO,
+                    minor,
+                };
+                let sup = supported_in(minor);
+                let returned = |n: u32| {
+                    n != attr::TIME_ACCESS_SET
+                        && n != attr::TIME_MODIFY_SET
+                        && (n != attr::FILEHANDLE || handle.is_some())
+                };
+                let mut total = 0;
+                let mut all = [0u32; 3];
+                for n in (0..96).filter(|&n| has(&sup, n)) {
+                    let mut req = [0u32; 3];
+                    set_bit(&mut req, n);
+                    let mut e = Encoder::new();
+                    encode_fattr(&mut e, &req, &src);
+                    let mut d = Decoder::new(e.as_slice());
+                    let bm = d.bitmap(3).unwrap();
+                    let vals = d.opaque(1000).unwrap();
+                    assert_eq!(d.remaining(), 0);
+                    if returned(n) {
+                        assert_eq!(Bitmap4::trimmed(&req).0, bm, "minor {minor} attribute {n}");
+                        assert!(
+                            !vals.is_empty() && vals.len().is_multiple_of(4),
+                            "attribute {n}: {vals:?}"
+                        );
+                        set_bit(&mut all, n);
+                    } else {
+                        assert!(
+                            bm.iter().all(|&w| w == 0) && vals.is_empty(),
+                            "attribute {n}"
+                        );
+                    }
+                    total += vals.len();
+                }
+                let mut e = Encoder::new();
+                encode_fattr(&mut e, &sup, &src);
+                let mut d = Decoder::new(e.as_slice());
+                assert_eq!(d.bitmap(3).unwrap(), Bitmap4::trimmed(&all).0);
+                assert_eq!(d.opaque(100_000).unwrap().len(), total);
+            }
+        }
+    }
 }

@@ -1517,3 +1517,86 @@ fn putfh_then_getattr_answers_the_file_as_it_is() {
     assert_eq!(results.last(), Some(&(op::PUTFH, status::STALE)));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// READDIR of the export's root with `maxcount` and a cookie, asking for
+/// the handle and fileid: the status, and (name, cookie) of each entry
+/// with eof when OK. Nothing may follow the result.
+fn readdir_sized(
+    srv: &Server,
+    sid: &[u8; 16],
+    seq: u32,
+    cookie: u64,
+    maxcount: u32,
+) -> (Nfsstat4, Vec<(String, u64)>, bool) {
+    let a = args(&ReaddirArgs {
+        cookie,
+        verifier: [0; 8],
+        dircount: 0,
+        maxcount,
+        attr_request: Bitmap4::of(&[attr::FILEHANDLE, attr::FILEID]),
+    });
+    let ops = [(op::PUTROOTFH, vec![]), (op::READDIR, a)];
+    let (_, rest) = run_from(srv, sid, seq, None, &ops);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTROOTFH
+    let (opnum, st) = next_result(&mut d);
+    assert_eq!(opnum, op::READDIR);
+    let mut names = Vec::new();
+    let mut eof = false;
+    if st == status::OK {
+        d.array::<8>().unwrap();
+        while d.bool().unwrap() {
+            let next = d.u64().unwrap();
+            names.push((
+                String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap(),
+                next,
+            ));
+            d.bitmap(8).unwrap();
+            let mut v = Decoder::new(d.opaque(4096).unwrap());
+            v.opaque(128).unwrap();
+            v.u64().unwrap();
+            assert_eq!(v.remaining(), 0);
+        }
+        eof = d.bool().unwrap();
+    }
+    assert_eq!(d.remaining(), 0, "bytes after READDIR's result ({st})");
+    (st, names, eof)
+}
+
+#[test]
+fn readdir_fills_the_reply_up_to_maxcount_and_too_small_leaves_nothing_behind() {
+    // A listing cut short by maxcount keeps the entries that fit, and
+    // one with room for none is NFS4ERR_TOOSMALL with nothing of it left
+    // in the reply.
+    let (srv, dir) = server("readdir-sizes");
+    for i in 0..30 {
+        std::fs::write(dir.join(format!("entry-{i:02}")), b"x").unwrap();
+    }
+    let sid = session(&srv);
+    let (st, names, _) = readdir_sized(&srv, &sid, 1, 0, 40);
+    assert_eq!((st, names.len()), (status::TOOSMALL, 0));
+    // Pages of about 4 entries each, each continuing at the last cookie,
+    // list every name once.
+    let (mut cookie, mut seen, mut seq, mut pages) = (0, Vec::new(), 2, 0);
+    loop {
+        let (st, names, eof) = readdir_sized(&srv, &sid, seq, cookie, 400);
+        assert_eq!(st, status::OK);
+        assert!(
+            !names.is_empty() && names.len() < 30,
+            "{} entries",
+            names.len()
+        );
+        cookie = names.last().unwrap().1;
+        seen.extend(names.into_iter().map(|(n, _)| n));
+        seq += 1;
+        pages += 1;
+        if eof {
+            break;
+        }
+    }
+    seen.sort();
+    let want: Vec<String> = (0..30).map(|i| format!("entry-{i:02}")).collect();
+    assert_eq!(seen, want);
+    assert!(pages >= 5, "{pages} pages");
+    let _ = std::fs::remove_dir_all(dir);
+}
