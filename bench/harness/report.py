@@ -753,8 +753,10 @@ DOC_HEAD = """\
 exporting the same directory, on fresh ext4, xfs and btrfs file systems on
 loop devices (`losetup --direct-io=on`), with the machine's own limits
 measured in the same runs: the device's best direct read and write (fio,
-io_uring, huge-page buffers, queue depths 1 to 32, beside `dd`) and the
-loopback TCP ceiling (iperf3). It installs what it needs, sets everything up, runs the
+io_uring, huge-page buffers, queue depths 1 to 32, beside `dd`), the
+device's read while loopback carries a stream of that rate (fio beside
+iperf3: what a cold read over the wire can get) and the loopback TCP
+ceiling (iperf3). It installs what it needs, sets everything up, runs the
 experiments, tears everything down (also on failure or Ctrl-C) and writes
 this page, `results.json` (every raw figure and the environment),
 `results.md` and the plots. Run it as root:
