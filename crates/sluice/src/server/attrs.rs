@@ -373,6 +373,32 @@ mod tests {
     use super::*;
     use crate::nfs4::msg::Bitmap4;
 
+    /// A 77-byte regular file, mode 0640, inode 12.
+    fn regular_file() -> Stat {
+        Stat {
+            mode: libc::S_IFREG | 0o640,
+            size: 77,
+            ino: 12,
+            nlink: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Attributes of `st` as a test export answers them.
+    fn source<'a>(st: &'a Stat, fh: Option<&'a [u8]>, minor: u32) -> AttrSource<'a> {
+        AttrSource {
+            st,
+            fh,
+            fs: None,
+            fsid: (3, 0),
+            mounted_on: None,
+            lease_secs: 90,
+            max_read: MAX_IO,
+            max_write: MAX_IO,
+            minor,
+        }
+    }
+
     fn fattr(bm: &[u32], vals: &[u8]) -> Fattr4 {
         Fattr4 {
             mask: Bitmap4::trimmed(bm),
@@ -437,24 +463,8 @@ mod tests {
 
     #[test]
     fn encodes_requested_attributes_in_order() {
-        let st = Stat {
-            mode: libc::S_IFREG | 0o640,
-            size: 77,
-            ino: 12,
-            nlink: 1,
-            ..Default::default()
-        };
-        let src = AttrSource {
-            st: &st,
-            fh: None,
-            fs: None,
-            fsid: (3, 0),
-            mounted_on: None,
-            lease_secs: 90,
-            max_read: MAX_IO,
-            max_write: MAX_IO,
-            minor: 2,
-        };
+        let st = regular_file();
+        let src = source(&st, None, 2);
         let mut req = [0u32; 3];
         for b in [attr::SIZE, attr::TYPE, attr::MODE, attr::FILEHANDLE] {
             set_bit(&mut req, b);
@@ -486,17 +496,7 @@ mod tests {
             gid: 4_000_000_000,
             ..Default::default()
         };
-        let src = AttrSource {
-            st: &st,
-            fh: None,
-            fs: None,
-            fsid: (3, 0),
-            mounted_on: None,
-            lease_secs: 90,
-            max_read: MAX_IO,
-            max_write: MAX_IO,
-            minor: 2,
-        };
+        let src = source(&st, None, 2);
         let mut req = [0u32; 3];
         for b in [
             attr::XATTR_SUPPORT,
@@ -528,27 +528,11 @@ mod tests {
     /// write-only times and a missing handle are left out of both.
     #[test]
     fn every_supported_attribute_is_encoded_and_the_bitmap_matches_the_values() {
-        let st = Stat {
-            mode: libc::S_IFREG | 0o600,
-            size: 5,
-            ino: 9,
-            nlink: 1,
-            ..Default::default()
-        };
+        let st = regular_file();
         let fh = [7u8; 30];
         for minor in 0..=2 {
             for handle in [None, Some(&fh[..])] {
-                let src = AttrSource {
-                    st: &st,
-                    fh: handle,
-                    fs: None,
-                    fsid: (3, 0),
-                    mounted_on: None,
-                    lease_secs: 90,
-                    max_read: MAX_IO,
-                    max_write: MAX_IO,
-                    minor,
-                };
+                let src = source(&st, handle, minor);
                 let sup = supported_in(minor);
                 let returned = |n: u32| {
                     n != attr::TIME_ACCESS_SET
