@@ -229,3 +229,4 @@ def pytest_configure(config):
     # pytest processes side by side (see there).
     config.addinivalue_line("markers", "guest: boots a Linux guest (tests/vm) to run a real client")
     config.addinivalue_line("markers", "direct: run test_write_durability's server with direct writes (--direct-write-min 256K)")
+    config.addinivalue_line("markers", "behind: run test_write_durability's server with write-behind (--write-behind-min 256K)")

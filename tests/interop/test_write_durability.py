@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -48,16 +49,19 @@ class Disk(LoopMount):
 @pytest.fixture
 def disk_server(sluice_binary, tmp_path, request):
     """The server on an ext4 image; WRITEs go through the page cache
-    (--direct-write-min 0, the default), where the probe can tell UNSTABLE
-    from stable, unless the test is marked `direct` (--direct-write-min
-    256K)."""
+    (--direct-write-min 0, the default) and leave their writeback to the
+    kernel (--write-behind-min 0), where the probe can tell UNSTABLE from
+    stable, unless the test is marked `direct` (--direct-write-min 256K)
+    or `behind` (--write-behind-min 256K, the default)."""
     disk = Disk(tmp_path)
     server = None
     direct = request.node.get_closest_marker("direct") is not None
+    behind = request.node.get_closest_marker("behind") is not None
     try:
         (disk.mnt / "export").mkdir()
         (tmp_path / "state").mkdir()
-        args = ["--grace-time", "0", "--direct-write-min", "256K" if direct else "0"]
+        args = ["--grace-time", "0", "--direct-write-min", "256K" if direct else "0",
+                "--write-behind-min", "256K" if behind else "0"]
         server = SluiceServer(sluice_binary, disk.mnt / "export", tmp_path / "state", args)
         server.start()
         yield disk, server
@@ -139,6 +143,56 @@ def test_large_aligned_writes_go_past_the_page_cache(disk_server):
     data[:CHUNK] = fresh
     assert read_all(c, "direct", len(data)) == bytes(data)
     assert (disk.mnt / "export" / "direct").read_bytes() == bytes(data)
+
+
+@pytest.mark.behind
+def test_large_unstable_writes_start_their_own_writeback(disk_server):
+    """With --write-behind-min 256K (the default), 512 KiB UNSTABLE WRITEs
+    start their writeback as they are answered: the device has them soon
+    after, long before the kernel's own writeback would have written them
+    (30 s; test_commit_puts_unstable_writes_on_the_device shows that
+    without it they are not there), and the COMMIT after them is still
+    answered only once they are all on the device. Small WRITEs leave it
+    to the kernel."""
+    disk, srv = disk_server
+    c = Client(srv.port).establish()
+    small = os.urandom(64 << 10)
+    before = disk.sectors_written()
+    f = open_new(c, "small")
+    for off in range(0, len(small), 8 << 10):
+        r = c.compound([rc.op_putfh(f[1]), rc.op_write(off, small[off:off + (8 << 10)], UNSTABLE, stateid=f[0])])
+        expect_ok(r, "small WRITE")
+    data = os.urandom(8 * MiB)
+    f = open_new(c, "f")
+    verf = write_all(c, f, data, UNSTABLE)
+    deadline = time.monotonic() + 10
+    while (disk.sectors_written() - before) * 512 < len(data):
+        assert time.monotonic() < deadline, (
+            f"{(disk.sectors_written() - before) * 512} of {len(data)} bytes of UNSTABLE WRITEs "
+            "on the device 10 s after they were answered: no writeback was started")
+        time.sleep(0.05)  # polling interval for the device's counter
+    r = c.compound([rc.op_putfh(f[1]), rc.op_commit()])
+    expect_ok(r, "COMMIT")
+    assert r[2].verifier == verf
+    assert (disk.mnt / "export" / "f").read_bytes() == data
+    # The small WRITEs' pages are still dirty: written back by nobody yet.
+    fd = os.open(disk.mnt / "export" / "small", os.O_RDONLY)
+    try:
+        assert dirty_pages(fd) == len(small) // 4096, "8 KiB WRITEs started their writeback"
+    finally:
+        os.close(fd)
+
+
+def dirty_pages(fd: int) -> int:
+    """Dirty page-cache pages of the file open as `fd` (cachestat(2))."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = (ctypes.c_uint64 * 2)(0, 0)  # offset 0, length 0: to the end
+    out = (ctypes.c_uint64 * 5)()  # cache, dirty, writeback, evicted, recently evicted
+    if libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(out), 0) != 0:  # 451: cachestat
+        raise OSError(ctypes.get_errno(), "cachestat")
+    return out[1]
 
 
 def test_commit_puts_unstable_writes_on_the_device(disk_server):

@@ -12,6 +12,7 @@
 //! direct_read_min = "256K"
 //! lend_read_min = "64K"     # cached READs this big sent from a mapping; 0 = never
 //! direct_write_min = "256K"  # default 0: no WRITE past the page cache
+//! write_behind_min = "256K"  # WRITEs this big start their writeback; 0 = never
 //! read_cache = "2G"
 //! inline_quick_ops = 2       # default: the number of CPUs; 0: never
 //! read_plus_min_hole = "32K"
@@ -86,6 +87,8 @@ pub struct ServerSection {
     pub lend_read_min: Option<Size>,
     /// Smallest aligned WRITE written with O_DIRECT.
     pub direct_write_min: Option<Size>,
+    /// Smallest WRITE through the page cache that starts its writeback.
+    pub write_behind_min: Option<Size>,
     /// Memory for data read with O_DIRECT, kept for the next reader.
     pub read_cache: Option<Size>,
     /// Connection threads that may run quick metadata work at once.
@@ -291,6 +294,7 @@ lease_time = 30
 readahead_max = "8M"
 direct_read_min = "1M"
 lend_read_min = "128K"
+write_behind_min = "1M"
 read_cache = "512M"
 require_privileged_port = true
 max_connections = 10
@@ -310,6 +314,7 @@ max_write = "512K"
         assert_eq!(c.server.readahead_max, Some(Size(8 << 20)));
         assert_eq!(c.server.direct_read_min, Some(Size(1 << 20)));
         assert_eq!(c.server.lend_read_min, Some(Size(128 << 10)));
+        assert_eq!(c.server.write_behind_min, Some(Size(1 << 20)));
         assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];

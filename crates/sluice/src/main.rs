@@ -92,6 +92,13 @@ struct ServeCli {
     /// write-mostly streams (backups, ingest); 0 never does [default: 0].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_write_min: Option<u64>,
+    /// WRITEs through the page cache of at least this many bytes
+    /// (suffixes K, M, G) start their own writeback at once, so that the
+    /// COMMIT ending a stream of them waits for its last pieces only, not
+    /// for the whole stream; 0 leaves it to the kernel's writeback
+    /// [default: 256K].
+    #[arg(long, value_parser = sluice::config::parse_size)]
+    write_behind_min: Option<u64>,
     /// How many connection threads may run quick metadata work themselves
     /// at once (creating, renaming and removing names, small page-cache
     /// writes, listing directories) rather than hand it to a request
@@ -299,6 +306,12 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
         .or(srv.direct_write_min.map(|Size(n)| n))
     {
         config.direct_write_min = n;
+    }
+    if let Some(n) = cli
+        .write_behind_min
+        .or(srv.write_behind_min.map(|Size(n)| n))
+    {
+        config.write_behind_min = n;
     }
     if let Some(n) = cli.inline_quick_ops.or(srv.inline_quick_ops) {
         config.quick_inline = n;

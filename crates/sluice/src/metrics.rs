@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 28] = [
+        let counters: [(&str, &str, u64); 29] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -71,6 +71,11 @@ impl Collector for Collect {
                 "sluice_copy_bytes",
                 "Bytes of source ranges copied on the server by COPY (data, and holes kept as holes).",
                 load(&m.copy_bytes),
+            ),
+            (
+                "sluice_write_behind_bytes",
+                "Bytes of WRITEs through the page cache that started their own writeback at once (--write-behind-min), so that a COMMIT has less left to wait for.",
+                load(&m.write_behind_bytes),
             ),
             (
                 "sluice_delegations_granted",

@@ -86,6 +86,11 @@ pub struct Config {
     /// (the default: what is written that way is not in the page cache
     /// for readers that come soon after).
     pub direct_write_min: u64,
+    /// WRITEs through the page cache of at least this many bytes start
+    /// their own writeback at once (`sync_file_range`), so that a
+    /// stream's COMMIT has only its last pieces left to wait for; 0: the
+    /// kernel's writeback decides when.
+    pub write_behind_min: u64,
     /// Connection tasks that may run quick ops themselves at once, rather
     /// than hand them to a worker (see [`inline`]); 0: never.
     pub quick_inline: usize,
@@ -136,6 +141,7 @@ impl Default for Config {
             boot_id: None,
             shared_locks: false,
             direct_write_min: 0,
+            write_behind_min: 256 * 1024,
             quick_inline: 0,
         }
     }

@@ -771,7 +771,19 @@ pub(super) fn write_data(
             r => return r,
         }
     }
-    fs::write_at(fd, data, offset)
+    let n = fs::write_at(fd, data, offset)?;
+    let behind = srv.config.write_behind_min;
+    if behind > 0 && n as u64 >= behind {
+        // Large WRITEs are a stream's: start their writeback now, so that
+        // the COMMIT that ends the stream waits for the last of it only.
+        // Nothing is acknowledged as stable on the strength of this.
+        if fs::start_writeback(fd, offset, n as u64).is_ok() {
+            srv.metrics
+                .write_behind_bytes
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    Ok(n)
 }
 
 /// COMMIT: flushes the file to stable storage.
