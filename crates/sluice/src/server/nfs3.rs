@@ -625,10 +625,10 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
                     let fd = open_io(cx, &fh, &st, true)?;
                     let key = (st.dev, st.ino);
-                    let n = {
+                    let (n, cached) = {
                         let _exclusive =
                             cx.srv.locks.write(key, offset, offset + data.len() as u64);
-                        let n = io3(super::ops_file::write_data(
+                        let written = io3(super::ops_file::write_data(
                             cx.srv,
                             key,
                             fd.as_fd(),
@@ -636,8 +636,11 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                             offset,
                         ));
                         cx.srv.file_changed(key);
-                        n?
+                        written?
                     };
+                    if cached && how == stable::UNSTABLE {
+                        super::ops_file::write_behind(cx.srv, fd.as_fd(), offset, n);
+                    }
                     match how {
                         stable::DATA_SYNC => io3(fs::sync(fd.as_fd(), false))?,
                         stable::FILE_SYNC => io3(fs::sync(fd.as_fd(), true))?,

@@ -723,15 +723,18 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         }
         let (fh, st) = cur_file_to_write(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
-        let n = {
+        let (n, cached) = {
             let _exclusive = cx
                 .srv
                 .locks
                 .write(file_key(&st), offset, offset + data.len() as u64);
-            let n = io(write_data(cx.srv, file_key(&st), fd.as_fd(), data, offset))?;
+            let written = io(write_data(cx.srv, file_key(&st), fd.as_fd(), data, offset))?;
             cx.srv.file_changed(file_key(&st));
-            n
+            written
         };
+        if cached && stable == 0 {
+            write_behind(cx.srv, fd.as_fd(), offset, n);
+        }
         match stable {
             1 => io(fs::sync(fd.as_fd(), false))?,
             2 => io(fs::sync(fd.as_fd(), true))?,
@@ -752,13 +755,15 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 /// everything on file systems without O_DIRECT, through it.
 /// Not while the file has a delegation: the descriptor of its own that
 /// such a write opens would break the delegation's kernel lease.
+/// The bytes written, and whether they went through the page cache (see
+/// [`write_behind`]).
 pub(super) fn write_data(
     srv: &super::Server,
     file: (u64, u64),
     fd: std::os::fd::BorrowedFd<'_>,
     data: &[u8],
     offset: u64,
-) -> std::io::Result<usize> {
+) -> std::io::Result<(usize, bool)> {
     let min = srv.config.direct_write_min;
     if min > 0
         && data.len() as u64 >= min
@@ -768,22 +773,31 @@ pub(super) fn write_data(
     {
         match fs::write_direct_at(fd, data, offset) {
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
-            r => return r,
+            r => return r.map(|n| (n, false)),
         }
     }
-    let n = fs::write_at(fd, data, offset)?;
-    let behind = srv.config.write_behind_min;
-    if behind > 0 && n as u64 >= behind {
-        // Large WRITEs are a stream's: start their writeback now, so that
-        // the COMMIT that ends the stream waits for the last of it only.
-        // Nothing is acknowledged as stable on the strength of this.
-        if fs::start_writeback(fd, offset, n as u64).is_ok() {
-            srv.metrics
-                .write_behind_bytes
-                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        }
+    fs::write_at(fd, data, offset).map(|n| (n, true))
+}
+
+/// After an UNSTABLE WRITE of `n` bytes at `offset` through the page
+/// cache (and outside its range lock, since the device may make this
+/// wait): a large one is a stream's, and starts its writeback now, so
+/// that the COMMIT ending the stream waits for its last pieces only
+/// (`Config::write_behind_min`). Nothing is answered as stable on the
+/// strength of this. (A stable WRITE syncs its data at once anyway; on
+/// xfs, starting its writeback first made a FILE_SYNC stream slower.)
+pub(super) fn write_behind(
+    srv: &super::Server,
+    fd: std::os::fd::BorrowedFd<'_>,
+    offset: u64,
+    n: usize,
+) {
+    let min = srv.config.write_behind_min;
+    if min > 0 && n as u64 >= min && fs::start_writeback(fd, offset, n as u64).is_ok() {
+        srv.metrics
+            .write_behind_bytes
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
-    Ok(n)
 }
 
 /// COMMIT: flushes the file to stable storage.
