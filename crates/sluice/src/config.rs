@@ -12,7 +12,7 @@
 //! direct_read_min = "256K"
 //! lend_read_min = "64K"     # cached READs this big sent from a mapping; 0 = never
 //! direct_write_min = "256K"  # default 0: no WRITE past the page cache
-//! write_behind_min = "256K"  # WRITEs this big start their writeback; 0 = never
+//! write_behind_min = "256K"  # UNSTABLE WRITEs this big start their writeback; 0 = never
 //! read_cache = "2G"
 //! inline_quick_ops = 2       # default: the number of CPUs; 0: never
 //! read_plus_min_hole = "32K"
@@ -87,7 +87,8 @@ pub struct ServerSection {
     pub lend_read_min: Option<Size>,
     /// Smallest aligned WRITE written with O_DIRECT.
     pub direct_write_min: Option<Size>,
-    /// Smallest WRITE through the page cache that starts its writeback.
+    /// Smallest UNSTABLE WRITE through the page cache that starts its
+    /// writeback.
     pub write_behind_min: Option<Size>,
     /// Memory for data read with O_DIRECT, kept for the next reader.
     pub read_cache: Option<Size>,

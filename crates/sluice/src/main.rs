@@ -92,7 +92,7 @@ struct ServeCli {
     /// write-mostly streams (backups, ingest); 0 never does [default: 0].
     #[arg(long, value_parser = sluice::config::parse_size)]
     direct_write_min: Option<u64>,
-    /// WRITEs through the page cache of at least this many bytes
+    /// UNSTABLE WRITEs through the page cache of at least this many bytes
     /// (suffixes K, M, G) start their own writeback at once, so that the
     /// COMMIT ending a stream of them waits for its last pieces only, not
     /// for the whole stream; 0 leaves it to the kernel's writeback

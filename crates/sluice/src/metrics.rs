@@ -74,7 +74,7 @@ impl Collector for Collect {
             ),
             (
                 "sluice_write_behind_bytes",
-                "Bytes of WRITEs through the page cache that started their own writeback at once (--write-behind-min), so that a COMMIT has less left to wait for.",
+                "Bytes of UNSTABLE WRITEs through the page cache that started their own writeback at once (--write-behind-min), so that a COMMIT has less left to wait for.",
                 load(&m.write_behind_bytes),
             ),
             (

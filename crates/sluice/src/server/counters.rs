@@ -51,7 +51,7 @@ pub struct Metrics {
     /// Bytes of source ranges COPY covered on the server (data copied and
     /// holes kept).
     pub copy_bytes: AtomicU64,
-    /// Bytes of WRITEs whose writeback they started themselves (see
+    /// Bytes of UNSTABLE WRITEs whose writeback they started themselves (see
     /// `Config::write_behind_min`).
     pub write_behind_bytes: AtomicU64,
 }

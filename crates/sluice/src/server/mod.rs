@@ -86,8 +86,8 @@ pub struct Config {
     /// (the default: what is written that way is not in the page cache
     /// for readers that come soon after).
     pub direct_write_min: u64,
-    /// WRITEs through the page cache of at least this many bytes start
-    /// their own writeback at once (`sync_file_range`), so that a
+    /// UNSTABLE WRITEs through the page cache of at least this many bytes
+    /// start their own writeback at once (`sync_file_range`), so that a
     /// stream's COMMIT has only its last pieces left to wait for; 0: the
     /// kernel's writeback decides when.
     pub write_behind_min: u64,
