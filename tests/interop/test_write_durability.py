@@ -151,9 +151,9 @@ def test_large_unstable_writes_start_their_own_writeback(disk_server):
     start their writeback as they are answered: the device has them soon
     after, long before the kernel's own writeback would have written them
     (30 s; test_commit_puts_unstable_writes_on_the_device shows that
-    without it they are not there), and the COMMIT after them is still
-    answered only once they are all on the device. Small WRITEs leave it
-    to the kernel."""
+    without it they are not there). The replies still say UNSTABLE, and
+    COMMIT answers with their verifier. Small WRITEs leave writeback to
+    the kernel: their pages stay dirty."""
     disk, srv = disk_server
     c = Client(srv.port).establish()
     small = os.urandom(64 << 10)
