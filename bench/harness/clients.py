@@ -140,6 +140,30 @@ FIO_DEPTHS = (1, 4, 8, 16, 32)
 HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 
+_huge_before: int | None = None
+
+
+def _reserve_huge_pages(depth: int) -> bool:
+    """Raises the huge-page pool to what fio's buffers at `depth` need
+    (2 MiB pages, with room), until `_release_huge_pages`; whether fio may
+    use it (--iomem=shmhuge)."""
+    global _huge_before
+    need = 2 * depth + 16
+    before = int(HUGEPAGES.read_text())
+    _huge_before = before
+    if before < need:
+        HUGEPAGES.write_text(f"{need}\n")
+    return int(HUGEPAGES.read_text()) >= need
+
+
+def _release_huge_pages() -> None:
+    """Gives the pool back its size before `_reserve_huge_pages`."""
+    global _huge_before
+    if _huge_before is not None and int(HUGEPAGES.read_text()) != _huge_before:
+        HUGEPAGES.write_text(f"{_huge_before}\n")
+    _huge_before = None
+
+
 def fio_best(path: Path, size: int, write: bool) -> dict:
     """The best sequential rate of the device through the local file
     system, past the page cache: fio with io_uring, O_DIRECT, 1 MiB
@@ -147,13 +171,9 @@ def fio_best(path: Path, size: int, write: bool) -> dict:
     split into several requests on a loop device), at each queue depth of
     FIO_DEPTHS. `mb_per_s` is the best; `by_depth` every depth's. Writing
     makes a new file, fsynced at the end and removed afterwards."""
-    need = 2 * max(FIO_DEPTHS) + 16  # 2 MiB pages for the buffers, with room
-    before = int(HUGEPAGES.read_text())
     by_depth: dict[str, float] = {}
     try:
-        if before < need:
-            HUGEPAGES.write_text(f"{need}\n")
-        huge = int(HUGEPAGES.read_text()) >= need
+        huge = _reserve_huge_pages(max(FIO_DEPTHS))
         for depth in FIO_DEPTHS:
             if write:
                 path.unlink(missing_ok=True)
@@ -170,8 +190,7 @@ def fio_best(path: Path, size: int, write: bool) -> dict:
     finally:
         if write:
             path.unlink(missing_ok=True)
-        if int(HUGEPAGES.read_text()) != before:
-            HUGEPAGES.write_text(f"{before}\n")
+        _release_huge_pages()
     best = max(by_depth, key=lambda d: by_depth[d])
     return {"mb_per_s": by_depth[best], "best_depth": int(best), "by_depth": by_depth, "huge_pages": huge,
             "bytes": size}  # fmt: skip
@@ -225,7 +244,7 @@ def _fio_beside_one(path: Path, size: int, depth: int, stream_mb_per_s: float) -
             return {"error": "iperf3 did not start a stream", "command": " ".join(cmd)}
         # The stream is flowing: iperf3's clock reads first[1] now.
         origin = time.monotonic() - first[1]
-        huge = int(HUGEPAGES.read_text()) >= 2 * depth + 16
+        huge = _reserve_huge_pages(depth)
         fio = ["fio", "--name=limit", f"--filename={path}", "--rw=read", "--bs=1M", f"--size={size}",
                "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}", "--output-format=json"] + (
                ["--iomem=shmhuge"] if huge else [])  # fmt: skip
@@ -244,6 +263,7 @@ def _fio_beside_one(path: Path, size: int, depth: int, stream_mb_per_s: float) -
         return {"mb_per_s": bw, "stream_target_mb_per_s": stream_mb_per_s,
                 "stream_mb_per_s": statistics.mean(rates) if rates else None, "huge_pages": huge}  # fmt: skip
     finally:
+        _release_huge_pages()
         for proc in (client, server):
             if proc is not None and proc.poll() is None:
                 proc.kill()

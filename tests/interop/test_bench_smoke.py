@@ -146,6 +146,8 @@ def test_stream_has_both_servers_the_limit_and_the_independent_client(smoke):
     assert first["stream_target_mb_per_s"] == fio["mb_per_s"]
     assert second["stream_target_mb_per_s"] == first["mb_per_s"] == beside["lower_mb_per_s"]
     assert beside["mb_per_s"] == second["mb_per_s"] > 0
+    # fio reads into huge pages beside the stream as it did alone.
+    assert first["huge_pages"] == second["huge_pages"] == fio["huge_pages"]
     assert ("seq-1-stream", "warm", "local", "fio+iperf3", "direct_read_beside_loopback") not in got
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "stream"}
     assert {"sluice/best device read", "sluice/device beside loopback", "sluice/loopback TCP"} <= names
