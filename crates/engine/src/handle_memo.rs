@@ -396,7 +396,9 @@ impl Fresh<'_> {
     }
 
     /// The kept handle of the inode `st` describes (made before the
-    /// [`HandleMemo::fresh`] this came from).
+    /// [`HandleMemo::fresh`] this came from); listings ask
+    /// [`Fresh::get_all`] for a batch.
+    #[cfg(test)]
     pub fn get(&self, st: &Stat) -> Option<Arc<[u8]>> {
         self.get_all([Some(st)]).pop().flatten()
     }
