@@ -6,6 +6,7 @@ loopback (the TCP ceiling of a warm read)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -13,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,28 +142,20 @@ FIO_DEPTHS = (1, 4, 8, 16, 32)
 HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 
 
-_huge_before: int | None = None
-
-
-def _reserve_huge_pages(depth: int) -> bool:
-    """Raises the huge-page pool to what fio's buffers at `depth` need
-    (2 MiB pages, with room), until `_release_huge_pages`; whether fio may
-    use it (--iomem=shmhuge)."""
-    global _huge_before
+@contextlib.contextmanager
+def _huge_pages(depth: int) -> Iterator[bool]:
+    """The huge-page pool raised to what fio's buffers at `depth` need (2
+    MiB pages, with room) while the block runs, and given back its size
+    after; yields whether fio may use it (--iomem=shmhuge)."""
     need = 2 * depth + 16
     before = int(HUGEPAGES.read_text())
-    _huge_before = before
-    if before < need:
-        HUGEPAGES.write_text(f"{need}\n")
-    return int(HUGEPAGES.read_text()) >= need
-
-
-def _release_huge_pages() -> None:
-    """Gives the pool back its size before `_reserve_huge_pages`."""
-    global _huge_before
-    if _huge_before is not None and int(HUGEPAGES.read_text()) != _huge_before:
-        HUGEPAGES.write_text(f"{_huge_before}\n")
-    _huge_before = None
+    try:
+        if before < need:
+            HUGEPAGES.write_text(f"{need}\n")
+        yield int(HUGEPAGES.read_text()) >= need
+    finally:
+        if int(HUGEPAGES.read_text()) != before:
+            HUGEPAGES.write_text(f"{before}\n")
 
 
 def fio_best(path: Path, size: int, write: bool) -> dict:
@@ -172,25 +166,24 @@ def fio_best(path: Path, size: int, write: bool) -> dict:
     FIO_DEPTHS. `mb_per_s` is the best; `by_depth` every depth's. Writing
     makes a new file, fsynced at the end and removed afterwards."""
     by_depth: dict[str, float] = {}
-    try:
-        huge = _reserve_huge_pages(max(FIO_DEPTHS))
-        for depth in FIO_DEPTHS:
+    with _huge_pages(max(FIO_DEPTHS)) as huge:
+        try:
+            for depth in FIO_DEPTHS:
+                if write:
+                    path.unlink(missing_ok=True)
+                cmd = ["fio", "--name=limit", f"--filename={path}", f"--rw={'write' if write else 'read'}",
+                       "--bs=1M", f"--size={size}", "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}",
+                       "--output-format=json"] + (["--iomem=shmhuge"] if huge else []) + (
+                       ["--end_fsync=1"] if write else [])  # fmt: skip
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+                try:
+                    job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
+                except (ValueError, KeyError, IndexError):
+                    return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(cmd)}
+                by_depth[str(depth)] = job["write" if write else "read"]["bw_bytes"] / 1e6
+        finally:
             if write:
                 path.unlink(missing_ok=True)
-            cmd = ["fio", "--name=limit", f"--filename={path}", f"--rw={'write' if write else 'read'}",
-                   "--bs=1M", f"--size={size}", "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}",
-                   "--output-format=json"] + (["--iomem=shmhuge"] if huge else []) + (
-                   ["--end_fsync=1"] if write else [])  # fmt: skip
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
-            try:
-                job = json.loads(p.stdout[p.stdout.index("{"):])["jobs"][0]
-            except (ValueError, KeyError, IndexError):
-                return {"error": (p.stderr.strip() or p.stdout.strip())[-1000:], "command": " ".join(cmd)}
-            by_depth[str(depth)] = job["write" if write else "read"]["bw_bytes"] / 1e6
-    finally:
-        if write:
-            path.unlink(missing_ok=True)
-        _release_huge_pages()
     best = max(by_depth, key=lambda d: by_depth[d])
     return {"mb_per_s": by_depth[best], "best_depth": int(best), "by_depth": by_depth, "huge_pages": huge,
             "bytes": size}  # fmt: skip
@@ -244,13 +237,13 @@ def _fio_beside_one(path: Path, size: int, depth: int, stream_mb_per_s: float) -
             return {"error": "iperf3 did not start a stream", "command": " ".join(cmd)}
         # The stream is flowing: iperf3's clock reads first[1] now.
         origin = time.monotonic() - first[1]
-        huge = _reserve_huge_pages(depth)
         fio = ["fio", "--name=limit", f"--filename={path}", "--rw=read", "--bs=1M", f"--size={size}",
-               "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}", "--output-format=json"] + (
-               ["--iomem=shmhuge"] if huge else [])  # fmt: skip
-        start = time.monotonic() - origin
-        p = subprocess.run(fio, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
-        end = time.monotonic() - origin
+               "--ioengine=io_uring", "--direct=1", f"--iodepth={depth}", "--output-format=json"]  # fmt: skip
+        with _huge_pages(depth) as huge:
+            fio += ["--iomem=shmhuge"] if huge else []
+            start = time.monotonic() - origin
+            p = subprocess.run(fio, capture_output=True, text=True, timeout=SEQ_PASS_LIMIT)
+            end = time.monotonic() - origin
         client.send_signal(signal.SIGINT)
         out, _ = client.communicate(timeout=30)
         try:
@@ -263,7 +256,6 @@ def _fio_beside_one(path: Path, size: int, depth: int, stream_mb_per_s: float) -
         return {"mb_per_s": bw, "stream_target_mb_per_s": stream_mb_per_s,
                 "stream_mb_per_s": statistics.mean(rates) if rates else None, "huge_pages": huge}  # fmt: skip
     finally:
-        _release_huge_pages()
         for proc in (client, server):
             if proc is not None and proc.poll() is None:
                 proc.kill()
