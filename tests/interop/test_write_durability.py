@@ -228,7 +228,10 @@ def test_sigterm_puts_unstable_writes_on_the_device(disk_server):
     assert flushed >= len(data), f"{len(data)} bytes of UNSTABLE WRITEs, {flushed} on the device after SIGTERM"
 
 
-def test_acknowledged_data_survives_sigkill(disk_server):
+@pytest.mark.parametrize("writeback", ["kernel", pytest.param("behind", marks=pytest.mark.behind)])
+def test_acknowledged_data_survives_sigkill(disk_server, writeback):
+    """What FILE_SYNC answered and COMMIT acknowledged survives a SIGKILL,
+    with the kernel's writeback and with write-behind."""
     disk, srv = disk_server
     c = Client(srv.port).establish()
     synced, committed = os.urandom(3 * MiB + 17), os.urandom(2 * MiB + 5)
