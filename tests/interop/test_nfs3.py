@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,17 @@ def test_removed_file_handle_is_stale(c, wd):
     expect(c.write(fh, 0, b"zz"), E.STALE, "WRITE to a removed file")
 
 
+def _held_deleted(server) -> list[str]:
+    """Files of `server`'s export that it holds open with no name left."""
+    links = []
+    for fd in Path(f"/proc/{server.proc.pid}/fd").iterdir():
+        try:
+            links.append(os.readlink(fd))
+        except FileNotFoundError:
+            continue
+    return [ln for ln in links if ln.startswith(str(server.export)) and ln.endswith("(deleted)")]
+
+
 def test_remove_and_rename_over_close_the_servers_descriptors_at_once(sluice_only, sluice_server, c, wd):
     """The descriptors NFSv3 CREATE and WRITE keep for a caller's next
     call go with the file's last name: after REMOVE, and after a RENAME
@@ -259,21 +271,32 @@ def test_remove_and_rename_over_close_the_servers_descriptors_at_once(sluice_onl
     for name in ("a", "b", "c"):
         make_file(c, wd, name, b"x" * 4096)
 
-    def deleted():
-        fds = Path(f"/proc/{sluice_server.proc.pid}/fd")
-        links = []
-        for fd in fds.iterdir():
-            try:
-                links.append(os.readlink(fd))
-            except FileNotFoundError:
-                continue
-        return [ln for ln in links if ln.startswith(str(sluice_server.export)) and ln.endswith("(deleted)")]
-
-    assert deleted() == [], "deleted files held before anything was removed"
+    assert _held_deleted(sluice_server) == [], "deleted files held before anything was removed"
     c.must(c.remove(wd, "a"), "REMOVE a")
     c.must(c.rename(wd, "b", wd, "c"), "RENAME b over c")
-    held = deleted()
+    held = _held_deleted(sluice_server)
     assert held == [], f"the server still holds descriptors of deleted files: {held}"
+
+
+def test_files_removed_locally_are_let_go_by_an_idle_server(sluice_only, sluice_server, c, root):
+    """A file read and written over NFSv3 and then removed by a local
+    process: the server's descriptors of it (the handle's, and READ's and
+    WRITE's) would keep its blocks allocated. They are closed within a few
+    seconds although no client sends anything more."""
+    name = unique("local")
+    path = sluice_server.export / name
+    path.write_bytes(b"y" * 65536)
+    fh = c.must(c.lookup(root, name)).fh
+    assert c.must(c.read(fh, 0, 65536)).data == b"y" * 65536
+    c.must(c.write(fh, 0, b"z" * 4096, FILE_SYNC))
+    path.unlink()
+    held = _held_deleted(sluice_server)
+    assert held, "the server held no descriptor of the file: the test shows nothing"
+    end = time.monotonic() + 10
+    while held and time.monotonic() < end:
+        time.sleep(0.1)
+        held = _held_deleted(sluice_server)
+    assert held == [], f"10 s after a local remove, an idle server still holds {held}"
 
 
 def test_removed_directory_handle_is_stale(c, wd):

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 const CACHE_LIMIT: usize = 8192;
 /// How often, at most, the cache is swept of objects removed behind the
 /// server's back (see [`Export::sweep`]).
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One exported directory.
 pub struct Export {
@@ -207,6 +207,15 @@ impl Export {
             return Err(HandleError::Stale);
         }
         let fd = Arc::new(fd);
+        self.sweep_if_due();
+        self.remember(wire, &fd, Some(&st));
+        Ok((fd, full.then_some(st)))
+    }
+
+    /// [`Export::sweep`], unless it ran less than [`SWEEP_EVERY`] ago.
+    /// Runs when a handle is opened, and every second from the server's
+    /// timer, so that an idle server lets go of removed files too.
+    pub fn sweep_if_due(&self) {
         let due = self.last_sweep.lock().is_ok_and(|mut t| {
             let due = t.elapsed() >= SWEEP_EVERY;
             if due {
@@ -217,14 +226,11 @@ impl Export {
         if due {
             self.sweep();
         }
-        self.remember(wire, &fd, Some(&st));
-        Ok((fd, full.then_some(st)))
     }
 
     /// Drops the cached descriptors of objects that have no name left
     /// (removed by a local process, not through the server): a cached
-    /// descriptor would keep a removed file's blocks allocated. Runs at
-    /// most every [`SWEEP_EVERY`], when a handle is opened.
+    /// descriptor would keep a removed file's blocks allocated.
     pub fn sweep(&self) {
         if let Ok(mut c) = self.cache.lock() {
             c.retain(|fd| fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0));

@@ -543,10 +543,21 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
                 let s = srv.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     s.state.expire();
-                    s.v3_files.sweep();
                     sluice::server::nlm::retry_blocked(&s);
                 })
                 .await;
+            }
+        })
+    };
+    let sweeper = {
+        let srv = srv.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(sluice::engine::export::SWEEP_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let s = srv.clone();
+                let _ = tokio::task::spawn_blocking(move || s.sweep_descriptors()).await;
             }
         })
     };
@@ -593,6 +604,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         t.abort();
     }
     expiry.abort();
+    sweeper.abort();
     drop_task.abort();
     if let Some(t) = metrics_task {
         t.abort();

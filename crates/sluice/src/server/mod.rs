@@ -184,6 +184,18 @@ pub struct Server {
 }
 
 impl Server {
+    /// Closes the cached descriptors of files removed behind the server's
+    /// back, and the NFSv3 READ and WRITE descriptors left idle: either
+    /// would keep a removed file's blocks allocated. The server's timer
+    /// calls this every second, so that this happens on an idle server
+    /// too (not only when the next handle is opened).
+    pub fn sweep_descriptors(&self) {
+        for e in self.exports.list() {
+            e.fs.sweep_if_due();
+        }
+        self.v3_files.sweep();
+    }
+
     /// A server for one export at "/" with default rules.
     pub fn new(export: Export, key: HandleKey, config: Config) -> io::Result<Self> {
         Self::with_exports(Exports::single(export, key)?, config)
