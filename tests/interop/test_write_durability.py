@@ -183,6 +183,35 @@ def test_large_unstable_writes_start_their_own_writeback(disk_server):
         os.close(fd)
 
 
+@pytest.mark.behind
+def test_large_unstable_nfs3_writes_start_their_own_writeback(disk_server):
+    """NFSv3 WRITE does the same: 512 KiB UNSTABLE WRITEs are on the
+    device within 10 s of being answered, their replies still say
+    UNSTABLE, and COMMIT answers with their verifier."""
+    import v3client as v
+
+    disk, srv = disk_server
+    target = v.sluice_target(srv)
+    data = os.urandom(8 * MiB)
+    with target.nfs() as c:
+        fh = c.must(c.create(target.root_fh(), "v3")).fh
+        before = disk.sectors_written()
+        verf = None
+        for off in range(0, len(data), CHUNK):
+            r = c.must(c.write(fh, off, data[off:off + CHUNK], v.UNSTABLE), "WRITE")
+            assert (r.count, r.committed) == (CHUNK, v.UNSTABLE), r
+            verf = verf or r.verf
+            assert r.verf == verf, "the write verifier changed without a restart"
+        deadline = time.monotonic() + 10
+        while (disk.sectors_written() - before) * 512 < len(data):
+            assert time.monotonic() < deadline, (
+                f"{(disk.sectors_written() - before) * 512} of {len(data)} bytes of NFSv3 UNSTABLE "
+                "WRITEs on the device 10 s after they were answered: no writeback was started")
+            time.sleep(0.05)  # polling interval for the device's counter
+        assert c.must(c.commit(fh), "COMMIT").verf == verf
+    assert (disk.mnt / "export" / "v3").read_bytes() == data
+
+
 def dirty_pages(fd: int) -> int:
     """Dirty page-cache pages of the file open as `fd` (cachestat(2))."""
     import ctypes
