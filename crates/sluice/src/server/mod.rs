@@ -178,8 +178,6 @@ pub struct Server {
     pub v3_files: nfs3::FileCache,
     /// Which connection tasks may run quick ops themselves.
     pub inline: inline::Inline,
-    /// Takes turns between large WRITEs to one file through the page cache.
-    pub write_gates: ops_file::WriteGates,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -252,7 +250,6 @@ impl Server {
             nlm: nlm::NlmServer::new(config.nsm_portmap),
             v3_files: Default::default(),
             inline: inline::Inline::new(config.quick_inline),
-            write_gates: Default::default(),
             config,
             extents: Default::default(),
             metrics: Default::default(),

@@ -776,51 +776,7 @@ pub(super) fn write_data(
             r => return r.map(|n| (n, false)),
         }
     }
-    let _turn = srv.write_gates.enter(file, data.len());
     fs::write_at(fd, data, offset).map(|n| (n, true))
-}
-
-/// Large writes to one file through the page cache take turns here.
-/// The kernel lets one buffered write into a file at a time (the inode's
-/// lock) and has the others spin while the holder copies: with eight 1
-/// MiB WRITEs of a stream in flight, that spinning took 4-7% of the
-/// server's CPU, and 20-30% when the copy into new page-cache pages was
-/// slow, a core the client and the network needed. Here they sleep
-/// instead. Files share the gates by hash; two files on one gate only
-/// take turns that the kernel would have let run side by side.
-#[derive(Debug)]
-pub struct WriteGates {
-    gates: [std::sync::Mutex<()>; Self::GATES],
-}
-
-impl Default for WriteGates {
-    fn default() -> Self {
-        WriteGates {
-            gates: std::array::from_fn(|_| std::sync::Mutex::new(())),
-        }
-    }
-}
-
-impl WriteGates {
-    const GATES: usize = 64;
-    /// Smaller writes copy too little to wait long for each other.
-    const MIN: usize = 64 << 10;
-
-    /// The turn of a write of `len` bytes to `file`, held until dropped
-    /// (none for small writes).
-    pub fn enter(&self, file: (u64, u64), len: usize) -> Option<std::sync::MutexGuard<'_, ()>> {
-        if len < Self::MIN {
-            return None;
-        }
-        let gate = &self.gates[Self::gate_of(file)];
-        Some(gate.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn gate_of(file: (u64, u64)) -> usize {
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        let h = (file.0 ^ file.1.wrapping_mul(K)).wrapping_mul(K);
-        (h >> 58) as usize % Self::GATES
-    }
 }
 
 /// After an UNSTABLE WRITE of `n` bytes at `offset` through the page
@@ -1037,30 +993,4 @@ pub(super) fn delegreturn(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encode
         super::nlm::wake_file(cx.srv, file_key(&st));
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod gate_tests {
-    use super::WriteGates;
-
-    #[test]
-    fn large_writes_to_a_file_take_turns_and_small_ones_do_not_wait() {
-        let g = WriteGates::default();
-        let f = (2049, 12);
-        let turn = g.enter(f, 1 << 20);
-        assert!(turn.is_some());
-        let gate = &g.gates[WriteGates::gate_of(f)];
-        assert!(
-            gate.try_lock().is_err(),
-            "a second large write would not wait"
-        );
-        assert!(g.enter(f, 8192).is_none(), "an 8 KiB write waits its turn");
-        drop(turn);
-        assert!(gate.try_lock().is_ok());
-        // The files of a directory (consecutive numbers) spread over the gates.
-        let used: std::collections::HashSet<usize> = (0..64)
-            .map(|i| WriteGates::gate_of((2049, 1000 + i)))
-            .collect();
-        assert!(used.len() > 32, "64 files on {} gates", used.len());
-    }
 }
