@@ -231,10 +231,30 @@ impl Export {
     /// Drops the cached descriptors of objects that have no name left
     /// (removed by a local process, not through the server): a cached
     /// descriptor would keep a removed file's blocks allocated.
+    ///
+    /// The descriptors are looked at outside the cache's lock: a stat of
+    /// each of a full cache's 8,000 took 8 ms, a wait for every handle
+    /// resolved meanwhile. Under the lock, only the dead ones go (and
+    /// only if their handle still has the descriptor that was looked at).
     pub fn sweep(&self) {
-        if let Ok(mut c) = self.cache.lock() {
-            c.retain(|fd| fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0));
+        let Ok(kept) = self.cache.lock().map(|c| c.all()) else {
+            return;
+        };
+        let dead: Vec<_> = kept
+            .into_iter()
+            .filter(|(_, fd)| !fs::identity(fd.as_fd()).is_ok_and(|st| st.nlink > 0))
+            .collect();
+        if dead.is_empty() {
+            return;
         }
+        if let Ok(mut c) = self.cache.lock() {
+            for (wire, fd) in &dead {
+                if c.fd(wire).is_some_and(|now| Arc::ptr_eq(&now, fd)) {
+                    c.remove(wire);
+                }
+            }
+        }
+        // The descriptors close here, outside the lock, with `dead`.
     }
 
     /// Handles with a cached descriptor (for tests).
@@ -336,15 +356,12 @@ impl Cache {
         Some(fd)
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&Arc<OwnedFd>) -> bool) {
-        let by_ino = &mut self.by_ino;
-        self.by_wire.retain(|wire, (fd, ino)| {
-            let k = keep(fd);
-            if !k {
-                unindex(by_ino, *ino, wire);
-            }
-            k
-        });
+    /// Every handle and its descriptor.
+    fn all(&self) -> Vec<(Arc<[u8]>, Arc<OwnedFd>)> {
+        self.by_wire
+            .iter()
+            .map(|(wire, (fd, _))| (wire.clone(), fd.clone()))
+            .collect()
     }
 
     fn clear(&mut self) {
