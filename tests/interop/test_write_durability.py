@@ -145,6 +145,17 @@ def test_large_aligned_writes_go_past_the_page_cache(disk_server):
     assert (disk.mnt / "export" / "direct").read_bytes() == bytes(data)
 
 
+def wait_on_device(disk, before: int, n: int, what: str):
+    """Waits until `n` bytes more than `before` sectors were written to
+    `disk`; fails if that takes more than 10 s."""
+    deadline = time.monotonic() + 10
+    while (disk.sectors_written() - before) * 512 < n:
+        assert time.monotonic() < deadline, (
+            f"{(disk.sectors_written() - before) * 512} of {n} bytes of {what} "
+            "on the device 10 s after they were answered: no writeback was started")
+        time.sleep(0.05)  # polling interval for the device's counter
+
+
 @pytest.mark.behind
 def test_large_unstable_writes_start_their_own_writeback(disk_server):
     """With --write-behind-min 256K (the default), 512 KiB UNSTABLE WRITEs
@@ -165,12 +176,7 @@ def test_large_unstable_writes_start_their_own_writeback(disk_server):
     data = os.urandom(8 * MiB)
     f = open_new(c, "f")
     verf = write_all(c, f, data, UNSTABLE)
-    deadline = time.monotonic() + 10
-    while (disk.sectors_written() - before) * 512 < len(data):
-        assert time.monotonic() < deadline, (
-            f"{(disk.sectors_written() - before) * 512} of {len(data)} bytes of UNSTABLE WRITEs "
-            "on the device 10 s after they were answered: no writeback was started")
-        time.sleep(0.05)  # polling interval for the device's counter
+    wait_on_device(disk, before, len(data), "UNSTABLE WRITEs")
     r = c.compound([rc.op_putfh(f[1]), rc.op_commit()])
     expect_ok(r, "COMMIT")
     assert r[2].verifier == verf
@@ -202,12 +208,7 @@ def test_large_unstable_nfs3_writes_start_their_own_writeback(disk_server):
             assert (r.count, r.committed) == (CHUNK, v.UNSTABLE), r
             verf = verf or r.verf
             assert r.verf == verf, "the write verifier changed without a restart"
-        deadline = time.monotonic() + 10
-        while (disk.sectors_written() - before) * 512 < len(data):
-            assert time.monotonic() < deadline, (
-                f"{(disk.sectors_written() - before) * 512} of {len(data)} bytes of NFSv3 UNSTABLE "
-                "WRITEs on the device 10 s after they were answered: no writeback was started")
-            time.sleep(0.05)  # polling interval for the device's counter
+        wait_on_device(disk, before, len(data), "NFSv3 UNSTABLE WRITEs")
         assert c.must(c.commit(fh), "COMMIT").verf == verf
     assert (disk.mnt / "export" / "v3").read_bytes() == data
 
