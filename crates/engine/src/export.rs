@@ -212,10 +212,9 @@ impl Export {
         Ok((fd, full.then_some(st)))
     }
 
-    /// [`Export::sweep`], unless it ran less than [`SWEEP_EVERY`] ago.
-    /// Runs when a handle is opened, and every second from the server's
-    /// timer, so that an idle server lets go of removed files too.
-    pub fn sweep_if_due(&self) {
+    /// [`Export::sweep`], unless it ran less than [`SWEEP_EVERY`] ago:
+    /// when a handle is opened, in case the server's timer is late.
+    fn sweep_if_due(&self) {
         let due = self.last_sweep.lock().is_ok_and(|mut t| {
             let due = t.elapsed() >= SWEEP_EVERY;
             if due {
@@ -226,6 +225,16 @@ impl Export {
         if due {
             self.sweep();
         }
+    }
+
+    /// [`Export::sweep`] now, from the server's timer (every
+    /// [`SWEEP_EVERY`]), so that an idle server lets go of removed files
+    /// too; the sweeps that handle lookups would start wait for the next.
+    pub fn sweep_on_timer(&self) {
+        if let Ok(mut t) = self.last_sweep.lock() {
+            *t = std::time::Instant::now();
+        }
+        self.sweep();
     }
 
     /// Drops the cached descriptors of objects that have no name left

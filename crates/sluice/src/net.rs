@@ -863,6 +863,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn small_bodies_come_out_of_the_read_buffer_exactly() {
+        // Small records arrive together and are read into the buffered
+        // reader at once; each body takes its own bytes and no more.
+        use tokio::io::AsyncWriteExt;
+        let (mut client, server) = socket_pair().await;
+        let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, server);
+        let bodies: Vec<Vec<u8>> = [100usize, 2000, 0, 5, 70_000]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8 + 1; n])
+            .collect();
+        let mut wire = Vec::new();
+        for b in &bodies {
+            wire.extend((b.len() as u32).to_be_bytes());
+            wire.extend(b);
+        }
+        client.write_all(&wire).await.unwrap();
+        for b in &bodies {
+            let mut mark = [0u8; 4];
+            rd.read_exact(&mut mark).await.unwrap();
+            let got = read_body(&mut rd, u32::from_be_bytes(mark) as usize)
+                .await
+                .unwrap();
+            assert_eq!(&got, b);
+        }
+    }
+
+    #[tokio::test]
     async fn connections_watch_for_vanished_peers() {
         let (_c, s) = socket_pair().await;
         assert_eq!(get(&s, libc::SOL_SOCKET, libc::SO_KEEPALIVE), 0);

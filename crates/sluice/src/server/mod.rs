@@ -191,7 +191,7 @@ impl Server {
     /// too (not only when the next handle is opened).
     pub fn sweep_descriptors(&self) {
         for e in self.exports.list() {
-            e.fs.sweep_if_due();
+            e.fs.sweep_on_timer();
         }
         self.v3_files.sweep();
     }

@@ -321,15 +321,23 @@ fn split(key: &FileCacheKey) -> ((u64, u64), Who) {
 }
 
 impl Files {
-    /// Keeps only the descriptors `keep` says yes to.
-    fn retain(&mut self, mut keep: impl FnMut(&Kept) -> bool) {
+    /// Keeps only the descriptors `keep` says yes to, and gives back the
+    /// others, for the caller to close once it has let go of the lock:
+    /// closing a removed file's last descriptor frees its blocks, which
+    /// can take a while for a large file.
+    #[must_use]
+    fn retain(&mut self, mut keep: impl FnMut(&Kept) -> bool) -> Vec<Kept> {
         let mut len = 0;
+        let mut gone = Vec::new();
         self.map.retain(|_, v| {
-            v.retain(&mut keep);
+            let (kept, out): (Vec<Kept>, Vec<Kept>) = v.drain(..).partition(&mut keep);
+            *v = kept;
+            gone.extend(out);
             len += v.len();
             !v.is_empty()
         });
         self.len = len;
+        gone
     }
 }
 
@@ -358,12 +366,15 @@ impl FileCache {
 
     fn put(&self, key: FileCacheKey, fd: Arc<OwnedFd>) {
         let now = std::time::Instant::now();
+        // Declared before the lock's guard, so dropped after it: what is
+        // closed here is closed outside the lock (see `Files::retain`).
+        let mut gone = Vec::new();
         let mut f = self.lock();
         let due = f
             .swept
             .is_none_or(|at| now.saturating_duration_since(at) >= Self::SWEEP_EVERY);
         if f.len >= Self::MAX / 2 && due {
-            f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
+            gone = f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
             f.swept = Some(now);
         }
         if f.len >= Self::MAX {
@@ -375,7 +386,7 @@ impl FileCache {
             let mid = used.len() / 2;
             let (_, cut, _) = used.select_nth_unstable(mid);
             let cut = *cut;
-            f.retain(|k| k.used > cut);
+            gone.extend(f.retain(|k| k.used > cut));
         }
         let (file, who) = split(&key);
         let kept = f.map.entry(file).or_default();
@@ -388,18 +399,25 @@ impl FileCache {
 
     /// Closes the descriptors of `file` (removed, or renamed over).
     pub fn forget(&self, file: (u64, u64)) {
-        let mut f = self.lock();
-        if let Some(v) = f.map.remove(&file) {
-            f.len -= v.len();
-        }
+        let gone = {
+            let mut f = self.lock();
+            let gone = f.map.remove(&file);
+            f.len -= gone.as_ref().map_or(0, Vec::len);
+            gone
+        };
+        // Closed here, outside the lock (see `Files::retain`).
+        drop(gone);
     }
 
     /// Closes the descriptors unused for [`FileCache::IDLE`].
     pub fn sweep(&self) {
         let now = std::time::Instant::now();
-        let mut f = self.lock();
-        f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
-        f.swept = Some(now);
+        let gone = {
+            let mut f = self.lock();
+            f.swept = Some(now);
+            f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE)
+        };
+        drop(gone);
     }
 
     /// Descriptors held.
