@@ -658,26 +658,33 @@ mod tests {
         // delete, a new file takes x's number and that listing keeps the
         // new file's handle. The first listing must not give x's entry
         // the new file's handle.
-        let (d, dir, m) = watched("reuse", &["x"]);
-        let t = m.ticket();
-        let (st_x, _, _) = seen(&dir, c"x");
-        std::fs::remove_file(d.0.join("x")).unwrap();
-        m.fresh(m.ticket());
+        let (d, dir, m) = watched("reuse", &[]);
         // ext4 gives a freed number to the next file created, but tests
-        // running beside this one may create the next file: create files
-        // until one gets x's number (those before it keep theirs).
-        let y = (0..1000)
-            .map(|i| std::ffi::CString::new(format!("y{i}")).unwrap())
-            .find(|y| {
-                let p = d.0.join(y.to_str().unwrap());
-                std::fs::write(&p, b"y").unwrap();
-                std::fs::metadata(&p).unwrap().ino() == st_x.ino
-            })
-            .expect("x's inode number given again within 1000 new files");
-        let st_y = keep(&m, &dir, &y);
-        assert_eq!(st_y.ino, st_x.ino);
-        assert!(found(&m, &dir, &y).is_some());
-        assert_eq!(m.fresh(t).get(&st_x), None, "x listed with y's handle");
+        // running beside this one may create the next file, and keep it:
+        // files are created until one gets x's number (those before it
+        // keep theirs), and the whole case is tried again if none does.
+        for attempt in 0..3 {
+            let x = std::ffi::CString::new(format!("x{attempt}")).unwrap();
+            std::fs::write(d.0.join(x.to_str().unwrap()), b"x").unwrap();
+            let t = m.ticket();
+            let (st_x, _, _) = seen(&dir, &x);
+            std::fs::remove_file(d.0.join(x.to_str().unwrap())).unwrap();
+            m.fresh(m.ticket());
+            let y = (0..1000)
+                .map(|i| std::ffi::CString::new(format!("y{attempt}-{i}")).unwrap())
+                .find(|y| {
+                    let p = d.0.join(y.to_str().unwrap());
+                    std::fs::write(&p, b"y").unwrap();
+                    std::fs::metadata(&p).unwrap().ino() == st_x.ino
+                });
+            let Some(y) = y else { continue };
+            let st_y = keep(&m, &dir, &y);
+            assert_eq!(st_y.ino, st_x.ino);
+            assert!(found(&m, &dir, &y).is_some());
+            assert_eq!(m.fresh(t).get(&st_x), None, "x listed with y's handle");
+            return;
+        }
+        panic!("a deleted file's inode number was not given again in 3 tries of 1000 new files");
     }
 
     #[test]
