@@ -330,9 +330,7 @@ impl Files {
         let mut len = 0;
         let mut gone = Vec::new();
         self.map.retain(|_, v| {
-            let (kept, out): (Vec<Kept>, Vec<Kept>) = v.drain(..).partition(&mut keep);
-            *v = kept;
-            gone.extend(out);
+            gone.extend(v.extract_if(.., |k| !keep(k)));
             len += v.len();
             !v.is_empty()
         });
