@@ -89,9 +89,9 @@ def _json_of(cmd: list[str], timeout: float) -> tuple[dict, str]:
 
 def sluice_meta(
     binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None, proto: str = "v4",
-    mount_path: str = "/", mount_port: int | None = None,
+    mount_path: str = "/", mount_port: int | None = None, phases: list[str] | None = None,
 ) -> dict:  # fmt: skip
-    """Runs sluice-meta's phases in `directory` (which exists, empty);
+    """Runs sluice-meta's `phases` (default: its own) in `directory` (which exists, empty);
     returns its JSON figures plus 'error' when it failed or an operation
     did. With `pid`, the server's CPU time per operation is measured.
     NFSv3 (`proto` v3) mounts `mount_path` first, on `mount_port` of the
@@ -99,6 +99,7 @@ def sluice_meta(
     there."""
     cmd = [str(binary), "--server", address, "--dir", directory, "--clients", str(nclients),
            "--files", str(files), "--json"] + (["--server-pid", str(pid)] if pid else [])  # fmt: skip
+    cmd += ["--phases", ",".join(phases)] if phases else []
     if proto == "v3":
         cmd += ["--proto", "v3", "--mount-path", mount_path]
         cmd += ["--mount-port", str(mount_port)] if mount_port else []

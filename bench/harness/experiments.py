@@ -547,7 +547,7 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
 
 META_CLIENTS = 16
 META_CACHES = ["cold"]
-META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
+META_PHASES = ["create", "stat", "readdir", "names", "rename", "remove"]
 # Rough server rate for the progress estimate (operations per second).
 ASSUMED_META_OPS = 5000
 
@@ -566,7 +566,7 @@ def _meta_variant(server: str, cfg: Config, proto: str = "v4") -> Variant:
             s = ctx.servers[server]
             return clients.sluice_meta(
                 ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, META_CLIENTS, cfg.meta_files,
-                s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port,
+                s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port, META_PHASES,
             )
         finally:
             shutil.rmtree(path, ignore_errors=True)

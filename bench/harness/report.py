@@ -39,7 +39,7 @@ GANESHA_META = ("ganesha", "sluice-meta", "meta")
 SCALE_KINDS = {"8k": "8 KiB reads", "1m": "1 MiB reads"}
 SCALE_CONNECTIONS = [1, 4, 16, 64, 256]
 # sluice-meta's phases, in the order they run; metrics "meta.PHASE.FIELD".
-META_PHASES = ["create", "stat", "readdir", "rename", "remove"]
+META_PHASES = ["create", "stat", "readdir", "names", "rename", "remove"]
 META_FIELDS = ["ops_per_s", "server_cpu_us_per_op", "p50_us", "p99_us"]
 
 LATENCY_FIELDS = ("avg_us", "p50_us", "p99_us", "max_us")
@@ -588,7 +588,9 @@ SECTIONS = [
         "(create), a 4 KiB UNSTABLE WRITE and CLOSE; `stat`: LOOKUP, GETFH and GETATTR of the "
         "attributes `ls -l` shows, for each of its files; `readdir`: every client lists the whole "
         "directory (READDIR, 256 KiB replies, the attributes the Linux client asks for when `ls -l` "
-        "lists, each entry's file handle among them), counted in entries; `rename` within the "
+        "lists, each entry's file handle among them), counted in entries; `names`: the same listing "
+        "asking only for what the Linux client asks for when it needs names (`ls`, `find`): each "
+        "entry's `mounted_on_fileid` (and `rdattr_error`); `rename` within the "
         "directory; `remove`. Operations per second over all clients; the server's CPU time (user "
         "and system, /proc/PID/stat) per operation, lower is better; latency of one call (a create "
         "is three calls, a READDIR one).",
@@ -632,7 +634,8 @@ SECTIONS = [
         "directory's handle. `create` is CREATE (UNCHECKED, mode 0644) and a 4 KiB UNSTABLE WRITE, two "
         "calls (NFSv3 has no CLOSE); `stat` a LOOKUP, whose reply carries the attributes; `readdir` "
         "READDIRPLUS with 256 KiB replies (dircount an eighth of that, as the Linux client asks), "
-        "counted in entries without `.` and `..`; `rename` RENAME; `remove` REMOVE.",
+        "counted in entries without `.` and `..`; `names` READDIR (names and file ids) with 256 KiB "
+        "replies; `rename` RENAME; `remove` REMOVE.",
         lambda ix, fs: _meta_tables(ix, fs, "meta-v3"),
         None,
     ),
@@ -1025,7 +1028,7 @@ def _plot_meta(plt, ix: Index, fs: str, experiment: str = "meta"):
         "sluice": [ix.metric(at, SLUICE_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
         "ganesha": [ix.metric(at, GANESHA_META, f"meta.{p}.ops_per_s") for p in META_PHASES],
     }
-    _bars(ax, META_PHASES, bars, "operations/s (readdir: entries/s)", log=True)
+    _bars(ax, META_PHASES, bars, "operations/s (readdir, names: entries/s)", log=True)
     ax.set_title(f"{fs}: {_proto_title(experiment)}metadata, 16 clients (median, min–max)")
     return fig
 

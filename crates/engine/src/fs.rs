@@ -642,6 +642,9 @@ pub struct DirEntry {
     pub ino: u64,
     /// Position to resume reading after this entry (stable cookie).
     pub next: u64,
+    /// The entry's type as the directory records it (`DT_REG`, `DT_DIR`,
+    /// ...; `DT_UNKNOWN` where the file system does not say).
+    pub kind: u8,
 }
 
 /// An open directory stream.
@@ -718,6 +721,7 @@ impl DirReader {
             let ino = u64::from_ne_bytes(b[0..8].try_into().expect("8 bytes"));
             let off = u64::from_ne_bytes(b[8..16].try_into().expect("8 bytes"));
             let reclen = u16::from_ne_bytes([b[16], b[17]]) as usize;
+            let kind = b[18];
             if reclen < 19 || reclen > b.len() {
                 self.pos = self.len;
                 continue;
@@ -738,6 +742,7 @@ impl DirReader {
                 name,
                 ino,
                 next: off,
+                kind,
             }));
         }
     }

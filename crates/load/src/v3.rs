@@ -1,6 +1,7 @@
 //! A small NFSv3 client (RFC 1813) on the project's own XDR code, for the
 //! load generators: MOUNT v3 MNT for the root handle, then LOOKUP, CREATE,
-//! GETATTR, FSINFO, READ, WRITE, COMMIT, READDIRPLUS, RENAME and REMOVE
+//! GETATTR, FSINFO, READ, WRITE, COMMIT, READDIR, READDIRPLUS, RENAME and
+//! REMOVE
 //! over one TCP connection with
 //! AUTH_SYS as root, many requests in flight. NFSv3 keeps no state: a
 //! file is its handle, which any connection to the server can use.
@@ -370,6 +371,25 @@ impl Client3 {
         readdirplus_res(&mut r.decoder(), cookie)
     }
 
+    /// READDIR of `dir` from `cookie` (0 and a zero verifier at the
+    /// start): names and file ids only, in replies of at most `count`
+    /// bytes, as the Linux client lists when it needs no attributes.
+    pub async fn readdir(
+        &self,
+        dir: &[u8],
+        cookie: u64,
+        verf: [u8; 8],
+        count: u32,
+    ) -> Result<DirPage> {
+        let mut a = Encoder::with_capacity(dir.len() + 32);
+        a.opaque(dir);
+        a.u64(cookie);
+        a.opaque_fixed(&verf);
+        a.u32(count);
+        let r = self.call(proc3::READDIR, &a).await?;
+        readdir_res(&mut r.decoder(), cookie)
+    }
+
     /// RENAME of `from` to `to`, both in directory `dir`.
     pub async fn rename(&self, dir: &[u8], from: &str, to: &str) -> Result<()> {
         let mut a = Encoder::with_capacity(2 * dir.len() + from.len() + to.len() + 16);
@@ -412,6 +432,27 @@ fn readdirplus_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
         }
         // "." and ".." (which NFSv3 servers list) are not the directory's
         // own entries.
+        if name != b"." && name != b".." {
+            page.entries += 1;
+        }
+    }
+    page.eof = d.bool().map_err(bad)?;
+    Ok(page)
+}
+
+/// A READDIR3resok asked from `cookie`.
+fn readdir_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
+    post_op_size(d)?;
+    let mut page = DirPage {
+        entries: 0,
+        cookie,
+        verf: d.array().map_err(bad)?,
+        eof: false,
+    };
+    while d.bool().map_err(bad)? {
+        d.u64().map_err(bad)?; // fileid
+        let name = d.opaque(usize::MAX).map_err(bad)?;
+        page.cookie = d.u64().map_err(bad)?;
         if name != b"." && name != b".." {
             page.entries += 1;
         }

@@ -12,6 +12,10 @@
 //! - `readdir`: each client lists the whole directory (clients × files
 //!   entries) with READDIR and what the Linux client asks for when `ls -l`
 //!   lists: those attributes, and each entry's file handle;
+//! - `names` (run only when asked for): each client lists the whole
+//!   directory with READDIR asking for what the Linux client asks for when
+//!   it needs names only (`ls`, `find`, a glob): each entry's file id
+//!   (`mounted_on_fileid`, and `rdattr_error`); over NFSv3, READDIR;
 //! - `rename`: each client renames its files within the directory;
 //! - `remove`: each client removes its files.
 //!
@@ -62,8 +66,8 @@ struct Args {
     /// Files each client makes (the directory then holds clients × files).
     #[arg(long, default_value_t = 1000)]
     files: u32,
-    /// Phases to run, in this order, from create, stat, readdir, rename,
-    /// remove (a phase needs the ones before it).
+    /// Phases to run, in this order, from create, stat, readdir, names,
+    /// rename, remove (a phase needs the create before it).
     #[arg(
         long,
         value_delimiter = ',',
@@ -78,7 +82,7 @@ struct Args {
     json: bool,
 }
 
-const PHASES: [&str; 5] = ["create", "stat", "readdir", "rename", "remove"];
+const PHASES: [&str; 6] = ["create", "stat", "readdir", "names", "rename", "remove"];
 const FILE_BYTES: usize = 4096;
 /// READDIR's reply size, as the Linux client asks for with its default
 /// rsize of 1 MiB and dtsize.
@@ -206,11 +210,13 @@ impl Meta4 {
         })
     }
 
-    /// One READDIR from `cookie`: (entries, last cookie, verifier, eof).
+    /// One READDIR from `cookie` (with `names`, asking for file ids
+    /// only): (entries, last cookie, verifier, eof).
     async fn readdir(
         &self,
         cookie: u64,
         verf: [u8; 8],
+        names: bool,
     ) -> Result<(u64, u64, [u8; 8], bool), ClientError> {
         let r = self
             .c
@@ -221,7 +227,11 @@ impl Meta4 {
                 e.opaque_fixed(&verf);
                 e.u32(READDIR_MAX / 4);
                 e.u32(READDIR_MAX);
-                readdir_plus_attrs().encode(e);
+                if names {
+                    Bitmap4::of(&[attr::RDATTR_ERROR, attr::MOUNTED_ON_FILEID]).encode(e);
+                } else {
+                    readdir_plus_attrs().encode(e);
+                }
             })
             .await?;
         let mut out = (0, cookie, verf, false);
@@ -336,17 +346,23 @@ impl Meta {
         }
     }
 
-    /// One READDIR (NFSv3: READDIRPLUS) from `cookie`: (entries, last
-    /// cookie, verifier, eof).
+    /// One READDIR (NFSv3: READDIRPLUS; with `names`, READDIR asking
+    /// for file ids only) from `cookie`: (entries, last cookie, verifier,
+    /// eof).
     async fn readdir(
         &self,
         cookie: u64,
         verf: [u8; 8],
+        names: bool,
     ) -> Result<(u64, u64, [u8; 8], bool), ClientError> {
         match self {
-            Meta::V4(m) => m.readdir(cookie, verf).await,
+            Meta::V4(m) => m.readdir(cookie, verf, names).await,
             Meta::V3(m) => {
-                let p = m.c.readdirplus(&m.dir, cookie, verf, READDIR_MAX).await?;
+                let p = if names {
+                    m.c.readdir(&m.dir, cookie, verf, READDIR_MAX).await?
+                } else {
+                    m.c.readdirplus(&m.dir, cookie, verf, READDIR_MAX).await?
+                };
                 Ok((p.entries, p.cookie, p.verf, p.eof))
             }
         }
@@ -424,11 +440,11 @@ async fn phase(name: &'static str, clients: &[Arc<Meta>], a: &Args) -> PhaseResu
                     }
                 }
             };
-            if name == "readdir" {
+            if name == "readdir" || name == "names" {
                 let (mut cookie, mut verf) = (0u64, [0u8; 8]);
                 loop {
                     let t = Instant::now();
-                    match m.readdir(cookie, verf).await {
+                    match m.readdir(cookie, verf, name == "names").await {
                         Ok((n, last, v, eof)) => {
                             note(Ok(()), t);
                             ops += n;

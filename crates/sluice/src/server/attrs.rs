@@ -107,6 +107,13 @@ pub fn has(bm: &[u32], n: u32) -> bool {
         .is_some_and(|w| w & (1 << (n % 32)) != 0)
 }
 
+/// Whether `bm` asks for nothing but attributes among `allowed`.
+pub fn only(bm: &[u32], allowed: &[u32]) -> bool {
+    bm.iter()
+        .enumerate()
+        .all(|(i, &w)| (0..32).all(|b| w & (1 << b) == 0 || allowed.contains(&(i as u32 * 32 + b))))
+}
+
 fn set_bit(bm: &mut [u32; 3], n: u32) {
     bm[(n / 32) as usize] |= 1 << (n % 32);
 }

@@ -54,6 +54,9 @@ pub struct Metrics {
     /// Bytes of UNSTABLE WRITEs whose writeback they started themselves (see
     /// `Config::write_behind_min`).
     pub write_behind_bytes: AtomicU64,
+    /// READDIR entries answered from the directory alone, without a stat
+    /// (the client asked for names and file ids only).
+    pub entries_listed_without_stat: AtomicU64,
 }
 
 impl Metrics {

@@ -880,6 +880,101 @@ fn listed_handles_stay_right_when_local_files_go_and_others_take_their_inode_num
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// (name, attribute values) of every entry READDIR lists in the export's
+/// root when asked for `req`, and how many entries the server answered
+/// without a stat meanwhile.
+fn list_with(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> (Vec<(String, Vec<u8>)>, u64) {
+    let unstatted = || {
+        srv.metrics
+            .entries_listed_without_stat
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = unstatted();
+    let a = args(&ReaddirArgs {
+        cookie: 0,
+        verifier: [0; 8],
+        dircount: 1 << 20,
+        maxcount: 1 << 20,
+        attr_request: Bitmap4::of(req),
+    });
+    let (st, rest) = run_from(
+        srv,
+        sid,
+        seq,
+        None,
+        &[(op::PUTROOTFH, vec![]), (op::READDIR, a)],
+    );
+    assert_eq!(st, status::OK);
+    let mut d = Decoder::new(&rest);
+    skip_results(&mut d, 1); // PUTROOTFH
+    assert_eq!(next_result(&mut d), (op::READDIR, status::OK));
+    d.array::<8>().unwrap();
+    let mut out = Vec::new();
+    while d.bool().unwrap() {
+        d.u64().unwrap();
+        let name = String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap();
+        let bm = d.bitmap(8).unwrap();
+        assert_eq!(bm, Bitmap4::of(req).0, "{name}: the attributes answered");
+        out.push((name, d.opaque(4096).unwrap().to_vec()));
+    }
+    assert!(d.bool().unwrap(), "one READDIR lists the whole directory");
+    out.sort();
+    (out, unstatted() - before)
+}
+
+#[test]
+fn a_listing_of_names_and_file_ids_takes_them_from_the_directory_without_a_stat() {
+    // What the Linux client asks for when it wants names only: the
+    // entries' mounted_on_fileid (and rdattr_error). The numbers of the
+    // entries that are not directories come from the directory itself;
+    // directories (which may be mount points) are still looked at.
+    use std::os::unix::fs::MetadataExt;
+    let (srv, dir) = server("names-only");
+    for i in 0..30 {
+        std::fs::write(dir.join(format!("f{i:02}")), b"x").unwrap();
+    }
+    std::os::unix::fs::symlink("f00", dir.join("link")).unwrap();
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    let fifo = std::ffi::CString::new(dir.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let ino = |name: &str| std::fs::symlink_metadata(dir.join(name)).unwrap().ino();
+    let sid = session(&srv);
+
+    let (names, unstatted) = list_with(
+        &srv,
+        &sid,
+        1,
+        &[attr::RDATTR_ERROR, attr::MOUNTED_ON_FILEID],
+    );
+    assert_eq!(names.len(), 33);
+    for (name, vals) in &names {
+        let mut v = Decoder::new(vals);
+        assert_eq!(v.u32().unwrap(), status::OK.0, "{name}: rdattr_error");
+        assert_eq!(v.u64().unwrap(), ino(name), "{name}: mounted_on_fileid");
+    }
+    assert_eq!(
+        unstatted, 32,
+        "all but the directory answered without a stat"
+    );
+
+    let (ids, unstatted) = list_with(&srv, &sid, 2, &[attr::FILEID]);
+    for (name, vals) in &ids {
+        assert_eq!(
+            Decoder::new(vals).u64().unwrap(),
+            ino(name),
+            "{name}: fileid"
+        );
+    }
+    assert_eq!(unstatted, 32);
+
+    // Any other attribute needs the entry itself.
+    let (typed, unstatted) = list_with(&srv, &sid, 3, &[attr::TYPE, attr::MOUNTED_ON_FILEID]);
+    assert_eq!(typed.len(), 33);
+    assert_eq!(unstatted, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The thread's file system ids as the kernel has them (fsuid, fsgid).
 fn thread_fs_ids() -> (u32, u32) {
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
