@@ -10,16 +10,25 @@ use crate::xdr::{Decoder, Encoder};
 /// Largest READ and WRITE payload.
 pub const MAX_IO: u32 = 1024 * 1024;
 
-fn bits(list: &[u32]) -> [u32; 3] {
+/// The bitmap of the attributes in `list` (made at compile time: an
+/// encoder that built it per call spent most of its time here).
+const fn bits(list: &[u32]) -> [u32; 3] {
     let mut w = [0u32; 3];
-    for &b in list {
+    let mut i = 0;
+    while i < list.len() {
+        let b = list[i];
         w[(b / 32) as usize] |= 1 << (b % 32);
+        i += 1;
     }
     w
 }
 
 /// The attributes this server supports.
 pub fn supported() -> [u32; 3] {
+    SUPPORTED
+}
+
+const SUPPORTED: [u32; 3] = {
     use attr::*;
     bits(&[
         SUPPORTED_ATTRS,
@@ -70,7 +79,7 @@ pub fn supported() -> [u32; 3] {
         CLONE_BLKSIZE,
         XATTR_SUPPORT,
     ])
-}
+};
 
 /// The attributes this server supports in minor version `minor`:
 /// xattr_support is an NFSv4.2 extension (RFC 8276), not in 4.1.
@@ -85,20 +94,22 @@ pub fn supported_in(minor: u32) -> [u32; 3] {
 /// Attributes that can be set with SETATTR.
 pub fn writable() -> [u32; 3] {
     use attr::*;
-    bits(&[
+    const W: [u32; 3] = bits(&[
         SIZE,
         MODE,
         OWNER,
         OWNER_GROUP,
         TIME_ACCESS_SET,
         TIME_MODIFY_SET,
-    ])
+    ]);
+    W
 }
 
 /// Attributes that EXCLUSIVE4_1 create sets along with the verifier.
 pub fn exclcreat() -> [u32; 3] {
     use attr::*;
-    bits(&[SIZE, MODE, OWNER, OWNER_GROUP])
+    const E: [u32; 3] = bits(&[SIZE, MODE, OWNER, OWNER_GROUP]);
+    E
 }
 
 /// True when bit `n` is set in `bm`.
