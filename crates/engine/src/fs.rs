@@ -647,6 +647,11 @@ pub struct DirEntry {
     pub kind: u8,
 }
 
+/// Largest directory read (`getdents64`) of a [`DirReader`].
+const DIR_READ_MAX: usize = 32768;
+/// Smallest: room for the longest entry (a 255-byte name) and more.
+const DIR_READ_MIN: usize = 1024;
+
 /// An open directory stream.
 pub struct DirReader {
     fd: OwnedFd,
@@ -655,6 +660,11 @@ pub struct DirReader {
     pos: usize,
     done: bool,
     dots: bool,
+    /// Bytes the next directory read asks for.
+    read_size: usize,
+    /// Records taken from the kernel so far, and their bytes.
+    records: usize,
+    record_bytes: usize,
 }
 
 impl DirReader {
@@ -671,12 +681,33 @@ impl DirReader {
         }
         Ok(DirReader {
             fd,
-            buf: vec![0u8; 32768],
+            buf: vec![0u8; DIR_READ_MAX],
             len: 0,
             pos: 0,
             done: false,
             dots: false,
+            read_size: DIR_READ_MAX,
+            records: 0,
+            record_bytes: 0,
         })
+    }
+
+    /// Makes the next directory read ask for about as many entries as a
+    /// caller expects to use: `entries` of them, sized by the records
+    /// read so far. The entries a read brings beyond those are read for
+    /// nothing: the file system collects and copies every one (ext4's
+    /// hashed directories sort them first), and the stream is closed
+    /// with the reply.
+    pub fn expect(&mut self, entries: usize) {
+        let per = if self.records == 0 {
+            // Records of names up to 12 bytes; longer ones take more.
+            32
+        } else {
+            self.record_bytes.div_ceil(self.records)
+        };
+        // A little over, so that a good guess needs no second read.
+        let want = entries.saturating_mul(per).saturating_add(per * 8);
+        self.read_size = want.clamp(DIR_READ_MIN, DIR_READ_MAX);
     }
 
     /// Makes [`DirReader::next_entry`] return "." and ".." too (NFSv3
@@ -700,7 +731,7 @@ impl DirReader {
                         libc::SYS_getdents64,
                         self.fd.as_raw_fd(),
                         self.buf.as_mut_ptr(),
-                        self.buf.len(),
+                        self.read_size.min(self.buf.len()),
                     )
                 };
                 if n < 0 {
@@ -728,6 +759,8 @@ impl DirReader {
             }
             let name_raw = &b[19..reclen];
             self.pos += reclen;
+            self.records += 1;
+            self.record_bytes += reclen;
             // The kernel ends each name with a NUL within the record.
             let Some(end) = name_raw.iter().position(|&c| c == 0) else {
                 continue;
@@ -1479,6 +1512,65 @@ mod create_tests {
         assert!(created);
         let (_, created) = create_file(dir.as_fd(), c"f", 0o644, false, libc::O_RDONLY).unwrap();
         assert!(!created);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[cfg(test)]
+mod dir_tests {
+    use super::*;
+
+    /// Every entry of the directory behind `dir` from `cookie`, reading
+    /// as a listing that expects `expect` more entries at each read would
+    /// (None: full reads); and the most records one read brought.
+    fn list(
+        dir: BorrowedFd<'_>,
+        cookie: u64,
+        expect: Option<usize>,
+    ) -> (Vec<(String, u64)>, usize) {
+        let mut r = DirReader::open(dir, cookie).unwrap();
+        let (mut out, mut most) = (Vec::new(), 0);
+        loop {
+            let reads = r.pos >= r.len;
+            if let (true, Some(n)) = (reads, expect) {
+                r.expect(n);
+            }
+            let Some(e) = r.next_entry().unwrap() else {
+                break;
+            };
+            if reads {
+                let (mut n, mut at) = (0, 0);
+                while at + 19 <= r.len {
+                    at += u16::from_ne_bytes([r.buf[at + 16], r.buf[at + 17]]) as usize;
+                    n += 1;
+                }
+                most = most.max(n);
+            }
+            out.push((e.name.to_str().unwrap().to_owned(), e.next));
+        }
+        (out, most)
+    }
+
+    #[test]
+    fn reads_sized_to_what_a_listing_expects_list_the_same_entries() {
+        let d = std::env::temp_dir().join(format!("sluice-dirread-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        for i in 0..3000 {
+            std::fs::write(d.join(format!("entry-{i:05}")), b"").unwrap();
+        }
+        let dir = open_dir_path(&d).unwrap();
+        let (full, most_full) = list(dir.as_fd(), 0, None);
+        assert_eq!(full.len(), 3000);
+        // Full reads bring hundreds of these entries at once; a listing
+        // that expects 20 more asks for a read of about that many.
+        assert!(most_full > 500, "{most_full}");
+        let (sized, most_sized) = list(dir.as_fd(), 0, Some(20));
+        assert!(most_sized < 60, "a read brought {most_sized} entries");
+        assert_eq!(sized, full);
+        // From a cookie in the middle, the rest, in the same order.
+        let (rest, _) = list(dir.as_fd(), full[1233].1, Some(7));
+        assert_eq!(rest, full[1234..]);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -1292,6 +1292,13 @@ fn readdir(
         batch.clear();
         let ticket = ex.memo().ticket();
         let size = super::ops_fs::stat_batch(budget.saturating_sub(list.len()));
+        reader.expect(super::ops_fs::entries_left(
+            budget.saturating_sub(list.len()),
+            list.len(),
+            n,
+            if plus.is_some() { 192 } else { 40 },
+            plus.map(|dircount| (dircount as usize, names)),
+        ));
         while batch.len() < size {
             let Some(ent) = io3(reader.next_entry())? else {
                 eof = true;

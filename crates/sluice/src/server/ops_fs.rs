@@ -584,6 +584,18 @@ impl Listing {
         self.budget.saturating_sub(self.list.len())
     }
 
+    /// How many more entries are likely to fit the reply, judging by the
+    /// ones added so far (before any: as if each took `guess` bytes).
+    pub(super) fn entries_left(&self, guess: usize) -> usize {
+        entries_left(
+            self.room(),
+            self.list.len(),
+            self.n,
+            guess,
+            (self.dircount > 0).then_some((self.dircount, self.names_bytes)),
+        )
+    }
+
     /// Reads READDIR4args; cookies 1 and 2 are reserved.
     pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Self, Nfsstat4> {
         let args = x(ReaddirArgs::decode(d))?;
@@ -641,6 +653,27 @@ impl Listing {
     }
 }
 
+/// How many more entries are likely to fit a listing's reply with `room`
+/// bytes left, after `n` entries took `used` bytes (before any: as if each
+/// took `guess`); `names` is the client's limit on the bytes of names and
+/// cookies (dircount) and what the entries so far counted against it.
+pub(super) fn entries_left(
+    room: usize,
+    used: usize,
+    n: usize,
+    guess: usize,
+    names: Option<(usize, usize)>,
+) -> usize {
+    let per = if n == 0 { guess } else { used.div_ceil(n) };
+    let mut left = room / per.max(1);
+    if let Some((limit, counted)) = names {
+        // Names and cookies take at least 16 bytes an entry.
+        let per = if n == 0 { 16 } else { counted.div_ceil(n) };
+        left = left.min(limit.saturating_sub(counted) / per.max(1) + 1);
+    }
+    left
+}
+
 /// Entries a listing stats before it looks their handles up (see
 /// [`crate::engine::handle_memo`]): one read of the memo's deletes for
 /// at most this many, and for as many as `room` bytes of reply may hold
@@ -681,6 +714,7 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
             batch.clear();
             let ticket = ex.memo().ticket();
             let size = stat_batch(listing.room());
+            reader.expect(listing.entries_left(if names_only { 64 } else { 256 }));
             while batch.len() < size {
                 let Some(ent) = io(reader.next_entry())? else {
                     eof = true;
