@@ -589,8 +589,9 @@ SECTIONS = [
         "attributes `ls -l` shows, for each of its files; `readdir`: every client lists the whole "
         "directory (READDIR, 256 KiB replies, the attributes the Linux client asks for when `ls -l` "
         "lists, each entry's file handle among them), counted in entries; `names`: the same listing "
-        "asking only for what the Linux client asks for when it needs names (`ls`, `find`): each "
-        "entry's `mounted_on_fileid` (and `rdattr_error`); `rename` within the "
+        "asking only for what the Linux client asks for when it lists without attributes (`ls`, `find`, "
+        "a `nordirplus` mount): each entry's `type` and `mounted_on_fileid` (and `rdattr_error`); "
+        "`rename` within the "
         "directory; `remove`. Operations per second over all clients; the server's CPU time (user "
         "and system, /proc/PID/stat) per operation, lower is better; latency of one call (a create "
         "is three calls, a READDIR one).",

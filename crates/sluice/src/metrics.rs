@@ -79,7 +79,7 @@ impl Collector for Collect {
             ),
             (
                 "sluice_entries_listed_without_stat",
-                "READDIR entries (not directories) answered from the directory alone, without a stat, because the client asked for names and file ids only.",
+                "READDIR entries (not directories) answered from the directory alone, without a stat, because the client asked for names, types and file ids only.",
                 load(&m.entries_listed_without_stat),
             ),
             (

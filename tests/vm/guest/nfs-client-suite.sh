@@ -195,6 +195,18 @@ eq "$(tail -n 1 /tmp/biglist)" f19999 "last name"
 eq "$(cat "$M/big/f12345")" f12345 "content of big/f12345"
 eq "$(ls -l "$M/big" | grep -c '^-')" 20000 "regular files in ls -l big/"
 
+step "list big/ on a nordirplus mount (names, types and file ids only)"
+mkdir -p /mnt-nrp
+mount -t "$FSTYPE" -o "$OPTS,nordirplus,nosharecache" "$SERVER:$MNTPATH" /mnt-nrp
+ls -i /mnt-nrp/big > /tmp/biglist-i
+eq "$(wc -l < /tmp/biglist-i)" 20000 "entries in big/ without attributes"
+for f in f00000 f12345 f19999; do
+  eq "$(awk -v f="$f" '$2 == f { print $1 }' /tmp/biglist-i)" "$(stat -c %i "$M/big/$f")" \
+    "file id of big/$f as listed and as stat'ed"
+done
+eq "$(find /mnt-nrp/big -type f -name 'f1234*' | wc -l)" 10 "find -type f -name f1234* in big/"
+umount /mnt-nrp
+
 step "rename files and a directory across directories"
 mkdir -p "$M/ren/a/sub" "$M/ren/b"
 echo one > "$M/ren/a/file1"

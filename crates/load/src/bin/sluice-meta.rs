@@ -12,10 +12,11 @@
 //! - `readdir`: each client lists the whole directory (clients × files
 //!   entries) with READDIR and what the Linux client asks for when `ls -l`
 //!   lists: those attributes, and each entry's file handle;
-//! - `names` (run only when asked for): each client lists the whole
-//!   directory with READDIR asking for what the Linux client asks for when
-//!   it needs names only (`ls`, `find`, a glob): each entry's file id
-//!   (`mounted_on_fileid`, and `rdattr_error`); over NFSv3, READDIR;
+//! - `names`: each client lists the whole directory with READDIR asking
+//!   for what the Linux client asks for when it lists without attributes
+//!   (`ls`, `find`, a glob; a mount with `nordirplus`): each entry's type
+//!   and file id (`type`, `mounted_on_fileid`, and `rdattr_error`); over
+//!   NFSv3, READDIR;
 //! - `rename`: each client renames its files within the directory;
 //! - `remove`: each client removes its files.
 //!
@@ -210,8 +211,8 @@ impl Meta4 {
         })
     }
 
-    /// One READDIR from `cookie` (with `names`, asking for file ids
-    /// only): (entries, last cookie, verifier, eof).
+    /// One READDIR from `cookie` (with `names`, asking for types and
+    /// file ids only): (entries, last cookie, verifier, eof).
     async fn readdir(
         &self,
         cookie: u64,
@@ -228,7 +229,8 @@ impl Meta4 {
                 e.u32(READDIR_MAX / 4);
                 e.u32(READDIR_MAX);
                 if names {
-                    Bitmap4::of(&[attr::RDATTR_ERROR, attr::MOUNTED_ON_FILEID]).encode(e);
+                    Bitmap4::of(&[attr::TYPE, attr::RDATTR_ERROR, attr::MOUNTED_ON_FILEID])
+                        .encode(e);
                 } else {
                     readdir_plus_attrs().encode(e);
                 }
@@ -347,8 +349,8 @@ impl Meta {
     }
 
     /// One READDIR (NFSv3: READDIRPLUS; with `names`, READDIR asking
-    /// for file ids only) from `cookie`: (entries, last cookie, verifier,
-    /// eof).
+    /// for types and file ids only) from `cookie`: (entries, last cookie,
+    /// verifier, eof).
     async fn readdir(
         &self,
         cookie: u64,

@@ -55,7 +55,7 @@ pub struct Metrics {
     /// `Config::write_behind_min`).
     pub write_behind_bytes: AtomicU64,
     /// READDIR entries answered from the directory alone, without a stat
-    /// (the client asked for names and file ids only).
+    /// (the client asked for names, types and file ids only).
     pub entries_listed_without_stat: AtomicU64,
 }
 

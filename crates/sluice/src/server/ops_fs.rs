@@ -685,13 +685,33 @@ pub(super) fn stat_batch(room: usize) -> usize {
 
 /// The attributes a listing can answer from the directory alone, for
 /// entries that are not directories: what the Linux client asks READDIR
-/// for when it wants names only (`ls`, `find`, a shell's glob), the file
-/// id that may be mounted on the entry. An entry that is not a directory
-/// is no mount point (but for a file bind-mounted over another, listed
-/// then with the number of the file beneath, as the Linux server lists
-/// mount points when asked for these attributes alone), so its file id is
-/// the number the directory holds.
-const FROM_THE_DIRECTORY: [u32; 3] = [attr::RDATTR_ERROR, attr::FILEID, attr::MOUNTED_ON_FILEID];
+/// for when it lists without attributes (`ls`, `find`, a shell's glob,
+/// and every listing of a mount with `nordirplus`): each entry's type and
+/// the file id that may be mounted on it. The directory gives each
+/// entry's number and type with its name, and an entry that is not a
+/// directory is no mount point (but for a file bind-mounted over another,
+/// listed then as the file beneath, as the Linux server lists a mount
+/// point it does not cross).
+const FROM_THE_DIRECTORY: [u32; 4] = [
+    attr::RDATTR_ERROR,
+    attr::TYPE,
+    attr::FILEID,
+    attr::MOUNTED_ON_FILEID,
+];
+
+/// The file type bits of a directory entry's type (`d_type`), for the
+/// types that are not directories; None for directories and unknowns.
+fn mode_of_entry(kind: u8) -> Option<u32> {
+    Some(match kind {
+        libc::DT_REG => libc::S_IFREG,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        _ => return None,
+    })
+}
 
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
@@ -720,8 +740,9 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                     eof = true;
                     break;
                 };
-                if names_only && !matches!(ent.kind, libc::DT_DIR | libc::DT_UNKNOWN) {
+                if let Some(mode) = mode_of_entry(ent.kind).filter(|_| names_only) {
                     let st = fs::Stat {
+                        mode,
                         dev,
                         ino: ent.ino,
                         ..fs::Stat::default()

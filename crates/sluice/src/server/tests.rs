@@ -924,10 +924,11 @@ fn list_with(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> (Vec<(Strin
 
 #[test]
 fn a_listing_of_names_and_file_ids_takes_them_from_the_directory_without_a_stat() {
-    // What the Linux client asks for when it wants names only: the
-    // entries' mounted_on_fileid (and rdattr_error). The numbers of the
-    // entries that are not directories come from the directory itself;
-    // directories (which may be mount points) are still looked at.
+    // What the Linux client asks for when it lists without attributes:
+    // the entries' types and mounted_on_fileid (and rdattr_error). Those
+    // of the entries that are not directories come from the directory
+    // itself; directories (which may be mount points) are still looked
+    // at.
     use std::os::unix::fs::MetadataExt;
     let (srv, dir) = server("names-only");
     for i in 0..30 {
@@ -968,9 +969,28 @@ fn a_listing_of_names_and_file_ids_takes_them_from_the_directory_without_a_stat(
     }
     assert_eq!(unstatted, 32);
 
-    // Any other attribute needs the entry itself.
-    let (typed, unstatted) = list_with(&srv, &sid, 3, &[attr::TYPE, attr::MOUNTED_ON_FILEID]);
+    // What the Linux client asks for: types too, from the directory.
+    let req = [attr::RDATTR_ERROR, attr::TYPE, attr::MOUNTED_ON_FILEID];
+    let (typed, unstatted) = list_with(&srv, &sid, 3, &req);
     assert_eq!(typed.len(), 33);
+    for (name, vals) in &typed {
+        // Values in the order of the attributes' numbers.
+        let mut v = Decoder::new(vals);
+        let want = match name.as_str() {
+            "link" => crate::nfs4::consts::ftype::LNK,
+            "sub" => crate::nfs4::consts::ftype::DIR,
+            "fifo" => crate::nfs4::consts::ftype::FIFO,
+            _ => crate::nfs4::consts::ftype::REG,
+        };
+        assert_eq!(v.u32().unwrap(), want, "{name}: type");
+        assert_eq!(v.u32().unwrap(), status::OK.0, "{name}: rdattr_error");
+        assert_eq!(v.u64().unwrap(), ino(name), "{name}: mounted_on_fileid");
+    }
+    assert_eq!(unstatted, 32);
+
+    // Any other attribute needs the entry itself.
+    let (sized, unstatted) = list_with(&srv, &sid, 4, &[attr::SIZE, attr::MOUNTED_ON_FILEID]);
+    assert_eq!(sized.len(), 33);
     assert_eq!(unstatted, 0);
     let _ = std::fs::remove_dir_all(dir);
 }
