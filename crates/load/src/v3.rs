@@ -368,7 +368,7 @@ impl Client3 {
         a.u32(maxcount / 8);
         a.u32(maxcount);
         let r = self.call(proc3::READDIRPLUS, &a).await?;
-        readdirplus_res(&mut r.decoder(), cookie)
+        dir_page(&mut r.decoder(), cookie, true)
     }
 
     /// READDIR of `dir` from `cookie` (0 and a zero verifier at the
@@ -387,7 +387,7 @@ impl Client3 {
         a.opaque_fixed(&verf);
         a.u32(count);
         let r = self.call(proc3::READDIR, &a).await?;
-        readdir_res(&mut r.decoder(), cookie)
+        dir_page(&mut r.decoder(), cookie, false)
     }
 
     /// RENAME of `from` to `to`, both in directory `dir`.
@@ -410,8 +410,8 @@ impl Client3 {
     }
 }
 
-/// A READDIRPLUS3resok asked from `cookie`.
-fn readdirplus_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
+/// A READDIRPLUS3resok (`plus`) or READDIR3resok asked from `cookie`.
+fn dir_page(d: &mut Decoder<'_>, cookie: u64, plus: bool) -> Result<DirPage> {
     post_op_size(d)?;
     let mut page = DirPage {
         entries: 0,
@@ -423,36 +423,17 @@ fn readdirplus_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
         d.u64().map_err(bad)?; // fileid
         let name = d.opaque(usize::MAX).map_err(bad)?;
         page.cookie = d.u64().map_err(bad)?;
-        if post_op_size(d)?.is_none() {
-            // ls -l would have to ask for each entry's attributes.
-            return Err(ClientError::Malformed);
-        }
-        if d.bool().map_err(bad)? {
-            d.opaque(FHSIZE).map_err(bad)?;
+        if plus {
+            if post_op_size(d)?.is_none() {
+                // ls -l would have to ask for each entry's attributes.
+                return Err(ClientError::Malformed);
+            }
+            if d.bool().map_err(bad)? {
+                d.opaque(FHSIZE).map_err(bad)?;
+            }
         }
         // "." and ".." (which NFSv3 servers list) are not the directory's
         // own entries.
-        if name != b"." && name != b".." {
-            page.entries += 1;
-        }
-    }
-    page.eof = d.bool().map_err(bad)?;
-    Ok(page)
-}
-
-/// A READDIR3resok asked from `cookie`.
-fn readdir_res(d: &mut Decoder<'_>, cookie: u64) -> Result<DirPage> {
-    post_op_size(d)?;
-    let mut page = DirPage {
-        entries: 0,
-        cookie,
-        verf: d.array().map_err(bad)?,
-        eof: false,
-    };
-    while d.bool().map_err(bad)? {
-        d.u64().map_err(bad)?; // fileid
-        let name = d.opaque(usize::MAX).map_err(bad)?;
-        page.cookie = d.u64().map_err(bad)?;
         if name != b"." && name != b".." {
             page.entries += 1;
         }
@@ -870,7 +851,7 @@ mod tests {
         e.bool(true);
         let b = e.into_inner();
         assert!(matches!(
-            readdirplus_res(&mut Decoder::new(&b), 0),
+            dir_page(&mut Decoder::new(&b), 0, true),
             Err(ClientError::Malformed)
         ));
     }

@@ -793,15 +793,16 @@ fn a_looked_up_name_is_kept_for_its_handle() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// (name, file handle, fileid) of every entry READDIR lists in the
-/// export's root, asking for FILEHANDLE and FILEID.
-fn list_handles(srv: &Server, sid: &[u8; 16], seq: u32) -> Vec<(String, Vec<u8>, u64)> {
+/// (name, attribute values) of every entry READDIR lists in the export's
+/// root when asked for `req`, sorted by name; every entry must answer all
+/// of `req`.
+fn list_root(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> Vec<(String, Vec<u8>)> {
     let a = args(&ReaddirArgs {
         cookie: 0,
         verifier: [0; 8],
         dircount: 1 << 20,
         maxcount: 1 << 20,
-        attr_request: Bitmap4::of(&[attr::FILEHANDLE, attr::FILEID]),
+        attr_request: Bitmap4::of(req),
     });
     let (st, rest) = run_from(
         srv,
@@ -819,15 +820,26 @@ fn list_handles(srv: &Server, sid: &[u8; 16], seq: u32) -> Vec<(String, Vec<u8>,
     while d.bool().unwrap() {
         d.u64().unwrap();
         let name = String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap();
-        d.bitmap(8).unwrap();
-        let vals = d.opaque(4096).unwrap();
-        let mut v = Decoder::new(vals);
-        let fh = v.opaque(128).unwrap().to_vec();
-        out.push((name, fh, v.u64().unwrap()));
+        let bm = d.bitmap(8).unwrap();
+        assert_eq!(bm, Bitmap4::of(req).0, "{name}: the attributes answered");
+        out.push((name, d.opaque(4096).unwrap().to_vec()));
     }
     assert!(d.bool().unwrap(), "one READDIR lists the whole directory");
     out.sort();
     out
+}
+
+/// (name, file handle, fileid) of every entry READDIR lists in the
+/// export's root, asking for FILEHANDLE and FILEID.
+fn list_handles(srv: &Server, sid: &[u8; 16], seq: u32) -> Vec<(String, Vec<u8>, u64)> {
+    list_root(srv, sid, seq, &[attr::FILEHANDLE, attr::FILEID])
+        .into_iter()
+        .map(|(name, vals)| {
+            let mut v = Decoder::new(&vals);
+            let fh = v.opaque(128).unwrap().to_vec();
+            (name, fh, v.u64().unwrap())
+        })
+        .collect()
 }
 
 #[test]
@@ -880,8 +892,7 @@ fn listed_handles_stay_right_when_local_files_go_and_others_take_their_inode_num
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// (name, attribute values) of every entry READDIR lists in the export's
-/// root when asked for `req`, and how many entries the server answered
+/// What [`list_root`] gives, and how many entries the server answered
 /// without a stat meanwhile.
 fn list_with(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> (Vec<(String, Vec<u8>)>, u64) {
     let unstatted = || {
@@ -890,35 +901,7 @@ fn list_with(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> (Vec<(Strin
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     let before = unstatted();
-    let a = args(&ReaddirArgs {
-        cookie: 0,
-        verifier: [0; 8],
-        dircount: 1 << 20,
-        maxcount: 1 << 20,
-        attr_request: Bitmap4::of(req),
-    });
-    let (st, rest) = run_from(
-        srv,
-        sid,
-        seq,
-        None,
-        &[(op::PUTROOTFH, vec![]), (op::READDIR, a)],
-    );
-    assert_eq!(st, status::OK);
-    let mut d = Decoder::new(&rest);
-    skip_results(&mut d, 1); // PUTROOTFH
-    assert_eq!(next_result(&mut d), (op::READDIR, status::OK));
-    d.array::<8>().unwrap();
-    let mut out = Vec::new();
-    while d.bool().unwrap() {
-        d.u64().unwrap();
-        let name = String::from_utf8(d.opaque(255).unwrap().to_vec()).unwrap();
-        let bm = d.bitmap(8).unwrap();
-        assert_eq!(bm, Bitmap4::of(req).0, "{name}: the attributes answered");
-        out.push((name, d.opaque(4096).unwrap().to_vec()));
-    }
-    assert!(d.bool().unwrap(), "one READDIR lists the whole directory");
-    out.sort();
+    let out = list_root(srv, sid, seq, req);
     (out, unstatted() - before)
 }
 
