@@ -649,7 +649,8 @@ pub struct DirEntry {
 
 /// Largest directory read (`getdents64`) of a [`DirReader`].
 const DIR_READ_MAX: usize = 32768;
-/// Smallest: room for the longest entry (a 255-byte name) and more.
+/// Smallest: room for an entry of a 255-byte name and more (a read too
+/// small for the next entry is made again with [`DIR_READ_MAX`]).
 const DIR_READ_MIN: usize = 1024;
 
 /// An open directory stream.
@@ -725,18 +726,28 @@ impl DirReader {
                 if self.done {
                     return Ok(None);
                 }
-                // SAFETY: valid fd and buffer.
-                let n = unsafe {
-                    libc::syscall(
-                        libc::SYS_getdents64,
-                        self.fd.as_raw_fd(),
-                        self.buf.as_mut_ptr(),
-                        self.read_size.min(self.buf.len()),
-                    )
+                let mut size = self.read_size.min(self.buf.len());
+                let n = loop {
+                    // SAFETY: valid fd and buffer of at least `size` bytes.
+                    let n = unsafe {
+                        libc::syscall(
+                            libc::SYS_getdents64,
+                            self.fd.as_raw_fd(),
+                            self.buf.as_mut_ptr(),
+                            size,
+                        )
+                    };
+                    if n >= 0 {
+                        break n;
+                    }
+                    let err = io::Error::last_os_error();
+                    // EINVAL: the next entry does not fit (FUSE names
+                    // run to 1,024 bytes): again with the whole buffer.
+                    if err.raw_os_error() != Some(libc::EINVAL) || size == self.buf.len() {
+                        return Err(err);
+                    }
+                    size = self.buf.len();
                 };
-                if n < 0 {
-                    return Err(io::Error::last_os_error());
-                }
                 if n == 0 {
                     self.done = true;
                     return Ok(None);
@@ -1571,6 +1582,34 @@ mod dir_tests {
         // From a cookie in the middle, the rest, in the same order.
         let (rest, _) = list(dir.as_fd(), full[1233].1, Some(7));
         assert_eq!(rest, full[1234..]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_read_too_small_for_the_next_entry_is_made_again_whole() {
+        // getdents64 refuses (EINVAL) a buffer too small for the next
+        // record: names of FUSE file systems run to 1,024 bytes, longer
+        // than the smallest sized read leaves room for.
+        let d = std::env::temp_dir().join(format!("sluice-dirlong-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        let long: Vec<String> = (0..5).map(|i| format!("{i}{}", "n".repeat(254))).collect();
+        for name in &long {
+            std::fs::write(d.join(name), b"").unwrap();
+        }
+        let dir = open_dir_path(&d).unwrap();
+        let mut r = DirReader::open(dir.as_fd(), 0).unwrap();
+        let mut names = Vec::new();
+        loop {
+            // Room for about 100 bytes: not one of these records.
+            r.read_size = 100;
+            match r.next_entry().unwrap() {
+                Some(e) => names.push(e.name.to_str().unwrap().to_owned()),
+                None => break,
+            }
+        }
+        names.sort();
+        assert_eq!(names, long);
         let _ = std::fs::remove_dir_all(&d);
     }
 }
