@@ -34,6 +34,9 @@ pub struct Export {
     last_sweep: Mutex<std::time::Instant>,
     /// Handles of inodes seen, for listings.
     memo: HandleMemo,
+    /// Whether directory entries carry the inode numbers a stat gives
+    /// (see [`fs::numbers_in_directory`]).
+    numbers_in_directory: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Export {
@@ -73,8 +76,16 @@ impl Export {
         })?;
         // fanotify marks through a descriptor that is not O_PATH.
         let memo = HandleMemo::watch(mount.as_fd());
+        let numbers = fs::fs_magic(root.as_fd()).is_some_and(fs::numbers_in_directory);
+        if !numbers {
+            tracing::info!(
+                "{}: listings stat every entry for its number: the directory's numbers are trusted on ext4, xfs, btrfs and tmpfs only",
+                path.display()
+            );
+        }
         Ok(Export {
             memo,
+            numbers_in_directory: numbers.into(),
             path: path.to_path_buf(),
             root: Arc::new(root),
             root_fh,
@@ -127,6 +138,22 @@ impl Export {
     pub fn handle_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
         let (kind, bytes) = kernel_handle(dir, name)?;
         Ok(self.key.seal(self.id, kind, &bytes))
+    }
+
+    /// True when the numbers of directory entries (`d_ino`) are those a
+    /// stat of the entry gives, so that a listing may answer file ids
+    /// (and, with the entry's type, types) from the directory alone.
+    pub fn numbers_in_directory(&self) -> bool {
+        self.numbers_in_directory
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Makes listings stat every entry for its number, as on a file
+    /// system whose directory numbers are not trusted (for tests).
+    #[doc(hidden)]
+    pub fn distrust_numbers_in_directory(&self) {
+        self.numbers_in_directory
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The memo of handles seen (see [`crate::handle_memo`]).

@@ -792,6 +792,29 @@ impl DirReader {
     }
 }
 
+/// The magic number of the file system holding `fd` (statfs f_type).
+pub fn fs_magic(fd: BorrowedFd<'_>) -> Option<libc::__fsword_t> {
+    let mut s = std::mem::MaybeUninit::<libc::statfs64>::zeroed();
+    // SAFETY: valid descriptor and output buffer.
+    let r = unsafe { libc::fstatfs64(fd.as_raw_fd(), s.as_mut_ptr()) };
+    // SAFETY: fstatfs64 succeeded and filled the buffer.
+    (r == 0).then(|| unsafe { s.assume_init() }.f_type)
+}
+
+/// True for the file systems (by statfs magic) whose directory entries
+/// carry the inode numbers that a stat of the entry gives: ext2/3/4, xfs,
+/// btrfs and tmpfs. Elsewhere the two may differ: vfat and exfat number
+/// inodes as they come into memory, FUSE file systems without `use_ino`
+/// list unknown numbers, CIFS without server inode numbers makes its own,
+/// and overlayfs keeps a lower layer's numbers in some setups.
+pub fn numbers_in_directory(magic: libc::__fsword_t) -> bool {
+    const EXT4: libc::__fsword_t = 0xef53;
+    const XFS: libc::__fsword_t = 0x5846_5342;
+    const BTRFS: libc::__fsword_t = 0x9123_683e;
+    const TMPFS: libc::__fsword_t = 0x0102_1994;
+    [EXT4, XFS, BTRFS, TMPFS].contains(&magic)
+}
+
 /// Reads up to `len` bytes at `offset` into a new buffer, stopping early
 /// only at the end of the file. The buffer is not zeroed first.
 ///
@@ -1583,6 +1606,27 @@ mod dir_tests {
         let (rest, _) = list(dir.as_fd(), full[1233].1, Some(7));
         assert_eq!(rest, full[1234..]);
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn directory_numbers_are_trusted_on_the_file_systems_that_keep_them() {
+        // ext4, xfs, btrfs, tmpfs.
+        for magic in [0xef53, 0x5846_5342, 0x9123_683e, 0x0102_1994] {
+            assert!(numbers_in_directory(magic), "{magic:#x}");
+        }
+        // vfat (msdos), exfat, FUSE, CIFS (SMB2), overlayfs, NFS.
+        for magic in [
+            0x4d44,
+            0x2011_bab0,
+            0x6573_5546,
+            0xfe53_4d42,
+            0x794c_7630,
+            0x6969,
+        ] {
+            assert!(!numbers_in_directory(magic), "{magic:#x}");
+        }
+        let here = open_dir_path(&std::env::temp_dir()).unwrap();
+        assert!(fs_magic(here.as_fd()).is_some());
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl HandleMemo {
     /// A memo for the file system holding `dir`; one that keeps nothing
     /// when fanotify cannot watch it, saying why.
     pub fn watch(dir: BorrowedFd<'_>) -> Self {
-        let magic = fs_magic(dir);
+        let magic = crate::fs::fs_magic(dir);
         if !magic.is_some_and(|m| LOCAL_FILE_SYSTEMS.contains(&m)) {
             // Others lay their handles out differently, or delete on
             // other machines without a local event.
@@ -470,15 +470,6 @@ fn fid_ino(info: &[u8]) -> Option<u64> {
     let hlen = u32::from_ne_bytes(info[12..16].try_into().ok()?) as usize;
     let kind = i32::from_ne_bytes(info[16..20].try_into().ok()?);
     ino_of(kind, info.get(20..20 + hlen)?)
-}
-
-/// The magic number of the file system holding `fd` (statfs f_type).
-fn fs_magic(fd: BorrowedFd<'_>) -> Option<libc::__fsword_t> {
-    let mut s = std::mem::MaybeUninit::<libc::statfs64>::zeroed();
-    // SAFETY: valid descriptor and output buffer.
-    let r = unsafe { libc::fstatfs64(fd.as_raw_fd(), s.as_mut_ptr()) };
-    // SAFETY: fstatfs64 succeeded and filled the buffer.
-    (r == 0).then(|| unsafe { s.assume_init() }.f_type)
 }
 
 #[cfg(test)]

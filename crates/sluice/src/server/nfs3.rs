@@ -1307,11 +1307,13 @@ fn readdir(
             let name = ent.name.as_bytes();
             let dots = name == b"." || (name == b".." && is_root);
             let st = match plus {
-                None => None,
-                Some(_) if dots => Some(dst),
+                // READDIR: the file id the directory gives, where it is
+                // the one a stat gives too.
+                None if ex.numbers_in_directory() => None,
+                _ if dots => Some(dst),
                 // Removed meanwhile, or another file system mounted here:
                 // listed without attributes or handle.
-                Some(_) => fs::stat_at(dir.fd.as_fd(), &ent.name)
+                _ => fs::stat_at(dir.fd.as_fd(), &ent.name)
                     .ok()
                     .filter(|st| st.dev == dev),
             };

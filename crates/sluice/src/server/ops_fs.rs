@@ -722,8 +722,9 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let mut reader = io(fs::DirReader::open(dir.fd.as_fd(), listing.cookie))?;
         let mut eof = false;
         let want_fh = attrs::has(&listing.req, attr::FILEHANDLE);
-        let names_only = attrs::only(&listing.req, &FROM_THE_DIRECTORY);
         let ex = &cx.ex(&dir).fs;
+        let names_only =
+            attrs::only(&listing.req, &FROM_THE_DIRECTORY) && ex.numbers_in_directory();
         let dev = ex.dev();
         let mut batch = Vec::new();
         let mut unstatted = 0;
@@ -747,12 +748,11 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                         ino: ent.ino,
                         ..fs::Stat::default()
                     };
-                    batch.push((ent, st));
-                    unstatted += 1;
+                    batch.push((ent, st, true));
                     continue;
                 }
                 match fs::stat_at(dir.fd.as_fd(), &ent.name) {
-                    Ok(st) if st.dev == dev => batch.push((ent, st)),
+                    Ok(st) if st.dev == dev => batch.push((ent, st, false)),
                     // Removed meanwhile, or another file system mounted
                     // here (not exported).
                     _ => {}
@@ -760,11 +760,11 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
             }
             let mut fresh = want_fh.then(|| ex.memo().fresh(ticket));
             let mut kept = match &fresh {
-                Some(f) => f.get_all(batch.iter().map(|(_, st)| Some(st))),
+                Some(f) => f.get_all(batch.iter().map(|(_, st, _)| Some(st))),
                 None => Vec::new(),
             }
             .into_iter();
-            for (ent, st) in &batch {
+            for (ent, st, unstatted_entry) in &batch {
                 let wire = match &mut fresh {
                     Some(f) => {
                         let kept = kept.next().flatten();
@@ -779,6 +779,7 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                     eof = false;
                     break 'list;
                 }
+                unstatted += u64::from(*unstatted_entry);
             }
         }
         cx.srv

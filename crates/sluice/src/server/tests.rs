@@ -868,15 +868,22 @@ fn listed_handles_stay_right_when_local_files_go_and_others_take_their_inode_num
     for i in 0..40 {
         std::fs::remove_file(dir.join(format!("a{i:02}"))).unwrap();
     }
-    for i in 0..40 {
-        std::fs::write(dir.join(format!("b{i:02}")), b"b").unwrap();
-    }
+    // Tests running meanwhile make files too and may take the numbers
+    // freed: files are made until one of them gets one.
+    use std::os::unix::fs::MetadataExt;
     let old: std::collections::HashSet<u64> = first.iter().map(|e| e.2).collect();
+    let mut made = 0;
+    let mut reused = 0;
+    while made < 40 || (reused == 0 && made < 2000) {
+        let p = dir.join(format!("b{made:04}"));
+        std::fs::write(&p, b"b").unwrap();
+        reused += usize::from(old.contains(&std::fs::metadata(&p).unwrap().ino()));
+        made += 1;
+    }
     let again = list_handles(&srv, &sid, 3);
-    assert_eq!(again.len(), 40);
-    let reused = again.iter().filter(|e| old.contains(&e.2)).count();
+    assert_eq!(again.len(), made);
     assert!(
-        reused > 0,
+        again.iter().any(|e| old.contains(&e.2)),
         "no inode number was given again: this file system does not show the case"
     );
     let root = ex.root_fd();
@@ -975,6 +982,76 @@ fn a_listing_of_names_and_file_ids_takes_them_from_the_directory_without_a_stat(
     let (sized, unstatted) = list_with(&srv, &sid, 4, &[attr::SIZE, attr::MOUNTED_ON_FILEID]);
     assert_eq!(sized.len(), 33);
     assert_eq!(unstatted, 0);
+
+    // On a file system whose directory numbers are not those of its
+    // inodes, every entry is looked at.
+    let ex = &srv.exports.list()[0].fs;
+    assert!(
+        ex.numbers_in_directory(),
+        "the test's file system is not ext4, xfs, btrfs or tmpfs"
+    );
+    ex.distrust_numbers_in_directory();
+    let (again, unstatted) = list_with(&srv, &sid, 5, &req);
+    assert_eq!(again, typed);
+    assert_eq!(unstatted, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn entries_counted_as_listed_without_a_stat_are_those_the_reply_holds() {
+    // A READDIR that stops at maxcount has read entries it did not send.
+    let (srv, dir) = server("names-counted");
+    for i in 0..200 {
+        std::fs::write(dir.join(format!("entry-{i:03}")), b"").unwrap();
+    }
+    let sid = session(&srv);
+    let req = [attr::RDATTR_ERROR, attr::TYPE, attr::MOUNTED_ON_FILEID];
+    let counted = || {
+        srv.metrics
+            .entries_listed_without_stat
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let (mut cookie, mut seq, mut listed, mut replies) = (0, 1, 0u64, 0);
+    loop {
+        let before = counted();
+        let a = args(&ReaddirArgs {
+            cookie,
+            verifier: [0; 8],
+            dircount: 1 << 20,
+            maxcount: 1024,
+            attr_request: Bitmap4::of(&req),
+        });
+        let (st, rest) = run_from(
+            &srv,
+            &sid,
+            seq,
+            None,
+            &[(op::PUTROOTFH, vec![]), (op::READDIR, a)],
+        );
+        assert_eq!(st, status::OK);
+        let mut d = Decoder::new(&rest);
+        skip_results(&mut d, 1);
+        assert_eq!(next_result(&mut d), (op::READDIR, status::OK));
+        d.array::<8>().unwrap();
+        let mut n = 0;
+        while d.bool().unwrap() {
+            cookie = d.u64().unwrap();
+            d.opaque(255).unwrap();
+            d.bitmap(8).unwrap();
+            d.opaque(4096).unwrap();
+            n += 1;
+        }
+        assert!(n > 0);
+        assert_eq!(counted() - before, n, "reply {replies}: entries sent");
+        listed += n;
+        replies += 1;
+        seq += 1;
+        if d.bool().unwrap() {
+            break;
+        }
+    }
+    assert_eq!(listed, 200);
+    assert!(replies > 3, "{replies} replies: the test wants several");
     let _ = std::fs::remove_dir_all(dir);
 }
 
