@@ -213,16 +213,64 @@ def test_large_unstable_nfs3_writes_start_their_own_writeback(disk_server):
     assert (disk.mnt / "export" / "v3").read_bytes() == data
 
 
-def dirty_pages(fd: int) -> int:
-    """Dirty page-cache pages of the file open as `fd` (cachestat(2))."""
+def cache_state(fd: int, offset: int = 0, length: int = 0) -> tuple[int, int]:
+    """(dirty, under writeback) page-cache pages of the file open as
+    `fd`, in `length` bytes from `offset` (0: to the end) (cachestat(2))."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    rng = (ctypes.c_uint64 * 2)(0, 0)  # offset 0, length 0: to the end
+    rng = (ctypes.c_uint64 * 2)(offset, length)
     out = (ctypes.c_uint64 * 5)()  # cache, dirty, writeback, evicted, recently evicted
     if libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(out), 0) != 0:  # 451: cachestat
         raise OSError(ctypes.get_errno(), "cachestat")
-    return out[1]
+    return out[1], out[2]
+
+
+def dirty_pages(fd: int) -> int:
+    """Dirty page-cache pages of the file open as `fd`."""
+    return cache_state(fd)[0]
+
+
+def test_file_sync_writes_at_once_are_each_clean_when_answered(disk_server):
+    """Four clients write FILE_SYNC WRITEs to their own quarters of one
+    file at the same time, so that each WRITE's flush runs beside others'
+    and beside other WRITEs: every WRITE's range must be neither dirty
+    nor under writeback when it is answered."""
+    import threading
+
+    disk, srv = disk_server
+    clients = [Client(srv.port).establish() for _ in range(4)]
+    opened = [open_new(c, "shared") for c in clients]
+    path = disk.mnt / "export" / "shared"
+    writes = 24
+    data = os.urandom(len(clients) * writes * CHUNK)
+    fd = os.open(path, os.O_RDONLY)
+    failures: list[str] = []
+
+    def writer(i: int):
+        c, (sid, fh) = clients[i], opened[i]
+        try:
+            for k in range(writes):
+                off = (i * writes + k) * CHUNK
+                r = c.compound([rc.op_putfh(fh), rc.op_write(off, data[off:off + CHUNK], FILE_SYNC, stateid=sid)])
+                expect_ok(r, "WRITE")
+                assert r[2].committed == FILE_SYNC
+                dirty, writeback = cache_state(fd, off, CHUNK)
+                assert (dirty, writeback) == (0, 0), \
+                    f"WRITE at {off} answered FILE_SYNC with {dirty} dirty and {writeback} pages under writeback"
+        except BaseException as e:  # reported below
+            failures.append(f"client {i}: {e}")
+
+    try:
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        os.close(fd)
+    assert not failures, failures
+    assert path.read_bytes() == data
 
 
 def test_commit_puts_unstable_writes_on_the_device(disk_server):
