@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 import rpcclient as rc
-from conftest import LoopMount, SluiceServer, make_ext4
+from conftest import LoopMount, MetricsServer, SluiceServer, make_ext4
 from rpcclient import Client, expect_ok
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root (and mounts an ext4 image)")
@@ -348,3 +349,95 @@ def test_copy_is_on_the_device_after_commit_and_survives_sigkill(disk_server):
     srv.restart(signal.SIGKILL)
     c2 = Client(srv.port).establish()
     assert read_all(c2, "dst", len(data)) == data, "the committed copy was lost by a SIGKILL"
+
+
+class FailingDisk:
+    """An ext4 file system on a loop device whose backing file lies in a
+    tmpfs smaller than the device: once the tmpfs is full, the device
+    fails writes, and the kernel's writeback of the file system's pages
+    fails (EIO, then the journal aborts)."""
+
+    def __init__(self, base: Path, room: int, size: int):
+        self.tmpfs = base / "tmpfs"
+        self.tmpfs.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(self.tmpfs)], check=True)
+        self.mnt = base / "ext4"
+        self.mnt.mkdir()
+        self.device = None
+        try:
+            image = self.tmpfs / "ext4.img"
+            with open(image, "wb") as f:
+                f.truncate(size)
+            self.device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True,
+                                         capture_output=True, text=True).stdout.strip()
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", self.device],
+                           check=True)
+            subprocess.run(["mount", self.device, str(self.mnt)], check=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        subprocess.run(["umount", str(self.mnt)], check=False)
+        if self.device:
+            subprocess.run(["losetup", "--detach", self.device], check=False)
+        subprocess.run(["umount", str(self.tmpfs)], check=True)
+
+
+def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_binary, tmp_path):
+    """The kernel reports a failed writeback once to each open file that
+    was open before it, and not to files opened after someone saw it.
+    Client B (NFSv3) writes 64 KiB UNSTABLE far into a file. Client A
+    (NFSv4.1) then writes more to it than the device can still take; its
+    COMMIT writes back the file's pages, B's among them, and fails. A
+    COMMITs again until one succeeds: the kernel has nothing left to say.
+    Those COMMITs, and B's, which flushes through a descriptor opened
+    after that, must answer an error or a verifier other than the one
+    their WRITEs got, so that the clients send their data again (RFC 1813
+    section 3.3.21; RFC 8881 section 18.32.3). Before sluice changed its
+    verifier on such failures, both answered the old one."""
+    import v3client as v
+
+    disk = FailingDisk(tmp_path, room=48 * MiB, size=512 * MiB)
+    server = None
+    try:
+        (disk.mnt / "export").mkdir()
+        (tmp_path / "state").mkdir()
+        server = MetricsServer(sluice_binary, disk.mnt / "export", tmp_path / "state", ["--grace-time", "0"])
+        server.start()
+        target = v.sluice_target(server)
+        with target.nfs() as b:
+            fh = b.must(b.create(target.root_fh(), "shared")).fh
+            b_verf = b.must(b.write(fh, 400 * MiB, os.urandom(64 << 10), v.UNSTABLE), "B's WRITE").verf
+
+            a = Client(server.port).establish()
+            sid, afh = open_new(a, "shared")
+            written, a_verf = 0, None
+            chunk = os.urandom(CHUNK)
+            while written < 96 * MiB:
+                r = a.compound([rc.op_putfh(afh), rc.op_write(written, chunk, UNSTABLE, stateid=sid)])
+                if r.status != 0:
+                    break  # the file system gave up already (EIO, or read-only)
+                a_verf = a_verf or r[2].verifier
+                written += CHUNK
+            assert a_verf is not None, "none of A's WRITEs went through"
+            commits = []
+            for _ in range(5):
+                r = a.compound([rc.op_putfh(afh), rc.op_commit()])
+                commits.append(r.status)
+                if r.status == 0:
+                    assert r[2].verifier != a_verf, \
+                        f"A's COMMIT answered its WRITEs' verifier after the file's writeback failed ({commits})"
+                    break
+            # (Unless a WRITE failed already, the first COMMIT fails.)
+            assert commits[0] != 0 or written < 96 * MiB, \
+                f"A's {written} bytes were committed on a device with room for 48 MiB"
+
+            c = b.commit(fh)
+            assert not (c.ok and c.verf == b_verf), \
+                "B's COMMIT answered its WRITE's verifier after the file's writeback failed"
+        assert server.counter("sluice_write_verifier_changes") >= 1
+    finally:
+        if server is not None:
+            server.stop()
+        disk.close()

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 30] = [
+        let counters: [(&str, &str, u64); 31] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -81,6 +81,11 @@ impl Collector for Collect {
                 "sluice_entries_listed_without_stat",
                 "READDIR entries (not directories) answered from the directory alone, without a stat, because the client asked for names, types and file ids only.",
                 load(&m.entries_listed_without_stat),
+            ),
+            (
+                "sluice_write_verifier_changes",
+                "Times the write verifier changed because the file system failed to flush or write data, so that clients send their uncommitted writes again.",
+                load(&m.write_verifier_changes),
             ),
             (
                 "sluice_delegations_granted",

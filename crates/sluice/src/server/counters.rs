@@ -57,6 +57,9 @@ pub struct Metrics {
     /// READDIR entries answered from the directory alone, without a stat
     /// (the client asked for names, types and file ids only).
     pub entries_listed_without_stat: AtomicU64,
+    /// Times the write verifier changed because a flush or write failed
+    /// (see `Server::storage_failed`).
+    pub write_verifier_changes: AtomicU64,
 }
 
 impl Metrics {

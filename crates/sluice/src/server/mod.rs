@@ -147,6 +147,30 @@ impl Default for Config {
     }
 }
 
+/// What failed to put a file's data on stable storage (see
+/// [`Server::storage_failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storing {
+    /// fsync or fdatasync (COMMIT, a stable WRITE, the end of a copy).
+    Flush,
+    /// A write of data.
+    Write,
+}
+
+/// Whether `err`, from `what`, may mean that data written before (and
+/// answered UNSTABLE) is lost: not for an interrupted or retried call, a
+/// stale handle, or a flush the file does not support; nor for a write
+/// refused for want of space or quota or past the largest size, which
+/// writes nothing and loses nothing written before (a flush failing for
+/// want of space did lose data: its pages could not be written back).
+pub(crate) fn loses_written_data(what: Storing, err: &io::Error) -> bool {
+    match err.raw_os_error() {
+        Some(libc::EAGAIN | libc::EINTR | libc::ESTALE | libc::EINVAL) => false,
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => what == Storing::Flush,
+        _ => true,
+    }
+}
+
 /// One running NFS server instance.
 #[derive(Debug)]
 pub struct Server {
@@ -154,8 +178,8 @@ pub struct Server {
     pub exports: Exports,
     /// Clients, sessions, opens and locks.
     pub state: StateTable,
-    /// Changes on every start, so clients resend uncommitted writes.
-    pub write_verifier: [u8; 8],
+    /// The write verifier (see [`Server::write_verifier`]).
+    write_verifier: std::sync::atomic::AtomicU64,
     /// Identifies this server to clients (server_owner major id).
     pub owner: Vec<u8>,
     /// Settings.
@@ -213,8 +237,9 @@ impl Server {
             .boot_id
             .unwrap_or_else(|| u32::from_be_bytes([random[0], random[1], random[2], random[3]]));
         let boot_id = boot_id.clamp(1, u32::MAX - 1);
-        let mut write_verifier = [0u8; 8];
-        write_verifier.copy_from_slice(&random[4..]);
+        let mut verifier = [0u8; 8];
+        verifier.copy_from_slice(&random[4..]);
+        let write_verifier = u64::from_ne_bytes(verifier).into();
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let locks = Arc::new(crate::engine::rangelock::RangeLocks::new(
             config.range_locks,
@@ -269,6 +294,76 @@ impl Server {
     /// This server as a shared reference, when it is one.
     pub(crate) fn me(&self) -> Option<Arc<Server>> {
         self.me.upgrade()
+    }
+
+    /// The write verifier that WRITE, COMMIT and COPY replies carry. It
+    /// changes on every start and whenever the file system failed to put
+    /// data on stable storage (see [`Server::storage_failed`]): a client
+    /// whose COMMIT answers another verifier than its UNSTABLE WRITEs did
+    /// sends them again.
+    pub fn write_verifier(&self) -> [u8; 8] {
+        self.write_verifier
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .to_ne_bytes()
+    }
+
+    /// After `err` from flushing `file` to stable storage (fsync or
+    /// fdatasync for a COMMIT, a stable WRITE or a copy), or from writing
+    /// to it: unless the error loses nothing already written (see
+    /// [`loses_written_data`]), the write verifier changes.
+    ///
+    /// The kernel reports a failed writeback once to each open file
+    /// description that was open before it, and never to one opened
+    /// after another has seen it. So when one client's COMMIT gets the
+    /// error, another client's COMMIT of the same file through another
+    /// descriptor may succeed although its data was in the pages lost.
+    /// With a new verifier that COMMIT answers another verifier than the
+    /// client's WRITEs did, and the client sends its data again, as
+    /// RFC 8881 section 18.32.3 (and RFC 1813 section 3.3.21) has it for
+    /// a server that lost uncommitted data. The Linux server does the same.
+    pub fn storage_failed(&self, file: (u64, u64), what: Storing, err: &io::Error) {
+        if !loses_written_data(what, err) {
+            return;
+        }
+        let mut fresh = [0u8; 8];
+        loop {
+            if getrandom::getrandom(&mut fresh).is_err() {
+                // No randomness: any other value does.
+                fresh = self.write_verifier().map(|b| b.wrapping_add(1));
+            }
+            if fresh != self.write_verifier() {
+                break;
+            }
+        }
+        self.write_verifier.store(
+            u64::from_ne_bytes(fresh),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        self.metrics
+            .write_verifier_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            dev = file.0,
+            ino = file.1,
+            "{} failed ({err}): the write verifier changes, so that clients send their uncommitted writes again",
+            match what {
+                Storing::Flush => "a flush to stable storage",
+                Storing::Write => "a write",
+            }
+        );
+    }
+
+    /// Flushes `file` (by device and inode) through `fd`, one of its
+    /// descriptors: its data, and with `metadata` its metadata too. A
+    /// failure changes the write verifier (see [`Server::storage_failed`]).
+    pub fn sync_file(
+        &self,
+        file: (u64, u64),
+        fd: std::os::fd::BorrowedFd<'_>,
+        metadata: bool,
+    ) -> io::Result<()> {
+        crate::engine::fs::sync(fd, metadata)
+            .inspect_err(|e| self.storage_failed(file, Storing::Flush, e))
     }
 
     /// Forgets what is cached of a file (its data/hole map and data) after

@@ -641,6 +641,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
                     let fd = open_io(cx, &fh, &st, true)?;
                     let key = (st.dev, st.ino);
+                    // The verifier before the write (see NFSv4's WRITE).
+                    let verifier = cx.srv.write_verifier();
                     let (n, cached) = {
                         let _exclusive =
                             cx.srv.locks.write(key, offset, offset + data.len() as u64);
@@ -657,16 +659,14 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     if cached && how == stable::UNSTABLE {
                         super::ops_file::write_behind(cx.srv, fd.as_fd(), offset, n);
                     }
-                    match how {
-                        stable::DATA_SYNC => io3(fs::sync(fd.as_fd(), false))?,
-                        stable::FILE_SYNC => io3(fs::sync(fd.as_fd(), true))?,
-                        _ => {}
+                    if how != stable::UNSTABLE {
+                        io3(cx.srv.sync_file(key, fd.as_fd(), how == stable::FILE_SYNC))?;
                     }
                     e.u32(0);
                     wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
                     e.u32(n as u32);
                     e.u32(how);
-                    e.opaque_fixed(&cx.srv.write_verifier);
+                    e.opaque_fixed(&verifier);
                     Ok(())
                 }
                 Args3::Create(w, how) => {
@@ -917,10 +917,10 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                             fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)
                         }))?),
                     };
-                    io3(fs::sync(fd.as_fd(), true))?;
+                    io3(cx.srv.sync_file(key, fd.as_fd(), true))?;
                     e.u32(0);
                     wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
-                    e.opaque_fixed(&cx.srv.write_verifier);
+                    e.opaque_fixed(&cx.srv.write_verifier());
                     Ok(())
                 }
             }

@@ -258,7 +258,7 @@ pub(super) fn copy(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                     callback_id: Some(id),
                     count: 0,
                     committed: UNSTABLE,
-                    verifier: cx.srv.write_verifier,
+                    verifier: cx.srv.write_verifier(),
                 },
                 requirements: CopyRequirements4 {
                     consecutive: true,
@@ -268,13 +268,15 @@ pub(super) fn copy(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
             .encode(e);
             return Ok(());
         }
+        // The verifier before the copy (see WRITE).
+        let verifier = cx.srv.write_verifier();
         let n = copy_pieces(cx.srv, &f, SYNC_MAX, None)?;
         CopyResOk {
             response: WriteResponse4 {
                 callback_id: None,
                 count: n,
                 committed: UNSTABLE,
-                verifier: cx.srv.write_verifier,
+                verifier,
             },
             requirements: CopyRequirements4 {
                 consecutive: true,
@@ -323,12 +325,15 @@ fn start_async(cx: &Ctx<'_>, f: &TwoFiles) -> Option<Stateid> {
 /// client with CB_OFFLOAD.
 fn run_async(srv: &Arc<Server>, f: &TwoFiles, job: &Job) {
     let started = std::time::Instant::now();
+    // The verifier before the copy (see WRITE): should a flush fail
+    // meanwhile, the client's COMMIT answers another one.
+    let verifier = srv.write_verifier();
     let result = copy_pieces(srv, f, u64::MAX, Some(job));
     let end = match result {
         Ok(n) => {
             // As the Linux server: the copy is on disk when CB_OFFLOAD
             // says so (FILE_SYNC), or the client commits (UNSTABLE).
-            let committed = if n > 0 && fs::sync(f.dfd.as_fd(), false).is_err() {
+            let committed = if n > 0 && srv.sync_file(f.dkey, f.dfd.as_fd(), false).is_err() {
                 UNSTABLE
             } else {
                 FILE_SYNC
@@ -368,7 +373,7 @@ fn run_async(srv: &Arc<Server>, f: &TwoFiles, job: &Job) {
             callback_id: None,
             count: end.count,
             committed: end.committed,
-            verifier: srv.write_verifier,
+            verifier,
         })
     } else {
         OffloadInfo4::Failed(end.status, end.count)

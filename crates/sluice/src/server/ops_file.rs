@@ -723,6 +723,9 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         }
         let (fh, st) = cur_file_to_write(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
+        // The verifier before the write: should a failure change it while
+        // this WRITE runs, the client sends the data again.
+        let verifier = cx.srv.write_verifier();
         let (n, cached) = {
             let _exclusive = cx
                 .srv
@@ -735,15 +738,13 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         if cached && stable == 0 {
             write_behind(cx.srv, fd.as_fd(), offset, n);
         }
-        match stable {
-            1 => io(fs::sync(fd.as_fd(), false))?,
-            2 => io(fs::sync(fd.as_fd(), true))?,
-            _ => {}
+        if stable > 0 {
+            io(cx.srv.sync_file(file_key(&st), fd.as_fd(), stable == 2))?;
         }
         WriteResOk {
             count: n as u32,
             committed: stable,
-            verifier: cx.srv.write_verifier,
+            verifier,
         }
         .encode(e);
         Ok(())
@@ -765,18 +766,21 @@ pub(super) fn write_data(
     offset: u64,
 ) -> std::io::Result<(usize, bool)> {
     let min = srv.config.direct_write_min;
-    if min > 0
-        && data.len() as u64 >= min
-        && offset.is_multiple_of(4096)
-        && data.len().is_multiple_of(4096)
-        && !srv.state.file_delegated(file)
-    {
-        match fs::write_direct_at(fd, data, offset) {
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
-            r => return r.map(|n| (n, false)),
+    let r = 'write: {
+        if min > 0
+            && data.len() as u64 >= min
+            && offset.is_multiple_of(4096)
+            && data.len().is_multiple_of(4096)
+            && !srv.state.file_delegated(file)
+        {
+            match fs::write_direct_at(fd, data, offset) {
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+                r => break 'write r.map(|n| (n, false)),
+            }
         }
-    }
-    fs::write_at(fd, data, offset).map(|n| (n, true))
+        fs::write_at(fd, data, offset).map(|n| (n, true))
+    };
+    r.inspect_err(|e| srv.storage_failed(file, super::Storing::Write, e))
 }
 
 /// After an UNSTABLE WRITE of `n` bytes at `offset` through the page
@@ -820,8 +824,8 @@ pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
                 }))?)
             }
         };
-        io(fs::sync(fd.as_fd(), true))?;
-        e.opaque_fixed(&cx.srv.write_verifier);
+        io(cx.srv.sync_file(file_key(&st), fd.as_fd(), true))?;
+        e.opaque_fixed(&cx.srv.write_verifier());
         Ok(())
     })
 }

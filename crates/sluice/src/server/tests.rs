@@ -1775,3 +1775,55 @@ fn readdir_fills_the_reply_up_to_maxcount_and_too_small_leaves_nothing_behind() 
     assert!(pages >= 5, "{pages} pages");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_failed_flush_changes_the_write_verifier_and_a_refused_write_does_not() {
+    use super::Storing::{Flush, Write};
+    use std::io::Error;
+    let (srv, dir) = server("verifier");
+    let changes = || {
+        srv.metrics
+            .write_verifier_changes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let file = (1, 2);
+    let mut seen = vec![srv.write_verifier()];
+    // Data that was to be written back may be lost: a new verifier.
+    for (what, errno) in [
+        (Flush, libc::EIO),
+        (Flush, libc::ENOSPC),
+        (Flush, libc::EDQUOT),
+        (Flush, libc::EROFS),
+        (Write, libc::EIO),
+        (Write, libc::EROFS),
+    ] {
+        srv.storage_failed(file, what, &Error::from_raw_os_error(errno));
+        let now = srv.write_verifier();
+        assert!(
+            !seen.contains(&now),
+            "{what:?} failing with errno {errno}: the verifier did not change"
+        );
+        seen.push(now);
+    }
+    assert_eq!(changes(), 6);
+    // Nothing written before is lost: the same verifier.
+    for (what, errno) in [
+        (Flush, libc::EINTR),
+        (Flush, libc::EAGAIN),
+        (Flush, libc::ESTALE),
+        (Flush, libc::EINVAL),
+        (Write, libc::ENOSPC),
+        (Write, libc::EDQUOT),
+        (Write, libc::EFBIG),
+        (Write, libc::EAGAIN),
+    ] {
+        srv.storage_failed(file, what, &Error::from_raw_os_error(errno));
+        assert_eq!(
+            srv.write_verifier(),
+            *seen.last().unwrap(),
+            "{what:?} failing with errno {errno} changed the verifier"
+        );
+    }
+    assert_eq!(changes(), 6);
+    let _ = std::fs::remove_dir_all(dir);
+}
