@@ -180,6 +180,14 @@ pub struct Server {
     pub state: StateTable,
     /// The write verifier (see [`Server::write_verifier`]).
     write_verifier: std::sync::atomic::AtomicU64,
+    /// Flushes running, by file (see [`Server::flush_then_verifier`]).
+    flushing: std::sync::Mutex<std::collections::HashMap<(u64, u64), Vec<u64>>>,
+    flush_ended: std::sync::Condvar,
+    flush_ids: std::sync::atomic::AtomicU64,
+    /// When (milliseconds after `started`, plus one) the last change of
+    /// the verifier was logged.
+    verifier_warned: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
     /// Identifies this server to clients (server_owner major id).
     pub owner: Vec<u8>,
     /// Settings.
@@ -264,6 +272,11 @@ impl Server {
             )
             .map_err(io::Error::other)?,
             write_verifier,
+            flushing: Default::default(),
+            flush_ended: Default::default(),
+            flush_ids: Default::default(),
+            verifier_warned: Default::default(),
+            started: std::time::Instant::now(),
             owner: config
                 .server_owner
                 .clone()
@@ -322,26 +335,24 @@ impl Server {
     /// RFC 8881 section 18.32.3 (and RFC 1813 section 3.3.21) has it for
     /// a server that lost uncommitted data. The Linux server does the same.
     pub fn storage_failed(&self, file: (u64, u64), what: Storing, err: &io::Error) {
+        use std::sync::atomic::Ordering;
         if !loses_written_data(what, err) {
             return;
         }
-        let mut fresh = [0u8; 8];
-        loop {
-            if getrandom::getrandom(&mut fresh).is_err() {
-                // No randomness: any other value does.
-                fresh = self.write_verifier().map(|b| b.wrapping_add(1));
-            }
-            if fresh != self.write_verifier() {
-                break;
-            }
-        }
-        self.write_verifier.store(
-            u64::from_ne_bytes(fresh),
-            std::sync::atomic::Ordering::SeqCst,
-        );
+        // Another value than any before (from a random start, an odd step
+        // comes back only after 2^64 changes).
+        self.write_verifier
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::SeqCst);
         self.metrics
             .write_verifier_changes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed);
+        // A file system that gave up fails every flush: one line a second.
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let last = self.verifier_warned.load(Ordering::Relaxed);
+        if last != 0 && now < last + 1000 {
+            return;
+        }
+        self.verifier_warned.store(now, Ordering::Relaxed);
         tracing::warn!(
             dev = file.0,
             ino = file.1,
@@ -355,15 +366,89 @@ impl Server {
 
     /// Flushes `file` (by device and inode) through `fd`, one of its
     /// descriptors: its data, and with `metadata` its metadata too. A
-    /// failure changes the write verifier (see [`Server::storage_failed`]).
-    pub fn sync_file(
+    /// failure changes the write verifier (see [`Server::storage_failed`])
+    /// before this returns.
+    ///
+    /// The kernel tells of a failed writeback through each open file
+    /// description once: a flush through a description that no one else
+    /// flushes meanwhile (see [`Server::flush_witness`]) learns of every
+    /// failure since that description was opened.
+    pub fn flush_file(
         &self,
         file: (u64, u64),
         fd: std::os::fd::BorrowedFd<'_>,
         metadata: bool,
     ) -> io::Result<()> {
-        crate::engine::fs::sync(fd, metadata)
-            .inspect_err(|e| self.storage_failed(file, Storing::Flush, e))
+        use std::sync::atomic::Ordering::Relaxed;
+        let id = self.flush_ids.fetch_add(1, Relaxed);
+        self.flushes().entry(file).or_default().push(id);
+        let r = crate::engine::fs::sync(fd, metadata);
+        if let Err(e) = &r {
+            self.storage_failed(file, Storing::Flush, e);
+        }
+        let mut running = self.flushes();
+        if let Some(ids) = running.get_mut(&file) {
+            ids.retain(|&i| i != id);
+            if ids.is_empty() {
+                running.remove(&file);
+            }
+        }
+        drop(running);
+        self.flush_ended.notify_all();
+        r
+    }
+
+    /// [`Server::flush_file`], then the write verifier, read once every
+    /// other flush of the file that ran when this one ended has ended too.
+    /// For flushes through a description others may flush at the same
+    /// time (an open's, or one opened after a failure was reported): the
+    /// kernel tells of a failure only the first of them, and the others
+    /// succeed; the verifier tells them, once that first one has changed
+    /// it. COMMIT answers it; a stable WRITE or a copy compares it with
+    /// the verifier from before it wrote.
+    pub fn flush_then_verifier(
+        &self,
+        file: (u64, u64),
+        fd: std::os::fd::BorrowedFd<'_>,
+        metadata: bool,
+    ) -> io::Result<[u8; 8]> {
+        self.flush_file(file, fd, metadata)?;
+        let mut running = self.flushes();
+        let beside: Vec<u64> = running.get(&file).cloned().unwrap_or_default();
+        while running
+            .get(&file)
+            .is_some_and(|ids| ids.iter().any(|i| beside.contains(i)))
+        {
+            running = self
+                .flush_ended
+                .wait(running)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(self.write_verifier())
+    }
+
+    /// A description of `file` of its own for a stable WRITE's flush,
+    /// opened (as root, for reading, through `path`, an O_PATH descriptor
+    /// of it) before the WRITE writes: its flush then learns of every
+    /// failed writeback since, whoever else was told (see
+    /// [`Server::flush_file`]). None when the file has a write delegation,
+    /// whose kernel lease another open would break, or when it cannot be
+    /// opened.
+    pub(crate) fn flush_witness(
+        &self,
+        file: (u64, u64),
+        path: std::os::fd::BorrowedFd<'_>,
+    ) -> Option<std::os::fd::OwnedFd> {
+        if self.state.write_delegated(file) {
+            return None;
+        }
+        crate::engine::cred::as_root(|| crate::engine::fs::reopen(path, libc::O_RDONLY)).ok()
+    }
+
+    fn flushes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(u64, u64), Vec<u64>>> {
+        self.flushing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets what is cached of a file (its data/hole map and data) after

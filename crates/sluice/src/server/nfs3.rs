@@ -354,6 +354,16 @@ impl FileCache {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A kept descriptor of `file` open for writing, whoever opened it.
+    pub(super) fn writer(&self, file: (u64, u64)) -> Option<Arc<OwnedFd>> {
+        let f = self.lock();
+        f.map
+            .get(&file)?
+            .iter()
+            .find(|k| k.who.3)
+            .map(|k| k.fd.clone())
+    }
+
     fn get(&self, key: &FileCacheKey) -> Option<Arc<OwnedFd>> {
         let (file, who) = split(key);
         let mut f = self.lock();
@@ -497,435 +507,449 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
     let mut fail_attrs: Option<Fattr3> = None;
     let mut fail_wcc: Vec<(Option<WccAttr>, Option<Fattr3>)> = Vec::new();
     let shape = Shape::of(&a);
-    let r: Result<(), Stop> =
-        (|| {
-            match a {
-                Args3::Null => Ok(()),
-                Args3::Getattr(fh) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    e.u32(0);
-                    fattr(cx, fh.loc, &st).encode(e);
-                    Ok(())
+    let r: Result<(), Stop> = (|| {
+        match a {
+            Args3::Null => Ok(()),
+            Args3::Getattr(fh) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                e.u32(0);
+                fattr(cx, fh.loc, &st).encode(e);
+                Ok(())
+            }
+            Args3::Setattr(fh, sa, guard) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                let _as = cred::assume(&cx.id);
+                let before = wcc_of(cx, &fh, &st);
+                fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                if let Some(g) = guard {
+                    if time3(st.ctime) != g {
+                        return Err(status::NOT_SYNC.into());
+                    }
                 }
-                Args3::Setattr(fh, sa, guard) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    let _as = cred::assume(&cx.id);
-                    let before = wcc_of(cx, &fh, &st);
-                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
-                    if let Some(g) = guard {
-                        if time3(st.ctime) != g {
-                            return Err(status::NOT_SYNC.into());
-                        }
-                    }
-                    read_only(cx, &fh)?;
-                    let set = settable(&sa);
-                    deleg_conflicts(
-                        cx,
-                        (st.dev, st.ino),
-                        set.size.is_some() || set.mode.is_some(),
-                    )
-                    .map_err(st3)?;
-                    if set.size.is_some() {
-                        cx.srv.state.before_own_open((st.dev, st.ino));
-                    }
-                    {
-                        let key = (st.dev, st.ino);
-                        let _exclusive = set
-                            .size
-                            .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
-                        let r = apply_attrs(&fh, &st, &set).map_err(st3);
-                        let r = match r {
-                            // The owner may truncate its own file (as with
-                            // WRITE, the client checked at open).
-                            Err(status::ACCES) if set.size.is_some() && cx.id.uid == st.uid => {
-                                cred::as_root(|| {
-                                    apply_attrs(
-                                        &fh,
-                                        &st,
-                                        &SetAttrs {
-                                            size: set.size,
-                                            ..Default::default()
-                                        },
-                                    )
-                                })
-                                .map_err(st3)
-                                .and_then(|_| {
-                                    apply_attrs(
-                                        &fh,
-                                        &st,
-                                        &SetAttrs {
-                                            size: None,
-                                            ..set.clone()
-                                        },
-                                    )
-                                    .map_err(st3)
-                                })
-                            }
-                            r => r,
-                        };
-                        cx.srv.file_changed(key);
-                        fail_wcc[0].1 = attrs_of(cx, &fh);
-                        r?;
-                    }
-                    e.u32(0);
-                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
-                    Ok(())
-                }
-                Args3::Lookup(DirOp { dir, name: n }) => {
-                    let (dir, dst) = resolve_stat(cx, dir)?;
-                    let _as = cred::assume(&cx.id);
-                    fail_attrs = Some(fattr(cx, dir.loc, &dst));
-                    is_dir(&dst)?;
-                    let (fh, st) = lookup(cx, &dir, &dst, n)?;
-                    e.u32(0);
-                    e.opaque(fh_out(cx, &fh.wire)?);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    post_op_attr(e, Some(&fattr(cx, dir.loc, &dst)));
-                    Ok(())
-                }
-                Args3::Access(fh, want) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    let (r, w, x) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
-                    let ro = cx.ex(&fh).rules.read_only;
-                    let mut granted = 0;
-                    if r {
-                        granted |= access3::READ;
-                    }
-                    if w && !ro {
-                        granted |= access3::MODIFY | access3::EXTEND;
-                    }
-                    if st.is_dir() {
-                        if x {
-                            granted |= access3::LOOKUP;
-                            if w && !ro {
-                                granted |= access3::DELETE;
-                            }
-                        }
-                    } else if x {
-                        granted |= access3::EXECUTE;
-                    }
-                    e.u32(0);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    e.u32(granted & want);
-                    Ok(())
-                }
-                Args3::Readlink(fh) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    fail_attrs = Some(fattr(cx, fh.loc, &st));
-                    if !st.is_symlink() {
-                        return Err(status::INVAL.into());
-                    }
-                    let target = io3(fs::readlink(fh.fd.as_fd()))?;
-                    e.u32(0);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    e.opaque(&target);
-                    Ok(())
-                }
-                Args3::Read(fh, offset, count) => read(cx, fh, offset, count, e, &mut fail_attrs),
-                Args3::Write(fh, offset, how, data) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    let _as = cred::assume(&cx.id);
-                    let before = wcc_of(cx, &fh, &st);
-                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
-                    read_only(cx, &fh)?;
-                    file(&st)?;
-                    // Past the export's limit: a short write, which clients
-                    // resume.
-                    let data = &data[..data.len().min(cx.ex(&fh).rules.max_write as usize)];
-                    if offset
-                        .checked_add(data.len() as u64)
-                        .is_none_or(|end| end > i64::MAX as u64)
-                    {
-                        return Err(status::FBIG.into());
-                    }
-                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
-                    let fd = open_io(cx, &fh, &st, true)?;
-                    let key = (st.dev, st.ino);
-                    // The verifier before the write (see NFSv4's WRITE).
-                    let verifier = cx.srv.write_verifier();
-                    let (n, cached) = {
-                        let _exclusive =
-                            cx.srv.locks.write(key, offset, offset + data.len() as u64);
-                        let written = io3(super::ops_file::write_data(
-                            cx.srv,
-                            key,
-                            fd.as_fd(),
-                            data,
-                            offset,
-                        ));
-                        cx.srv.file_changed(key);
-                        written?
-                    };
-                    if cached && how == stable::UNSTABLE {
-                        super::ops_file::write_behind(cx.srv, fd.as_fd(), offset, n);
-                    }
-                    if how != stable::UNSTABLE {
-                        io3(cx.srv.sync_file(key, fd.as_fd(), how == stable::FILE_SYNC))?;
-                    }
-                    e.u32(0);
-                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
-                    e.u32(n as u32);
-                    e.u32(how);
-                    e.opaque_fixed(&verifier);
-                    Ok(())
-                }
-                Args3::Create(w, how) => {
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    let _as = cred::assume(&cx.id);
-                    let n = name(w.name)?;
-                    let (fh, st) = create(cx, &dir, &n, &how)?;
-                    made(cx, e, &dir, &before, &fh, &st)
-                }
-                Args3::Mkdir(w, sa) => {
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    let _as = cred::assume(&cx.id);
-                    let n = name(w.name)?;
-                    let set = settable(&sa);
-                    io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
-                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
-                    made(cx, e, &dir, &before, &fh, &st)
-                }
-                Args3::Symlink(w, sa, target) => {
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    let _as = cred::assume(&cx.id);
-                    let n = name(w.name)?;
-                    if target.is_empty() {
-                        return Err(status::INVAL.into());
-                    }
-                    let t = CString::new(target).map_err(|_| status::INVAL)?;
-                    io3(fs::symlink_at(dir.fd.as_fd(), &n, &t))?;
-                    let set = SetAttrs {
-                        mode: None,
-                        size: None,
-                        ..settable(&sa)
-                    };
-                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
-                    made(cx, e, &dir, &before, &fh, &st)
-                }
-                Args3::Mknod(w, what) => {
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    let _as = cred::assume(&cx.id);
-                    let n = name(w.name)?;
-                    let (kind, sa, rdev) = match what {
-                        MknodData3::Device(t, sa, major, minor) => {
-                            let k = if t == ftype3::CHR {
-                                libc::S_IFCHR
-                            } else {
-                                libc::S_IFBLK
-                            };
-                            (k, sa, libc::makedev(major, minor))
-                        }
-                        MknodData3::Pipe(t, sa) => {
-                            let k = if t == ftype3::FIFO {
-                                libc::S_IFIFO
-                            } else {
-                                libc::S_IFSOCK
-                            };
-                            (k, sa, 0)
-                        }
-                        MknodData3::Other(_) => return Err(status::BADTYPE.into()),
-                    };
-                    let set = settable(&sa);
-                    io3(fs::mknod_at(
-                        dir.fd.as_fd(),
-                        &n,
-                        kind | set.mode.unwrap_or(0o644),
-                        rdev,
-                    ))?;
-                    let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
-                    made(cx, e, &dir, &before, &fh, &st)
-                }
-                Args3::Remove(w) | Args3::Rmdir(w) => {
-                    let rmdir = shape == Shape::Rmdir;
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    let _as = cred::assume(&cx.id);
-                    let n = match name(w.name) {
-                        Err(status::EXIST) if rmdir && w.name == b"." => Err(status::INVAL),
-                        Err(status::EXIST) if rmdir => Err(status::NOTEMPTY),
-                        r => r,
-                    }?;
-                    let st = io3(fs::stat_at(dir.fd.as_fd(), &n))?;
-                    if rmdir && !st.is_dir() {
-                        return Err(status::NOTDIR.into());
-                    }
-                    if !rmdir && st.is_dir() {
-                        return Err(status::ISDIR.into());
-                    }
-                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
-                    let ex = &cx.ex(&dir).fs;
-                    let wire = ex.handle_in(dir.fd.as_fd(), &n).ok();
-                    io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
-                    if st.nlink <= 1 && !st.is_dir() {
-                        cx.srv.v3_files.forget((st.dev, st.ino));
-                        cx.srv.read.readahead.forget_file((st.dev, st.ino));
-                    }
-                    if let Some(w) = wire {
-                        if st.nlink <= 1 || st.is_dir() {
-                            ex.forget(&w);
-                        }
-                    }
-                    e.u32(0);
-                    wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
-                    Ok(())
-                }
-                Args3::Rename(from, to) => {
-                    let sdir = resolve(cx, from.dir)?;
-                    let tdir = resolve(cx, to.dir)?;
-                    let _as = cred::assume(&cx.id);
-                    let sst = io3(fs::stat(sdir.fd.as_fd()))?;
-                    let tst = io3(fs::stat(tdir.fd.as_fd()))?;
-                    let (sb, tb) = (wcc_of(cx, &sdir, &sst), wcc_of(cx, &tdir, &tst));
-                    fail_wcc.push((Some(sb), Some(fattr(cx, sdir.loc, &sst))));
-                    fail_wcc.push((Some(tb), Some(fattr(cx, tdir.loc, &tst))));
-                    is_dir(&sst)?;
-                    is_dir(&tst)?;
-                    read_only(cx, &tdir)?;
-                    if sdir.loc != tdir.loc {
-                        return Err(status::XDEV.into());
-                    }
-                    let f = name(from.name).map_err(|s| {
-                        if s == status::EXIST {
-                            status::INVAL
-                        } else {
-                            s
-                        }
-                    })?;
-                    let t = name(to.name)?;
-                    let moved = io3(fs::stat_at(sdir.fd.as_fd(), &f))?;
-                    deleg_conflicts(cx, (moved.dev, moved.ino), true).map_err(st3)?;
-                    let gone = fs::stat_at(tdir.fd.as_fd(), &t).ok();
-                    if let Some(gone) = &gone {
-                        deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
-                    }
-                    let ex = &cx.ex(&tdir).fs;
-                    let replaced = ex.handle_in(tdir.fd.as_fd(), &t).ok();
-                    let r = io3(fs::rename_at(sdir.fd.as_fd(), &f, tdir.fd.as_fd(), &t));
-                    fail_wcc[0].1 = attrs_of(cx, &sdir);
-                    fail_wcc[1].1 = attrs_of(cx, &tdir);
-                    r?;
-                    if let Some(gone) = gone.filter(|g| {
-                        g.is_file() && g.nlink <= 1 && (g.dev, g.ino) != (moved.dev, moved.ino)
-                    }) {
-                        cx.srv.v3_files.forget((gone.dev, gone.ino));
-                        cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
-                    }
-                    if let Some(w) = replaced {
-                        if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
-                            ex.forget(&w);
-                        }
-                    }
-                    e.u32(0);
-                    wcc_data(e, Some(&sb), attrs_of(cx, &sdir).as_ref());
-                    wcc_data(e, Some(&tb), attrs_of(cx, &tdir).as_ref());
-                    Ok(())
-                }
-                Args3::Link(fh, w) => {
-                    let (src, st) = resolve_stat(cx, fh)?;
-                    let _as = cred::assume(&cx.id);
-                    fail_attrs = Some(fattr(cx, src.loc, &st));
-                    let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                    if src.loc != dir.loc {
-                        return Err(status::XDEV.into());
-                    }
-                    if st.is_dir() {
-                        return Err(status::ISDIR.into());
-                    }
-                    let n = name(w.name)?;
-                    deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
-                    io3(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &n))?;
-                    e.u32(0);
-                    post_op_attr(e, attrs_of(cx, &src).as_ref());
-                    wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
-                    Ok(())
-                }
-                Args3::Readdir(dir, cookie, _verf, count) => {
-                    readdir(cx, dir, cookie, None, count, e, &mut fail_attrs)
-                }
-                Args3::Readdirplus(dir, cookie, _verf, dircount, maxcount) => readdir(
+                read_only(cx, &fh)?;
+                let set = settable(&sa);
+                deleg_conflicts(
                     cx,
-                    dir,
-                    cookie,
-                    Some(dircount),
-                    maxcount,
-                    e,
-                    &mut fail_attrs,
-                ),
-                Args3::Fsstat(fh) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    fail_attrs = Some(fattr(cx, fh.loc, &st));
-                    let s = io3(fs::statfs(fh.fd.as_fd()))?;
-                    e.u32(0);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    e.u64(s.bytes_total);
-                    e.u64(s.bytes_free);
-                    e.u64(s.bytes_avail);
-                    e.u64(s.files_total);
-                    e.u64(s.files_free);
-                    e.u64(s.files_avail);
-                    e.u32(0);
-                    Ok(())
+                    (st.dev, st.ino),
+                    set.size.is_some() || set.mode.is_some(),
+                )
+                .map_err(st3)?;
+                if set.size.is_some() {
+                    cx.srv.state.before_own_open((st.dev, st.ino));
                 }
-                Args3::Fsinfo(fh) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    let rules = &cx.ex(&fh).rules;
-                    e.u32(0);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    e.u32(rules.max_read);
-                    e.u32(rules.max_read);
-                    e.u32(4096);
-                    e.u32(rules.max_write);
-                    e.u32(rules.max_write);
-                    e.u32(4096);
-                    e.u32(DTPREF);
-                    e.u64(i64::MAX as u64);
-                    e.u32(0);
-                    e.u32(1);
-                    e.u32(
-                        nfs3::fsf::LINK
-                            | nfs3::fsf::SYMLINK
-                            | nfs3::fsf::HOMOGENEOUS
-                            | nfs3::fsf::CANSETTIME,
-                    );
-                    Ok(())
-                }
-                Args3::Pathconf(fh) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    e.u32(0);
-                    post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
-                    e.u32(LINK_MAX);
-                    e.u32(255);
-                    e.bool(true); // no_trunc
-                    e.bool(true); // chown_restricted
-                    e.bool(false); // case_insensitive
-                    e.bool(true); // case_preserving
-                    Ok(())
-                }
-                Args3::Commit(fh, offset, count) => {
-                    let (fh, st) = resolve_stat(cx, fh)?;
-                    let before = wcc_of(cx, &fh, &st);
-                    fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
-                    file(&st)?;
-                    if offset.checked_add(count as u64).is_none() {
-                        return Err(status::INVAL.into());
-                    }
+                {
                     let key = (st.dev, st.ino);
-                    // Through an NFSv4 open's descriptor when there is one
-                    // (opening again would break a write delegation's lease).
-                    let fd = match cx.srv.state.any_fd(key) {
+                    let _exclusive = set
+                        .size
+                        .map(|n| cx.srv.locks.write(key, n.min(st.size), u64::MAX));
+                    let r = apply_attrs(&fh, &st, &set).map_err(st3);
+                    let r = match r {
+                        // The owner may truncate its own file (as with
+                        // WRITE, the client checked at open).
+                        Err(status::ACCES) if set.size.is_some() && cx.id.uid == st.uid => {
+                            cred::as_root(|| {
+                                apply_attrs(
+                                    &fh,
+                                    &st,
+                                    &SetAttrs {
+                                        size: set.size,
+                                        ..Default::default()
+                                    },
+                                )
+                            })
+                            .map_err(st3)
+                            .and_then(|_| {
+                                apply_attrs(
+                                    &fh,
+                                    &st,
+                                    &SetAttrs {
+                                        size: None,
+                                        ..set.clone()
+                                    },
+                                )
+                                .map_err(st3)
+                            })
+                        }
+                        r => r,
+                    };
+                    cx.srv.file_changed(key);
+                    fail_wcc[0].1 = attrs_of(cx, &fh);
+                    r?;
+                }
+                e.u32(0);
+                wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                Ok(())
+            }
+            Args3::Lookup(DirOp { dir, name: n }) => {
+                let (dir, dst) = resolve_stat(cx, dir)?;
+                let _as = cred::assume(&cx.id);
+                fail_attrs = Some(fattr(cx, dir.loc, &dst));
+                is_dir(&dst)?;
+                let (fh, st) = lookup(cx, &dir, &dst, n)?;
+                e.u32(0);
+                e.opaque(fh_out(cx, &fh.wire)?);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                post_op_attr(e, Some(&fattr(cx, dir.loc, &dst)));
+                Ok(())
+            }
+            Args3::Access(fh, want) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                let (r, w, x) = (may(&st, cx, 0o4), may(&st, cx, 0o2), may(&st, cx, 0o1));
+                let ro = cx.ex(&fh).rules.read_only;
+                let mut granted = 0;
+                if r {
+                    granted |= access3::READ;
+                }
+                if w && !ro {
+                    granted |= access3::MODIFY | access3::EXTEND;
+                }
+                if st.is_dir() {
+                    if x {
+                        granted |= access3::LOOKUP;
+                        if w && !ro {
+                            granted |= access3::DELETE;
+                        }
+                    }
+                } else if x {
+                    granted |= access3::EXECUTE;
+                }
+                e.u32(0);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                e.u32(granted & want);
+                Ok(())
+            }
+            Args3::Readlink(fh) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                fail_attrs = Some(fattr(cx, fh.loc, &st));
+                if !st.is_symlink() {
+                    return Err(status::INVAL.into());
+                }
+                let target = io3(fs::readlink(fh.fd.as_fd()))?;
+                e.u32(0);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                e.opaque(&target);
+                Ok(())
+            }
+            Args3::Read(fh, offset, count) => read(cx, fh, offset, count, e, &mut fail_attrs),
+            Args3::Write(fh, offset, how, data) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                let _as = cred::assume(&cx.id);
+                let before = wcc_of(cx, &fh, &st);
+                fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                read_only(cx, &fh)?;
+                file(&st)?;
+                // Past the export's limit: a short write, which clients
+                // resume.
+                let data = &data[..data.len().min(cx.ex(&fh).rules.max_write as usize)];
+                if offset
+                    .checked_add(data.len() as u64)
+                    .is_none_or(|end| end > i64::MAX as u64)
+                {
+                    return Err(status::FBIG.into());
+                }
+                deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                let fd = open_io(cx, &fh, &st, true)?;
+                let key = (st.dev, st.ino);
+                // The verifier before the write (see NFSv4's WRITE).
+                let verifier = cx.srv.write_verifier();
+                let witness = if how != stable::UNSTABLE {
+                    cx.srv.flush_witness(key, fh.fd.as_fd())
+                } else {
+                    None
+                };
+                let (n, cached) = {
+                    let _exclusive = cx.srv.locks.write(key, offset, offset + data.len() as u64);
+                    let written = io3(super::ops_file::write_data(
+                        cx.srv,
+                        key,
+                        fd.as_fd(),
+                        data,
+                        offset,
+                    ));
+                    cx.srv.file_changed(key);
+                    written?
+                };
+                if cached && how == stable::UNSTABLE {
+                    super::ops_file::write_behind(cx.srv, fd.as_fd(), offset, n);
+                }
+                if how != stable::UNSTABLE {
+                    let metadata = how == stable::FILE_SYNC;
+                    super::ops_file::stable_flush(cx.srv, key, witness, &fd, metadata, verifier)
+                        .map_err(st3)?;
+                }
+                e.u32(0);
+                wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                e.u32(n as u32);
+                e.u32(how);
+                e.opaque_fixed(&verifier);
+                Ok(())
+            }
+            Args3::Create(w, how) => {
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                let _as = cred::assume(&cx.id);
+                let n = name(w.name)?;
+                let (fh, st) = create(cx, &dir, &n, &how)?;
+                made(cx, e, &dir, &before, &fh, &st)
+            }
+            Args3::Mkdir(w, sa) => {
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                let _as = cred::assume(&cx.id);
+                let n = name(w.name)?;
+                let set = settable(&sa);
+                io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
+                let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                made(cx, e, &dir, &before, &fh, &st)
+            }
+            Args3::Symlink(w, sa, target) => {
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                let _as = cred::assume(&cx.id);
+                let n = name(w.name)?;
+                if target.is_empty() {
+                    return Err(status::INVAL.into());
+                }
+                let t = CString::new(target).map_err(|_| status::INVAL)?;
+                io3(fs::symlink_at(dir.fd.as_fd(), &n, &t))?;
+                let set = SetAttrs {
+                    mode: None,
+                    size: None,
+                    ..settable(&sa)
+                };
+                let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                made(cx, e, &dir, &before, &fh, &st)
+            }
+            Args3::Mknod(w, what) => {
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                let _as = cred::assume(&cx.id);
+                let n = name(w.name)?;
+                let (kind, sa, rdev) = match what {
+                    MknodData3::Device(t, sa, major, minor) => {
+                        let k = if t == ftype3::CHR {
+                            libc::S_IFCHR
+                        } else {
+                            libc::S_IFBLK
+                        };
+                        (k, sa, libc::makedev(major, minor))
+                    }
+                    MknodData3::Pipe(t, sa) => {
+                        let k = if t == ftype3::FIFO {
+                            libc::S_IFIFO
+                        } else {
+                            libc::S_IFSOCK
+                        };
+                        (k, sa, 0)
+                    }
+                    MknodData3::Other(_) => return Err(status::BADTYPE.into()),
+                };
+                let set = settable(&sa);
+                io3(fs::mknod_at(
+                    dir.fd.as_fd(),
+                    &n,
+                    kind | set.mode.unwrap_or(0o644),
+                    rdev,
+                ))?;
+                let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
+                made(cx, e, &dir, &before, &fh, &st)
+            }
+            Args3::Remove(w) | Args3::Rmdir(w) => {
+                let rmdir = shape == Shape::Rmdir;
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                let _as = cred::assume(&cx.id);
+                let n = match name(w.name) {
+                    Err(status::EXIST) if rmdir && w.name == b"." => Err(status::INVAL),
+                    Err(status::EXIST) if rmdir => Err(status::NOTEMPTY),
+                    r => r,
+                }?;
+                let st = io3(fs::stat_at(dir.fd.as_fd(), &n))?;
+                if rmdir && !st.is_dir() {
+                    return Err(status::NOTDIR.into());
+                }
+                if !rmdir && st.is_dir() {
+                    return Err(status::ISDIR.into());
+                }
+                deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                let ex = &cx.ex(&dir).fs;
+                let wire = ex.handle_in(dir.fd.as_fd(), &n).ok();
+                io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
+                if st.nlink <= 1 && !st.is_dir() {
+                    cx.srv.v3_files.forget((st.dev, st.ino));
+                    cx.srv.read.readahead.forget_file((st.dev, st.ino));
+                }
+                if let Some(w) = wire {
+                    if st.nlink <= 1 || st.is_dir() {
+                        ex.forget(&w);
+                    }
+                }
+                e.u32(0);
+                wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
+                Ok(())
+            }
+            Args3::Rename(from, to) => {
+                let sdir = resolve(cx, from.dir)?;
+                let tdir = resolve(cx, to.dir)?;
+                let _as = cred::assume(&cx.id);
+                let sst = io3(fs::stat(sdir.fd.as_fd()))?;
+                let tst = io3(fs::stat(tdir.fd.as_fd()))?;
+                let (sb, tb) = (wcc_of(cx, &sdir, &sst), wcc_of(cx, &tdir, &tst));
+                fail_wcc.push((Some(sb), Some(fattr(cx, sdir.loc, &sst))));
+                fail_wcc.push((Some(tb), Some(fattr(cx, tdir.loc, &tst))));
+                is_dir(&sst)?;
+                is_dir(&tst)?;
+                read_only(cx, &tdir)?;
+                if sdir.loc != tdir.loc {
+                    return Err(status::XDEV.into());
+                }
+                let f =
+                    name(from.name).map_err(
+                        |s| {
+                            if s == status::EXIST {
+                                status::INVAL
+                            } else {
+                                s
+                            }
+                        },
+                    )?;
+                let t = name(to.name)?;
+                let moved = io3(fs::stat_at(sdir.fd.as_fd(), &f))?;
+                deleg_conflicts(cx, (moved.dev, moved.ino), true).map_err(st3)?;
+                let gone = fs::stat_at(tdir.fd.as_fd(), &t).ok();
+                if let Some(gone) = &gone {
+                    deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
+                }
+                let ex = &cx.ex(&tdir).fs;
+                let replaced = ex.handle_in(tdir.fd.as_fd(), &t).ok();
+                let r = io3(fs::rename_at(sdir.fd.as_fd(), &f, tdir.fd.as_fd(), &t));
+                fail_wcc[0].1 = attrs_of(cx, &sdir);
+                fail_wcc[1].1 = attrs_of(cx, &tdir);
+                r?;
+                if let Some(gone) = gone.filter(|g| {
+                    g.is_file() && g.nlink <= 1 && (g.dev, g.ino) != (moved.dev, moved.ino)
+                }) {
+                    cx.srv.v3_files.forget((gone.dev, gone.ino));
+                    cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
+                }
+                if let Some(w) = replaced {
+                    if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
+                        ex.forget(&w);
+                    }
+                }
+                e.u32(0);
+                wcc_data(e, Some(&sb), attrs_of(cx, &sdir).as_ref());
+                wcc_data(e, Some(&tb), attrs_of(cx, &tdir).as_ref());
+                Ok(())
+            }
+            Args3::Link(fh, w) => {
+                let (src, st) = resolve_stat(cx, fh)?;
+                let _as = cred::assume(&cx.id);
+                fail_attrs = Some(fattr(cx, src.loc, &st));
+                let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
+                if src.loc != dir.loc {
+                    return Err(status::XDEV.into());
+                }
+                if st.is_dir() {
+                    return Err(status::ISDIR.into());
+                }
+                let n = name(w.name)?;
+                deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
+                io3(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &n))?;
+                e.u32(0);
+                post_op_attr(e, attrs_of(cx, &src).as_ref());
+                wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
+                Ok(())
+            }
+            Args3::Readdir(dir, cookie, _verf, count) => {
+                readdir(cx, dir, cookie, None, count, e, &mut fail_attrs)
+            }
+            Args3::Readdirplus(dir, cookie, _verf, dircount, maxcount) => readdir(
+                cx,
+                dir,
+                cookie,
+                Some(dircount),
+                maxcount,
+                e,
+                &mut fail_attrs,
+            ),
+            Args3::Fsstat(fh) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                fail_attrs = Some(fattr(cx, fh.loc, &st));
+                let s = io3(fs::statfs(fh.fd.as_fd()))?;
+                e.u32(0);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                e.u64(s.bytes_total);
+                e.u64(s.bytes_free);
+                e.u64(s.bytes_avail);
+                e.u64(s.files_total);
+                e.u64(s.files_free);
+                e.u64(s.files_avail);
+                e.u32(0);
+                Ok(())
+            }
+            Args3::Fsinfo(fh) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                let rules = &cx.ex(&fh).rules;
+                e.u32(0);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                e.u32(rules.max_read);
+                e.u32(rules.max_read);
+                e.u32(4096);
+                e.u32(rules.max_write);
+                e.u32(rules.max_write);
+                e.u32(4096);
+                e.u32(DTPREF);
+                e.u64(i64::MAX as u64);
+                e.u32(0);
+                e.u32(1);
+                e.u32(
+                    nfs3::fsf::LINK
+                        | nfs3::fsf::SYMLINK
+                        | nfs3::fsf::HOMOGENEOUS
+                        | nfs3::fsf::CANSETTIME,
+                );
+                Ok(())
+            }
+            Args3::Pathconf(fh) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                e.u32(0);
+                post_op_attr(e, Some(&fattr(cx, fh.loc, &st)));
+                e.u32(LINK_MAX);
+                e.u32(255);
+                e.bool(true); // no_trunc
+                e.bool(true); // chown_restricted
+                e.bool(false); // case_insensitive
+                e.bool(true); // case_preserving
+                Ok(())
+            }
+            Args3::Commit(fh, offset, count) => {
+                let (fh, st) = resolve_stat(cx, fh)?;
+                let before = wcc_of(cx, &fh, &st);
+                fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
+                file(&st)?;
+                if offset.checked_add(count as u64).is_none() {
+                    return Err(status::INVAL.into());
+                }
+                let key = (st.dev, st.ino);
+                // Through a descriptor the WRITEs had, open since before
+                // them: NFSv3's kept one, or an NFSv4 open's (opening
+                // again would break a write delegation's lease, and a
+                // description opened after a failed writeback was
+                // reported is not told of it).
+                let fd = match cx.srv.v3_files.writer(key) {
+                    Some(fd) => fd,
+                    None => match cx.srv.state.any_fd(key) {
                         Some(fd) => fd,
                         None => Arc::new(io3(cred::as_root(|| {
                             fs::reopen(fh.fd.as_fd(), libc::O_RDONLY)
                         }))?),
-                    };
-                    io3(cx.srv.sync_file(key, fd.as_fd(), true))?;
-                    e.u32(0);
-                    wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
-                    e.opaque_fixed(&cx.srv.write_verifier());
-                    Ok(())
-                }
+                    },
+                };
+                let verifier = io3(cx.srv.flush_then_verifier(key, fd.as_fd(), true))?;
+                e.u32(0);
+                wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
+                e.opaque_fixed(&verifier);
+                Ok(())
             }
-        })()
-        .map_err(|s: Stop3| s.0);
+        }
+    })()
+    .map_err(|s: Stop3| s.0);
     match r {
         Ok(()) => Ok(()),
         Err(Stop::WouldBlock) => Err(Stop::WouldBlock),

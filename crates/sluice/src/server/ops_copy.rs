@@ -218,8 +218,12 @@ fn copy_pieces(srv: &Server, f: &TwoFiles, limit: u64, job: Option<&Job>) -> Res
                     j.set_copied(done);
                 }
             }
-            Err(e) if done == 0 => return Err(Nfsstat4::from(&e)),
+            Err(e) if done == 0 => {
+                srv.storage_failed(f.dkey, super::Storing::Write, &e);
+                return Err(Nfsstat4::from(&e));
+            }
             Err(e) => {
+                srv.storage_failed(f.dkey, super::Storing::Write, &e);
                 tracing::info!(error = %e, copied = done, "copy ended short");
                 break;
             }
@@ -333,11 +337,11 @@ fn run_async(srv: &Arc<Server>, f: &TwoFiles, job: &Job) {
         Ok(n) => {
             // As the Linux server: the copy is on disk when CB_OFFLOAD
             // says so (FILE_SYNC), or the client commits (UNSTABLE).
-            let committed = if n > 0 && srv.sync_file(f.dkey, f.dfd.as_fd(), false).is_err() {
-                UNSTABLE
-            } else {
-                FILE_SYNC
-            };
+            let flushed = n == 0
+                || srv
+                    .flush_then_verifier(f.dkey, f.dfd.as_fd(), false)
+                    .is_ok_and(|now| now == verifier);
+            let committed = if !flushed { UNSTABLE } else { FILE_SYNC };
             End {
                 status: status::OK,
                 count: n,

@@ -726,6 +726,11 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         // The verifier before the write: should a failure change it while
         // this WRITE runs, the client sends the data again.
         let verifier = cx.srv.write_verifier();
+        let witness = if stable > 0 {
+            cx.srv.flush_witness(file_key(&st), fh.fd.as_fd())
+        } else {
+            None
+        };
         let (n, cached) = {
             let _exclusive = cx
                 .srv
@@ -739,7 +744,7 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
             write_behind(cx.srv, fd.as_fd(), offset, n);
         }
         if stable > 0 {
-            io(cx.srv.sync_file(file_key(&st), fd.as_fd(), stable == 2))?;
+            stable_flush(cx.srv, file_key(&st), witness, &fd, stable == 2, verifier)?;
         }
         WriteResOk {
             count: n as u32,
@@ -749,6 +754,34 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
         .encode(e);
         Ok(())
     })
+}
+
+/// The flush of a stable WRITE (NFSv4's and NFSv3's), which wrote
+/// through `fd` after reading `verifier`: through `witness`, a
+/// description of its own (see `Server::flush_witness`), when it has one;
+/// otherwise through `fd`, and then a changed verifier says that a
+/// failure may have been told to another flush of `fd` instead: the WRITE
+/// fails with NFS4ERR_IO, since a stable WRITE cannot be answered as
+/// UNSTABLE.
+pub(super) fn stable_flush(
+    srv: &super::Server,
+    file: (u64, u64),
+    witness: Option<OwnedFd>,
+    fd: &OwnedFd,
+    metadata: bool,
+    verifier: [u8; 8],
+) -> Result<(), Nfsstat4> {
+    match witness {
+        Some(w) => io(srv.flush_file(file, w.as_fd(), metadata)),
+        None => {
+            let now = io(srv.flush_then_verifier(file, fd.as_fd(), metadata))?;
+            if now == verifier {
+                Ok(())
+            } else {
+                Err(status::IO)
+            }
+        }
+    }
 }
 
 /// Writes a WRITE's data: large aligned writes past the page cache
@@ -766,21 +799,26 @@ pub(super) fn write_data(
     offset: u64,
 ) -> std::io::Result<(usize, bool)> {
     let min = srv.config.direct_write_min;
-    let r = 'write: {
-        if min > 0
-            && data.len() as u64 >= min
-            && offset.is_multiple_of(4096)
-            && data.len().is_multiple_of(4096)
-            && !srv.state.file_delegated(file)
-        {
-            match fs::write_direct_at(fd, data, offset) {
-                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
-                r => break 'write r.map(|n| (n, false)),
+    if min > 0
+        && data.len() as u64 >= min
+        && offset.is_multiple_of(4096)
+        && data.len().is_multiple_of(4096)
+        && !srv.state.file_delegated(file)
+    {
+        match fs::write_direct_at(fd, data, offset) {
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {}
+            // It writes back the range's cached pages first: its failures
+            // may be theirs.
+            r => {
+                return r
+                    .map(|n| (n, false))
+                    .inspect_err(|e| srv.storage_failed(file, super::Storing::Flush, e))
             }
         }
-        fs::write_at(fd, data, offset).map(|n| (n, true))
-    };
-    r.inspect_err(|e| srv.storage_failed(file, super::Storing::Write, e))
+    }
+    fs::write_at(fd, data, offset)
+        .map(|n| (n, true))
+        .inspect_err(|e| srv.storage_failed(file, super::Storing::Write, e))
 }
 
 /// After an UNSTABLE WRITE of `n` bytes at `offset` through the page
@@ -824,8 +862,8 @@ pub(super) fn commit(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
                 }))?)
             }
         };
-        io(cx.srv.sync_file(file_key(&st), fd.as_fd(), true))?;
-        e.opaque_fixed(&cx.srv.write_verifier());
+        let verifier = io(cx.srv.flush_then_verifier(file_key(&st), fd.as_fd(), true))?;
+        e.opaque_fixed(&verifier);
         Ok(())
     })
 }
