@@ -14,6 +14,7 @@ for a synchronous COPY (UNSTABLE) and the COMMIT after it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -406,22 +407,34 @@ class FailingDisk:
         subprocess.run(["umount", "--lazy", str(self.tmpfs)], check=True)
 
 
-def stop_then_close(server, disk):
+@contextlib.contextmanager
+def failing_export(binary: Path, base: Path, room: int, options: str = "defaults"):
+    """A server (with metrics) exporting a FailingDisk of 512 MiB with
+    `room` bytes behind it: yields (disk, server, its NFSv3 target)."""
+    import v3client as v
+
+    disk = FailingDisk(base, room=room, size=512 * MiB, options=options)
+    server = None
     try:
-        if server is not None:
-            server.stop()
+        (disk.mnt / "export").mkdir()
+        (base / "state").mkdir()
+        server = MetricsServer(binary, disk.mnt / "export", base / "state", ["--grace-time", "0"])
+        server.start()
+        yield disk, server, v.sluice_target(server)
     finally:
-        disk.close()
+        try:
+            if server is not None:
+                server.stop()
+        finally:
+            disk.close()
 
 
 def test_file_sync_writes_at_once_on_a_failing_device_keep_what_they_acknowledged(sluice_binary, tmp_path):
     """Four NFSv3 clients of one identity write FILE_SYNC WRITEs to their
-    quarters of one file, through the server's one kept descriptor for
-    them, until the device is full and the file system gives up. The
-    kernel tells of a failed writeback once per open file description:
-    a WRITE whose pages failed must not answer FILE_SYNC because another
-    WRITE's flush of the same description was told instead. After a
-    remount, every range answered FILE_SYNC must hold its data."""
+    quarters of one file at once until the device is full and the file
+    system gives up. After a remount, every range answered FILE_SYNC must
+    hold its data: a WRITE whose pages failed must fail, whichever flush
+    the kernel told of the failure."""
     import threading
 
     import v3client as v
@@ -430,14 +443,7 @@ def test_file_sync_writes_at_once_on_a_failing_device_keep_what_they_acknowledge
     # does not report a failed conversion to anyone (it only logs
     # "potential data loss"), which would lose acknowledged data whatever
     # the server does.
-    disk = FailingDisk(tmp_path, room=40 * MiB, size=512 * MiB, options="dioread_lock")
-    server = None
-    try:
-        (disk.mnt / "export").mkdir()
-        (tmp_path / "state").mkdir()
-        server = SluiceServer(sluice_binary, disk.mnt / "export", tmp_path / "state", ["--grace-time", "0"])
-        server.start()
-        target = v.sluice_target(server)
+    with failing_export(sluice_binary, tmp_path, 40 * MiB, "dioread_lock") as (disk, server, target):
         with target.nfs() as c:
             fh = c.must(c.create(target.root_fh(), "shared")).fh
         quarter, size = 16 * MiB, 256 << 10
@@ -467,7 +473,6 @@ def test_file_sync_writes_at_once_on_a_failing_device_keep_what_they_acknowledge
         assert acknowledged, "no FILE_SYNC WRITE was answered"
         assert len(acknowledged) < len(data) // size, "the device never filled"
         server.stop()
-        server = None
         disk.detach()
         disk.grow(512 * MiB)
         disk.attach()
@@ -475,8 +480,6 @@ def test_file_sync_writes_at_once_on_a_failing_device_keep_what_they_acknowledge
         with open(path, "rb") as f:
             lost = [off for off in sorted(acknowledged) if os.pread(f.fileno(), size, off) != data[off:off + size]]
         assert not lost, f"{len(lost)} of {len(acknowledged)} ranges answered FILE_SYNC were lost, the first at {lost[0]}"
-    finally:
-        stop_then_close(server, disk)
 
 
 def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_binary, tmp_path):
@@ -493,14 +496,7 @@ def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_b
     verifier on such failures, both answered the old one."""
     import v3client as v
 
-    disk = FailingDisk(tmp_path, room=48 * MiB, size=512 * MiB)
-    server = None
-    try:
-        (disk.mnt / "export").mkdir()
-        (tmp_path / "state").mkdir()
-        server = MetricsServer(sluice_binary, disk.mnt / "export", tmp_path / "state", ["--grace-time", "0"])
-        server.start()
-        target = v.sluice_target(server)
+    with failing_export(sluice_binary, tmp_path, 48 * MiB) as (disk, server, target):
         with target.nfs() as b:
             fh = b.must(b.create(target.root_fh(), "shared")).fh
             b_verf = b.must(b.write(fh, 400 * MiB, os.urandom(64 << 10), v.UNSTABLE), "B's WRITE").verf
@@ -533,5 +529,3 @@ def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_b
             assert not (c.ok and c.verf == b_verf), \
                 "B's COMMIT answered its WRITE's verifier after the file's writeback failed"
         assert server.counter("sluice_write_verifier_changes") >= 1
-    finally:
-        stop_then_close(server, disk)
