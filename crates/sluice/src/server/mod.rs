@@ -379,10 +379,19 @@ impl Server {
         fd: std::os::fd::BorrowedFd<'_>,
         metadata: bool,
     ) -> io::Result<()> {
+        self.flush_with(file, || crate::engine::fs::sync(fd, metadata))
+    }
+
+    /// [`Server::flush_file`] with `sync` as the flush.
+    fn flush_with(
+        &self,
+        file: (u64, u64),
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
         let id = self.flush_ids.fetch_add(1, Relaxed);
         self.flushes().entry(file).or_default().push(id);
-        let r = crate::engine::fs::sync(fd, metadata);
+        let r = sync();
         if let Err(e) = &r {
             self.storage_failed(file, Storing::Flush, e);
         }
@@ -412,7 +421,16 @@ impl Server {
         fd: std::os::fd::BorrowedFd<'_>,
         metadata: bool,
     ) -> io::Result<[u8; 8]> {
-        self.flush_file(file, fd, metadata)?;
+        self.flush_then_verifier_with(file, || crate::engine::fs::sync(fd, metadata))
+    }
+
+    /// [`Server::flush_then_verifier`] with `sync` as the flush.
+    fn flush_then_verifier_with(
+        &self,
+        file: (u64, u64),
+        sync: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<[u8; 8]> {
+        self.flush_with(file, sync)?;
         let mut running = self.flushes();
         let beside: Vec<u64> = running.get(&file).cloned().unwrap_or_default();
         while running

@@ -1827,3 +1827,57 @@ fn a_failed_flush_changes_the_write_verifier_and_a_refused_write_does_not() {
     assert_eq!(changes(), 6);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_commit_beside_a_failing_flush_answers_the_verifier_the_failure_made() {
+    // The kernel tells of a failed writeback only the first flush of a
+    // description to ask; another flush of it succeeds meanwhile. That
+    // one (a COMMIT) must answer the verifier only once the failing flush
+    // has changed it.
+    let (srv, dir) = server("flush-beside");
+    let file = (7, 8);
+    let before = srv.write_verifier();
+    let (started, flush_started) = std::sync::mpsc::channel::<()>();
+    let (release, hold) = std::sync::mpsc::channel::<()>();
+    let flushed = std::sync::atomic::AtomicBool::new(false);
+    let answered = std::thread::scope(|s| {
+        let srv_r = &srv;
+        let failing = s.spawn(move || {
+            srv_r.flush_with(file, || {
+                started.send(()).unwrap();
+                hold.recv().unwrap();
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            })
+        });
+        flush_started.recv().unwrap();
+        let commit = s.spawn(|| {
+            srv.flush_then_verifier_with(file, || {
+                flushed.store(true, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            })
+        });
+        // Once the COMMIT's own flush has ended, it waits for the failing
+        // one.
+        let t = std::time::Instant::now();
+        while !flushed.load(std::sync::atomic::Ordering::SeqCst)
+            || srv.flushes().get(&file).is_some_and(|ids| ids.len() > 1)
+        {
+            assert!(t.elapsed().as_secs() < 30, "the COMMIT's flush did not end");
+            std::thread::yield_now();
+        }
+        assert!(
+            !commit.is_finished(),
+            "the COMMIT answered beside a flush still running"
+        );
+        release.send(()).unwrap();
+        assert!(failing.join().unwrap().is_err());
+        commit.join().unwrap().unwrap()
+    });
+    assert_ne!(
+        answered, before,
+        "the COMMIT answered the verifier from before the failure"
+    );
+    assert_eq!(answered, srv.write_verifier());
+    assert!(srv.flushes().is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
