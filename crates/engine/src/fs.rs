@@ -808,12 +808,17 @@ pub fn fs_magic(fd: BorrowedFd<'_>) -> Option<libc::__fsword_t> {
 /// list unknown numbers, CIFS without server inode numbers makes its own,
 /// and overlayfs keeps a lower layer's numbers in some setups.
 pub fn numbers_in_directory(magic: libc::__fsword_t) -> bool {
-    const EXT4: libc::__fsword_t = 0xef53;
-    const XFS: libc::__fsword_t = 0x5846_5342;
-    const BTRFS: libc::__fsword_t = 0x9123_683e;
-    const TMPFS: libc::__fsword_t = 0x0102_1994;
-    [EXT4, XFS, BTRFS, TMPFS].contains(&magic)
+    [EXT4_MAGIC, XFS_MAGIC, BTRFS_MAGIC, TMPFS_MAGIC].contains(&magic)
 }
+
+/// Statfs magic numbers (`f_type`) of the file systems the engine knows.
+pub const EXT4_MAGIC: libc::__fsword_t = 0xef53;
+/// xfs.
+pub const XFS_MAGIC: libc::__fsword_t = 0x5846_5342;
+/// btrfs.
+pub const BTRFS_MAGIC: libc::__fsword_t = 0x9123_683e;
+/// tmpfs.
+pub const TMPFS_MAGIC: libc::__fsword_t = 0x0102_1994;
 
 /// Reads up to `len` bytes at `offset` into a new buffer, stopping early
 /// only at the end of the file. The buffer is not zeroed first.

@@ -51,10 +51,13 @@ const XFS_FILEID_INO64_GEN: i32 = 0x81;
 const BTRFS_FILEID: i32 = 0x4d;
 const BTRFS_FILEID_WITH_PARENT: i32 = 0x4e;
 const BTRFS_FILEID_WITH_PARENT_ROOT: i32 = 0x4f;
-const BTRFS_SUPER_MAGIC: libc::__fsword_t = 0x9123_683e;
 /// The file systems whose handles [`ino_of`] reads: ext4, xfs, btrfs
 /// (statfs magic numbers). Local ones: every delete is seen here.
-const LOCAL_FILE_SYSTEMS: [libc::__fsword_t; 3] = [0xef53, 0x5846_5342, BTRFS_SUPER_MAGIC];
+const LOCAL_FILE_SYSTEMS: [libc::__fsword_t; 3] = [
+    crate::fs::EXT4_MAGIC,
+    crate::fs::XFS_MAGIC,
+    crate::fs::BTRFS_MAGIC,
+];
 
 /// The inode number a kernel handle of type `kind` holds, for the types
 /// this module knows.
