@@ -1,6 +1,7 @@
 //! An exported directory tree: its root, its handle key, and the mapping
 //! between wire handles and open descriptors.
 
+use super::attr_cache::AttrCache;
 use super::cred::as_root;
 use super::fs::{self, Stat};
 use super::handle::{kernel_handle, open_kernel_handle, HandleError, HandleKey};
@@ -34,6 +35,8 @@ pub struct Export {
     last_sweep: Mutex<std::time::Instant>,
     /// Handles of inodes seen, for listings.
     memo: HandleMemo,
+    /// Attributes of files listed, for the next listings.
+    attrs: AttrCache,
     /// Whether directory entries carry the inode numbers a stat gives
     /// (see [`fs::numbers_in_directory`]).
     numbers_in_directory: std::sync::atomic::AtomicBool,
@@ -76,6 +79,7 @@ impl Export {
         })?;
         // fanotify marks through a descriptor that is not O_PATH.
         let memo = HandleMemo::watch(mount.as_fd());
+        let attrs = AttrCache::watch(mount.as_fd(), super::attr_cache::KEEP_FOR);
         let numbers = fs::fs_magic(root.as_fd()).is_some_and(fs::numbers_in_directory);
         if !numbers {
             tracing::info!(
@@ -85,6 +89,7 @@ impl Export {
         }
         Ok(Export {
             memo,
+            attrs,
             numbers_in_directory: numbers.into(),
             path: path.to_path_buf(),
             root: Arc::new(root),
@@ -159,6 +164,19 @@ impl Export {
     /// The memo of handles seen (see [`crate::handle_memo`]).
     pub fn memo(&self) -> &HandleMemo {
         &self.memo
+    }
+
+    /// The attributes of files listed (see [`crate::attr_cache`]).
+    pub fn attrs(&self) -> &AttrCache {
+        &self.attrs
+    }
+
+    /// This export, keeping the attributes of files listed for `keep_for`
+    /// (zero: not at all) instead of [`crate::attr_cache::KEEP_FOR`].
+    pub fn keeping_attributes_for(mut self, keep_for: std::time::Duration) -> Self {
+        self.attrs = AttrCache::off();
+        self.attrs = AttrCache::watch(self.mount.as_fd(), keep_for);
+        self
     }
 
     /// Wire handle for `name` in directory `dir`, which `st` describes
@@ -257,11 +275,13 @@ impl Export {
     /// [`Export::sweep`] now, from the server's timer (every
     /// [`SWEEP_EVERY`]), so that an idle server lets go of removed files
     /// too; the sweeps that handle lookups would start wait for the next.
+    /// It also lets the attribute cache rest (see [`AttrCache::rest`]).
     pub fn sweep_on_timer(&self) {
         if let Ok(mut t) = self.last_sweep.lock() {
             *t = std::time::Instant::now();
         }
         self.sweep();
+        self.attrs.rest();
     }
 
     /// Drops the cached descriptors of objects that have no name left

@@ -88,15 +88,16 @@ pub struct HandleMemo {
     /// no event for its inodes; fanotify marks only the top-level one,
     /// which cannot be deleted.)
     dev: u64,
-    inner: RwLock<Inner>,
+    inner: RwLock<Inner<(u64, Arc<[u8]>)>>,
     /// Handles found (for tests and metrics).
     hits: AtomicU64,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    /// Inode number -> (device, wire handle).
-    kept: HashMap<u64, (u64, Arc<[u8]>), BuildHasherDefault<InoHasher>>,
+/// What a watch keeps by inode number, and the events it has read.
+#[derive(Debug)]
+pub(crate) struct Inner<V> {
+    /// Inode number -> what is kept of it (here: device and wire handle).
+    pub(crate) kept: HashMap<u64, V, BuildHasherDefault<InoHasher>>,
     /// Events read from the group so far.
     events: u64,
     /// The inode numbers of the last [`LOG`] events, the newest last (see
@@ -106,11 +107,27 @@ struct Inner {
     cleared_at: u64,
 }
 
-impl Inner {
-    fn forget_all(&mut self) {
+impl<V> Default for Inner<V> {
+    fn default() -> Self {
+        Inner {
+            kept: HashMap::default(),
+            events: 0,
+            log: VecDeque::new(),
+            cleared_at: 0,
+        }
+    }
+}
+
+impl<V> Inner<V> {
+    /// The count of events read so far.
+    pub(crate) fn events(&self) -> u64 {
+        self.events
+    }
+
+    pub(crate) fn forget_all(&mut self) {
         tracing::debug!(
             kept = self.kept.len(),
-            "the memo of handles forgets everything (events lost or not understood)"
+            "a watch of the file system forgets everything (events lost or not understood)"
         );
         self.events += 1;
         self.cleared_at = self.events;
@@ -126,8 +143,9 @@ impl Inner {
         self.kept.remove(&ino);
     }
 
-    /// The numbers of the inodes deleted after `ticket` events.
-    fn gone_since(&self, ticket: u64) -> Gone {
+    /// The numbers of the inodes deleted (or, for the attribute cache,
+    /// changed) after `ticket` events.
+    pub(crate) fn gone_since(&self, ticket: u64) -> Gone {
         let since = self.events.saturating_sub(ticket) as usize;
         if self.cleared_at > ticket || since > self.log.len() {
             return Gone::All;
@@ -138,14 +156,14 @@ impl Inner {
 
 /// Inodes deleted since a [`Ticket`]: these, or perhaps any.
 #[derive(Debug)]
-enum Gone {
+pub(crate) enum Gone {
     All,
     These(std::collections::HashSet<u64, BuildHasherDefault<InoHasher>>),
 }
 
 impl Gone {
     /// Whether inode `ino` may be among them.
-    fn has(&self, ino: u64) -> bool {
+    pub(crate) fn has(&self, ino: u64) -> bool {
         match self {
             Gone::All => true,
             Gone::These(set) => set.contains(&ino),
@@ -210,67 +228,20 @@ impl HandleMemo {
     /// A memo for the file system holding `dir`; one that keeps nothing
     /// when fanotify cannot watch it, saying why.
     pub fn watch(dir: BorrowedFd<'_>) -> Self {
-        let magic = crate::fs::fs_magic(dir);
-        if !magic.is_some_and(|m| LOCAL_FILE_SYSTEMS.contains(&m)) {
-            // Others lay their handles out differently, or delete on
-            // other machines without a local event.
-            tracing::info!(
-                "file handles are asked of the kernel for every entry of a listing: the memo of handles knows ext4, xfs and btrfs only"
-            );
-            return Self::off();
-        }
-        let dev = match crate::fs::stat(dir) {
-            Ok(st) => st.dev,
-            Err(_) => return Self::off(),
-        };
-        match Self::group_on(dir) {
-            Ok(group) => HandleMemo {
+        match watch_on(dir, libc::FAN_DELETE_SELF | libc::FAN_ONDIR) {
+            Ok((group, dev)) => HandleMemo {
                 group: Some(group),
                 dev,
                 inner: RwLock::default(),
                 hits: AtomicU64::new(0),
             },
-            Err(e) => {
+            Err(why) => {
                 tracing::info!(
-                    "file handles are asked of the kernel for every entry of a listing: fanotify cannot watch the file system for deletes ({e})"
+                    "file handles are asked of the kernel for every entry of a listing: {why}"
                 );
                 Self::off()
             }
         }
-    }
-
-    fn group_on(dir: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-        // SAFETY: plain system call with flag arguments.
-        let fd = unsafe {
-            libc::fanotify_init(
-                libc::FAN_CLASS_NOTIF
-                    | libc::FAN_REPORT_FID
-                    | libc::FAN_NONBLOCK
-                    | libc::FAN_CLOEXEC,
-                libc::O_RDONLY as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fanotify_init returned a new descriptor we own.
-        let group = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: valid descriptors; a null path marks what `dir` (not
-        // an O_PATH descriptor) is on: FAN_MARK_FILESYSTEM, its whole
-        // file system.
-        let r = unsafe {
-            libc::fanotify_mark(
-                group.as_raw_fd(),
-                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
-                libc::FAN_DELETE_SELF | libc::FAN_ONDIR,
-                dir.as_raw_fd(),
-                std::ptr::null(),
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(group)
     }
 
     /// Whether the memo keeps handles at all.
@@ -331,55 +302,9 @@ impl HandleMemo {
         (kept, self.hits.load(Ordering::Relaxed))
     }
 
-    /// Reads every queued event; forgets the numbers of deleted inodes.
-    fn drain(&self, g: &mut Inner) {
-        let Some(group) = &self.group else { return };
-        let mut buf = [0u8; 8192];
-        loop {
-            // SAFETY: reads into a buffer of its length.
-            let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-            if n <= 0 {
-                // EAGAIN: nothing more queued. Any other error leaves
-                // the queue unread: forget everything to stay right.
-                if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
-                    g.forget_all();
-                }
-                return;
-            }
-            self.events_in(g, &buf[..n as usize]);
-        }
-    }
-
-    /// The events of one read of the group.
-    fn events_in(&self, g: &mut Inner, mut buf: &[u8]) {
-        while !buf.is_empty() {
-            let len = match buf.get(..4) {
-                Some(b) => u32::from_ne_bytes(b.try_into().expect("4 bytes")) as usize,
-                None => 0,
-            };
-            if len < META_LEN || len > buf.len() {
-                // Not what the kernel writes: trust nothing kept.
-                g.forget_all();
-                return;
-            }
-            self.event(g, &buf[..len]);
-            buf = &buf[len..];
-        }
-    }
-
-    /// One event (metadata and info records).
-    fn event(&self, g: &mut Inner, ev: &[u8]) {
-        let meta_len = u16::from_ne_bytes([ev[6], ev[7]]) as usize;
-        let mask = u64::from_ne_bytes(ev[8..16].try_into().expect("8 bytes"));
-        let ino = if mask & libc::FAN_Q_OVERFLOW != 0 {
-            None
-        } else {
-            fid_ino(ev.get(meta_len..).unwrap_or_default())
-        };
-        match ino {
-            Some(ino) => g.forget(ino),
-            // Lost events, or a handle this module cannot read.
-            None => g.forget_all(),
+    fn drain(&self, g: &mut Inner<(u64, Arc<[u8]>)>) {
+        if let Some(group) = &self.group {
+            drain(group, g);
         }
     }
 }
@@ -456,6 +381,112 @@ impl Drop for Fresh<'_> {
                 g.kept.insert(ino, (dev, wire));
             }
         }
+    }
+}
+
+/// Why fanotify cannot watch the file system holding `dir` for what
+/// this module needs; or a group of `events` (reporting file ids) with a
+/// mark on it, and the device of `dir`.
+pub(crate) fn watch_on(dir: BorrowedFd<'_>, events: u64) -> Result<(OwnedFd, u64), String> {
+    let magic = crate::fs::fs_magic(dir);
+    if !magic.is_some_and(|m| LOCAL_FILE_SYSTEMS.contains(&m)) {
+        // Others lay their handles out differently, or change files on
+        // other machines without a local event.
+        return Err("only ext4, xfs and btrfs are watched".into());
+    }
+    let dev = crate::fs::stat(dir).map_err(|e| e.to_string())?.dev;
+    let group = group_on(dir, events)
+        .map_err(|e| format!("fanotify cannot watch the file system ({e})"))?;
+    Ok((group, dev))
+}
+
+fn group_on(dir: BorrowedFd<'_>, events: u64) -> io::Result<OwnedFd> {
+    // SAFETY: plain system call with flag arguments.
+    let fd = unsafe {
+        libc::fanotify_init(
+            libc::FAN_CLASS_NOTIF | libc::FAN_REPORT_FID | libc::FAN_NONBLOCK | libc::FAN_CLOEXEC,
+            libc::O_RDONLY as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fanotify_init returned a new descriptor we own.
+    let group = unsafe { OwnedFd::from_raw_fd(fd) };
+    mark(&group, dir, libc::FAN_MARK_ADD, events)?;
+    Ok(group)
+}
+
+/// Adds (`how`: FAN_MARK_ADD) or removes (FAN_MARK_REMOVE) `events` of
+/// the mark of `group` on the whole file system holding `dir`.
+pub(crate) fn mark(group: &OwnedFd, dir: BorrowedFd<'_>, how: u32, events: u64) -> io::Result<()> {
+    // SAFETY: valid descriptors; a null path marks what `dir` (not an
+    // O_PATH descriptor) is on: FAN_MARK_FILESYSTEM, its whole file
+    // system.
+    let r = unsafe {
+        libc::fanotify_mark(
+            group.as_raw_fd(),
+            how | libc::FAN_MARK_FILESYSTEM,
+            events,
+            dir.as_raw_fd(),
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads every event queued in `group`; forgets what is kept of the
+/// inodes they name.
+pub(crate) fn drain<V>(group: &OwnedFd, g: &mut Inner<V>) {
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: reads into a buffer of its length.
+        let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            // EAGAIN: nothing more queued. Any other error leaves the
+            // queue unread: forget everything to stay right.
+            if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+                g.forget_all();
+            }
+            return;
+        }
+        events_in(g, &buf[..n as usize]);
+    }
+}
+
+/// The events of one read of a group.
+fn events_in<V>(g: &mut Inner<V>, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        let len = match buf.get(..4) {
+            Some(b) => u32::from_ne_bytes(b.try_into().expect("4 bytes")) as usize,
+            None => 0,
+        };
+        if len < META_LEN || len > buf.len() {
+            // Not what the kernel writes: trust nothing kept.
+            g.forget_all();
+            return;
+        }
+        event(g, &buf[..len]);
+        buf = &buf[len..];
+    }
+}
+
+/// One event (metadata and info records).
+fn event<V>(g: &mut Inner<V>, ev: &[u8]) {
+    let meta_len = u16::from_ne_bytes([ev[6], ev[7]]) as usize;
+    let mask = u64::from_ne_bytes(ev[8..16].try_into().expect("8 bytes"));
+    let ino = if mask & libc::FAN_Q_OVERFLOW != 0 {
+        None
+    } else {
+        fid_ino(ev.get(meta_len..).unwrap_or_default())
+    };
+    match ino {
+        Some(ino) => g.forget(ino),
+        // Lost events, or a handle this module cannot read.
+        None => g.forget_all(),
     }
 }
 
@@ -700,10 +731,9 @@ mod tests {
         fn any_bytes_read_from_the_group_are_taken_safely(
             buf in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
         ) {
-            let m = HandleMemo::off();
-            let mut g = Inner::default();
+            let mut g: Inner<(u64, Arc<[u8]>)> = Inner::default();
             g.kept.insert(7, (1, Arc::from(vec![1u8])));
-            m.events_in(&mut g, &buf);
+            events_in(&mut g, &buf);
             proptest::prop_assert!(g.events >= u64::from(!buf.is_empty()));
             if buf.len() < META_LEN && !buf.is_empty() {
                 proptest::prop_assert!(g.kept.is_empty() && g.cleared_at == g.events);

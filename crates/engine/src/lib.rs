@@ -5,6 +5,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod ahead;
+pub mod attr_cache;
 pub mod bufcache;
 pub mod copy;
 pub mod cred;
