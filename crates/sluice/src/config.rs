@@ -16,6 +16,7 @@
 //! read_cache = "2G"
 //! inline_quick_ops = 2       # default: the number of CPUs; 0: never
 //! read_plus_min_hole = "32K"
+//! listing_cache_ms = 1000    # listed attributes kept this long; 0 = never
 //! require_privileged_port = false
 //! max_connections = 1024
 //! portmap = false            # true: sluice's own portmapper on port 111
@@ -96,6 +97,8 @@ pub struct ServerSection {
     pub inline_quick_ops: Option<usize>,
     /// READ_PLUS hole reporting threshold.
     pub read_plus_min_hole: Option<Size>,
+    /// How long listings keep the attributes they stat'ed, in ms.
+    pub listing_cache_ms: Option<u64>,
     /// Refuse connections from source ports of 1024 and above.
     pub require_privileged_port: Option<bool>,
     /// Connections served at once; more are closed on arrival.

@@ -106,6 +106,15 @@ struct ServeCli {
     /// [default: the number of CPUs].
     #[arg(long)]
     inline_quick_ops: Option<usize>,
+    /// How long, in milliseconds, listings keep the attributes of the
+    /// files they stat'ed, for the next listings of the directory. Every
+    /// change made through a system call is seen at once (fanotify on
+    /// the file system, ext4, xfs and btrfs, as root); this bounds how
+    /// long one no event reports (a write through a shared mapping, an
+    /// access time) may go unseen. 0 stats every entry every time
+    /// [default: 1000].
+    #[arg(long, value_name = "MS")]
+    listing_cache_ms: Option<u64>,
     /// Memory (suffixes K, M, G) for data read with O_DIRECT, kept so that
     /// the next pass over a file is served from it [default: an eighth of
     /// the machine's memory].
@@ -325,6 +334,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     {
         config.min_hole = hole.max(1);
     }
+    if let Some(ms) = cli.listing_cache_ms.or(srv.listing_cache_ms) {
+        config.listing_cache = Some(std::time::Duration::from_millis(ms));
+    }
     if let Some(n) = cli.v3_max_fh.or(srv.v3_max_fh) {
         if !(32..=64).contains(&n) {
             return Err(format!("v3_max_fh: {n} is not between 32 and 64 bytes"));
@@ -424,8 +436,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     };
     let mut list = Vec::new();
     for (id, (dir, pseudo, rules)) in exports.into_iter().enumerate() {
-        let fs = Export::open(&dir, id as u8, key.clone())
+        let mut fs = Export::open(&dir, id as u8, key.clone())
             .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
+        if let Some(t) = config.listing_cache {
+            fs = fs.keeping_attributes_for(t);
+        }
         list.push(Exported { fs, pseudo, rules });
     }
     let exports = Exports::new(list, key).map_err(|e| format!("cannot export: {e}"))?;

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 31] = [
+        let counters: [(&str, &str, u64); 32] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -195,6 +195,15 @@ impl Collector for Collect {
                     .list()
                     .iter()
                     .map(|x| x.fs.memo().counts().1)
+                    .sum(),
+            ),
+            (
+                "sluice_listed_attributes_remembered",
+                "Attributes of directory entries (READDIR, READDIRPLUS) answered from what an earlier listing stat'ed (--listing-cache-ms), instead of a stat.",
+                srv.exports
+                    .list()
+                    .iter()
+                    .map(|x| x.fs.attrs().counts().1)
                     .sum(),
             ),
             (

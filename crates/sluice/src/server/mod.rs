@@ -55,6 +55,10 @@ pub struct Config {
     pub readahead: crate::engine::readahead::Config,
     /// READ_PLUS sends holes shorter than this as data.
     pub min_hole: u64,
+    /// How long listings keep the attributes they stat'ed (None: the
+    /// engine's default, `attr_cache::KEEP_FOR`). Applied when exports
+    /// are opened.
+    pub listing_cache: Option<std::time::Duration>,
     /// Bytes of data read past the page cache kept for the next reader.
     pub read_cache: u64,
     /// Which delegations OPEN grants.
@@ -131,6 +135,7 @@ impl Default for Config {
             range_locks: true,
             readahead: Default::default(),
             min_hole: ops_sparse::MIN_HOLE,
+            listing_cache: None,
             read_cache: crate::engine::bufcache::default_limit(),
             delegations: Delegations::default(),
             local_leases: false,

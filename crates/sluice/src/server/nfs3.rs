@@ -1308,6 +1308,8 @@ fn readdir(
     let mut n = 0;
     let mut eof = false;
     let mut batch = Vec::new();
+    let mut entries = Vec::new();
+    let mut statted = Vec::new();
     'list: while !eof {
         // READDIRPLUS: a batch of entries and their stats, then their
         // handles (the memo answers for stats made between its ticket
@@ -1323,11 +1325,29 @@ fn readdir(
             if plus.is_some() { 192 } else { 40 },
             plus.map(|dircount| (dircount as usize, names)),
         ));
-        while batch.len() < size {
+        entries.clear();
+        while entries.len() < size {
             let Some(ent) = io3(reader.next_entry())? else {
                 eof = true;
                 break;
             };
+            entries.push(ent);
+        }
+        // READDIRPLUS: attributes the cache kept, or a stat (kept next).
+        let (kept, kept_ticket) = match plus {
+            Some(_) => {
+                let (kept, t) = ex.attrs().get_all(
+                    dst.dev,
+                    entries.iter().map(|ent| super::ops_fs::cacheable(ex, ent)),
+                );
+                (kept, Some(t))
+            }
+            None => (Vec::new(), None),
+        };
+        let mut kept = kept.into_iter();
+        statted.clear();
+        for ent in entries.drain(..) {
+            let kept = kept.next().flatten();
             let name = ent.name.as_bytes();
             let dots = name == b"." || (name == b".." && is_root);
             let st = match plus {
@@ -1335,13 +1355,27 @@ fn readdir(
                 // the one a stat gives too.
                 None if ex.numbers_in_directory() => None,
                 _ if dots => Some(dst),
-                // Removed meanwhile, or another file system mounted here:
-                // listed without attributes or handle.
-                _ => fs::stat_at(dir.fd.as_fd(), &ent.name)
-                    .ok()
-                    .filter(|st| st.dev == dev),
+                _ => match kept.filter(|st| super::ops_fs::same_inode(st, &ent)) {
+                    Some(st) => Some(st),
+                    // Removed meanwhile, or another file system mounted
+                    // here: listed without attributes or handle.
+                    None => {
+                        let st = fs::stat_at(dir.fd.as_fd(), &ent.name)
+                            .ok()
+                            .filter(|st| st.dev == dev);
+                        if let (Some(st), Some(_)) = (st, kept_ticket) {
+                            statted.push(st);
+                        }
+                        st
+                    }
+                },
             };
             batch.push((ent, dots, st));
+        }
+        // Only what was stat'ed now: what came from the cache keeps the
+        // time it was stat'ed at.
+        if let Some(t) = kept_ticket.filter(|_| !statted.is_empty()) {
+            ex.attrs().keep(t, &statted);
         }
         let mut fresh = plus.map(|_| ex.memo().fresh(ticket));
         let mut kept = match &fresh {

@@ -713,12 +713,24 @@ fn mode_of_entry(kind: u8) -> Option<u32> {
     })
 }
 
+/// The inode number to look `ent` up by in the attribute cache: that of
+/// a non-directory whose number the directory gives truly.
+pub(super) fn cacheable(ex: &crate::engine::export::Export, ent: &fs::DirEntry) -> Option<u64> {
+    (mode_of_entry(ent.kind).is_some() && ex.numbers_in_directory()).then_some(ent.ino)
+}
+
+/// Whether kept attributes `st` are those of the inode entry `ent` names
+/// (its number and type).
+pub(super) fn same_inode(st: &fs::Stat, ent: &fs::DirEntry) -> bool {
+    st.ino == ent.ino && mode_of_entry(ent.kind) == Some(st.mode & libc::S_IFMT)
+}
+
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
 pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
     run(|| {
         let mut listing = Listing::decode(d)?;
-        let (dir, _) = cur_dir(cx)?;
+        let (dir, dst) = cur_dir(cx)?;
         let mut reader = io(fs::DirReader::open(dir.fd.as_fd(), listing.cookie))?;
         let mut eof = false;
         let want_fh = attrs::has(&listing.req, attr::FILEHANDLE);
@@ -727,20 +739,39 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
             attrs::only(&listing.req, &FROM_THE_DIRECTORY) && ex.numbers_in_directory();
         let dev = ex.dev();
         let mut batch = Vec::new();
+        let mut entries = Vec::new();
+        let mut statted = Vec::new();
         let mut unstatted = 0;
         'list: while !eof {
             // A batch of entries and their stats, then their handles: the
             // memo answers for stats made between its ticket and its
-            // reading of deletes, once per batch.
+            // reading of deletes, once per batch. Stats the attribute
+            // cache gives were true when it read its events, after the
+            // ticket.
             batch.clear();
             let ticket = ex.memo().ticket();
             let size = stat_batch(listing.room());
             reader.expect(listing.entries_left(if names_only { 64 } else { 256 }));
-            while batch.len() < size {
+            entries.clear();
+            while entries.len() < size {
                 let Some(ent) = io(reader.next_entry())? else {
                     eof = true;
                     break;
                 };
+                entries.push(ent);
+            }
+            let (kept, kept_ticket) = if names_only {
+                (Vec::new(), None)
+            } else {
+                let (kept, t) = ex
+                    .attrs()
+                    .get_all(dst.dev, entries.iter().map(|ent| cacheable(ex, ent)));
+                (kept, Some(t))
+            };
+            let mut kept = kept.into_iter();
+            statted.clear();
+            for ent in entries.drain(..) {
+                let kept = kept.next().flatten();
                 if let Some(mode) = mode_of_entry(ent.kind).filter(|_| names_only) {
                     let st = fs::Stat {
                         mode,
@@ -751,12 +782,26 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                     batch.push((ent, st, true));
                     continue;
                 }
+                if let Some(st) = kept.filter(|st| same_inode(st, &ent)) {
+                    batch.push((ent, st, false));
+                    continue;
+                }
                 match fs::stat_at(dir.fd.as_fd(), &ent.name) {
-                    Ok(st) if st.dev == dev => batch.push((ent, st, false)),
+                    Ok(st) if st.dev == dev => {
+                        if kept_ticket.is_some() {
+                            statted.push(st);
+                        }
+                        batch.push((ent, st, false))
+                    }
                     // Removed meanwhile, or another file system mounted
                     // here (not exported).
                     _ => {}
                 }
+            }
+            // Only what was stat'ed now: what came from the cache keeps
+            // the time it was stat'ed at.
+            if let Some(t) = kept_ticket.filter(|_| !statted.is_empty()) {
+                ex.attrs().keep(t, &statted);
             }
             let mut fresh = want_fh.then(|| ex.memo().fresh(ticket));
             let mut kept = match &fresh {
