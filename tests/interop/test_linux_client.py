@@ -254,6 +254,8 @@ class ControlServer:
 
     "restart"     -> server.restart(); reply "ok" once it listens again
     "mkfile PATH" -> create PATH in the export with content "host\\n"; "ok"
+    "change PATH" -> PATH in the export gets mode 0600 and content "12345"
+                     (size 5); "ok"
     "nlm-held PATH START LEN" -> another host's NLM TEST and an NFSv4
                      LOCKT of that range are denied by a write lock on
                      exactly it (the guest's NLM lock); "ok"
@@ -348,6 +350,14 @@ class ControlServer:
             if export not in target.parents:
                 return f"error: {arg!r} is outside the export"
             target.write_text("host\n")
+            return "ok"
+        if cmd == "change":
+            export = self.server.export.resolve()
+            target = (export / arg).resolve()
+            if export not in target.parents:
+                return f"error: {arg!r} is outside the export"
+            os.chmod(target, 0o600)
+            target.write_bytes(b"12345")
             return "ok"
         if cmd == "nlm-held":
             path, start, length = arg.split()
@@ -573,7 +583,11 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     params = request.node.callspec.params
     boot = (params["kernel"], params["vers"])
     nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
-    yield from serve_for_guest(sluice_binary, tmp_path, ["--delegations", DELEGATIONS.get(boot, "read")], nsm)
+    # Listed attributes are kept for an hour: every step's listings then
+    # rely on the server hearing of each change, not on the time running
+    # out.
+    args = ["--delegations", DELEGATIONS.get(boot, "read"), "--listing-cache-ms", "3600000"]
+    yield from serve_for_guest(sluice_binary, tmp_path, args, nsm)
 
 
 def serve_for_guest(binary, tmp_path: Path, args, nsm=None):

@@ -207,6 +207,20 @@ done
 eq "$(find /mnt-nrp/big -type f -name 'f1234*' | wc -l)" 10 "find -type f -name f1234* in big/"
 umount /mnt-nrp
 
+step "list a directory right after the host changed a listed file"
+# The server keeps the attributes its listings stat'ed (here for an hour:
+# the test's --listing-cache-ms); the host's change must still show in
+# the next listing.
+mkdir "$M/lc"
+for i in $(seq 1 20); do echo listed > "$M/lc/f$i"; done
+ls -l "$M/lc" > /dev/null
+drop_caches
+ls -l "$M/lc" > /dev/null
+ctl change "${CTL_PREFIX}lc/f7"
+drop_caches
+eq "$(ls -l "$M/lc" | awk '$NF == "f7" { print $1, $5 }')" "-rw------- 5" "mode and size of lc/f7 as listed after the host changed it"
+eq "$(ls -l "$M/lc" | awk '$NF == "f8" { print $1, $5 }')" "-rw-r--r-- 7" "mode and size of lc/f8, not changed"
+
 step "rename files and a directory across directories"
 mkdir -p "$M/ren/a/sub" "$M/ren/b"
 echo one > "$M/ren/a/file1"
