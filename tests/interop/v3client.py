@@ -546,6 +546,20 @@ class Nfs3(RpcClient):
         assert res.status == E.OK, f"{what or res.proc}: expected NFS3_OK, got {res!r}"
         return res
 
+    def readdirplus_in_pieces(self, dir_fh: bytes) -> list:
+        """(fileid, name, attributes, handle) of every entry but . and ..,
+        from READDIRPLUS replies small enough to take several calls (each
+        entry checked to have attributes and a handle)."""
+        entries, calls = self.readdir_all(dir_fh, count=1024, plus=True, maxcount=8192)
+        assert calls > 1, "one READDIRPLUS listed everything: the test wants several"
+        out = []
+        for fileid, name, _cookie, attrs, fh in entries:
+            if name in (".", ".."):
+                continue
+            assert attrs is not None and fh is not None, f"{name}: listed without attributes or handle"
+            out.append((fileid, name, attrs, fh))
+        return out
+
     def readdir_all(self, dir_fh: bytes, count: int = 4096, plus: bool = False, maxcount: int = 8192, limit: int = 100000):
         """Every entry of a directory, following cookies until eof; returns
         (entries, number of calls)."""
