@@ -52,8 +52,20 @@ impl std::fmt::Debug for Export {
 }
 
 impl Export {
-    /// Opens `path` for export with handles sealed by `key`.
+    /// Opens `path` for export with handles sealed by `key`, keeping the
+    /// attributes of files listed for [`crate::attr_cache::KEEP_FOR`].
     pub fn open(path: &Path, id: u8, key: HandleKey) -> io::Result<Self> {
+        Self::open_keeping(path, id, key, super::attr_cache::KEEP_FOR)
+    }
+
+    /// [`Export::open`], keeping the attributes of files listed for
+    /// `keep_for` (zero: not at all).
+    pub fn open_keeping(
+        path: &Path,
+        id: u8,
+        key: HandleKey,
+        keep_for: std::time::Duration,
+    ) -> io::Result<Self> {
         let root = fs::open_dir_path(path)?;
         let root_stat = fs::stat(root.as_fd())?;
         let (kind, bytes) = kernel_handle(root.as_fd(), c"").map_err(|e| {
@@ -79,7 +91,7 @@ impl Export {
         })?;
         // fanotify marks through a descriptor that is not O_PATH.
         let memo = HandleMemo::watch(mount.as_fd());
-        let attrs = AttrCache::watch(mount.as_fd(), super::attr_cache::KEEP_FOR);
+        let attrs = AttrCache::watch(mount.as_fd(), keep_for);
         let numbers = fs::fs_magic(root.as_fd()).is_some_and(fs::numbers_in_directory);
         if !numbers {
             tracing::info!(
@@ -171,12 +183,61 @@ impl Export {
         &self.attrs
     }
 
-    /// This export, keeping the attributes of files listed for `keep_for`
-    /// (zero: not at all) instead of [`crate::attr_cache::KEEP_FOR`].
-    pub fn keeping_attributes_for(mut self, keep_for: std::time::Duration) -> Self {
-        self.attrs = AttrCache::off();
-        self.attrs = AttrCache::watch(self.mount.as_fd(), keep_for);
-        self
+    /// The attributes of `entries`, a batch read from directory `dir` on
+    /// device `dir_dev`, for a listing: None for the entries `wanted`
+    /// refuses, for those gone meanwhile and for those on another file
+    /// system (mounted there, not exported). The attribute cache gives
+    /// those of non-directories it kept, when the directory's inode number
+    /// and type match them; the others are stat'ed, and the cache keeps
+    /// the stats it may. What came from the cache keeps the time it was
+    /// stat'ed at.
+    pub fn stats_of(
+        &self,
+        dir: BorrowedFd<'_>,
+        dir_dev: u64,
+        entries: &[fs::DirEntry],
+        wanted: impl Fn(&fs::DirEntry) -> bool,
+    ) -> Vec<Option<Stat>> {
+        let numbers = self.numbers_in_directory();
+        // Looked up by the number the directory gives, where it is the
+        // one a stat gives: non-directories only (a mount has no event).
+        let keys = entries
+            .iter()
+            .map(|ent| (numbers && wanted(ent) && ent.mode().is_some()).then_some(ent.ino));
+        let (kept, ticket) = if self.attrs.on() && keys.clone().any(|k| k.is_some()) {
+            let (kept, t) = self.attrs.get_all(dir_dev, keys);
+            (kept, Some(t))
+        } else {
+            (Vec::new(), None)
+        };
+        let mut kept = kept.into_iter();
+        let mut statted = Vec::new();
+        let dev = self.dev();
+        let stats = entries
+            .iter()
+            .map(|ent| {
+                let kept = kept.next().flatten();
+                if !wanted(ent) {
+                    return None;
+                }
+                let same =
+                    |st: &Stat| st.ino == ent.ino && ent.mode() == Some(st.mode & libc::S_IFMT);
+                if let Some(st) = kept.filter(same) {
+                    return Some(st);
+                }
+                let st = fs::stat_at(dir, &ent.name)
+                    .ok()
+                    .filter(|st| st.dev == dev)?;
+                if ticket.is_some() {
+                    statted.push(st);
+                }
+                Some(st)
+            })
+            .collect();
+        if let Some(t) = ticket.filter(|_| !statted.is_empty()) {
+            self.attrs.keep(t, &statted);
+        }
+        stats
     }
 
     /// Wire handle for `name` in directory `dir`, which `st` describes
@@ -454,6 +515,52 @@ mod tests {
         let wire = ex.handle_of(fd.as_fd()).unwrap();
         ex.remember(&wire, &Arc::new(fd), Some(&st));
         (wire, st)
+    }
+
+    #[test]
+    fn listed_stats_are_kept_until_a_change_and_fresh_after_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let (ex, dir) = export("stats-of");
+        std::fs::write(dir.join("f"), "x").unwrap();
+        std::fs::create_dir(dir.join("d")).unwrap();
+        let fd = fs::reopen(ex.root_fd().as_fd(), libc::O_RDONLY | libc::O_DIRECTORY).unwrap();
+        let mut reader = fs::DirReader::open(fd.as_fd(), 0).unwrap();
+        let mut entries = Vec::new();
+        while let Some(ent) = reader.next_entry().unwrap() {
+            entries.push(ent);
+        }
+        let names: Vec<&[u8]> = entries.iter().map(|e| e.name.as_bytes()).collect();
+        let at = |name: &[u8]| names.iter().position(|n| *n == name).unwrap();
+        let (f, d) = (at(b"f"), at(b"d"));
+        let stat = |name: &CStr| fs::stat_at(fd.as_fd(), name).unwrap();
+        let all = |_: &fs::DirEntry| true;
+
+        let first = ex.stats_of(fd.as_fd(), ex.dev(), &entries, all);
+        assert_eq!(first[f], Some(stat(c"f")));
+        assert_eq!(first[d], Some(stat(c"d")));
+        let (_, hits) = ex.attrs().counts();
+        let second = ex.stats_of(fd.as_fd(), ex.dev(), &entries, all);
+        assert_eq!(second, first);
+        if ex.attrs().on() {
+            // The file came from the cache; the directory never does.
+            assert_eq!(ex.attrs().counts().1, hits + 1);
+        }
+
+        // A change made by another than the server is seen at once.
+        std::fs::set_permissions(dir.join("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        let third = ex.stats_of(fd.as_fd(), ex.dev(), &entries, all);
+        assert_eq!(third[f].unwrap().mode & 0o7777, 0o600);
+        assert_eq!(third[f], Some(stat(c"f")));
+
+        // Refused entries, and entries gone, have none.
+        let refused = ex.stats_of(fd.as_fd(), ex.dev(), &entries, |e| {
+            e.name.as_bytes() != b"f"
+        });
+        assert_eq!((refused[f], refused[d]), (None, Some(stat(c"d"))));
+        std::fs::remove_file(dir.join("f")).unwrap();
+        let gone = ex.stats_of(fd.as_fd(), ex.dev(), &entries, all);
+        assert_eq!(gone[f], None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -647,6 +647,22 @@ pub struct DirEntry {
     pub kind: u8,
 }
 
+impl DirEntry {
+    /// The file type bits (`S_IFREG`, ...) of the entry's type when it is
+    /// not a directory; None for directories and unknown types.
+    pub fn mode(&self) -> Option<u32> {
+        Some(match self.kind {
+            libc::DT_REG => libc::S_IFREG,
+            libc::DT_LNK => libc::S_IFLNK,
+            libc::DT_FIFO => libc::S_IFIFO,
+            libc::DT_SOCK => libc::S_IFSOCK,
+            libc::DT_CHR => libc::S_IFCHR,
+            libc::DT_BLK => libc::S_IFBLK,
+            _ => return None,
+        })
+    }
+}
+
 /// Largest directory read (`getdents64`) of a [`DirReader`].
 const DIR_READ_MAX: usize = 32768;
 /// Smallest: room for an entry of a 255-byte name and more (a read too

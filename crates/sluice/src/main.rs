@@ -436,11 +436,11 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     };
     let mut list = Vec::new();
     for (id, (dir, pseudo, rules)) in exports.into_iter().enumerate() {
-        let mut fs = Export::open(&dir, id as u8, key.clone())
+        let keep_for = config
+            .listing_cache
+            .unwrap_or(sluice::engine::attr_cache::KEEP_FOR);
+        let fs = Export::open_keeping(&dir, id as u8, key.clone(), keep_for)
             .map_err(|e| format!("cannot export {}: {e}", dir.display()))?;
-        if let Some(t) = config.listing_cache {
-            fs = fs.keeping_attributes_for(t);
-        }
         list.push(Exported { fs, pseudo, rules });
     }
     let exports = Exports::new(list, key).map_err(|e| format!("cannot export: {e}"))?;

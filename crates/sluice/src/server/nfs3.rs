@@ -1298,7 +1298,6 @@ fn readdir(
     is_dir(&dst)?;
     let mut reader = io3(fs::DirReader::open(dir.fd.as_fd(), cookie))?.with_dots();
     let ex = &cx.ex(&dir).fs;
-    let dev = ex.dev();
     let is_root = ex.is_root(&dst);
     // The reply around the entries: status, post_op_attr, verifier,
     // end-of-list and eof.
@@ -1309,7 +1308,11 @@ fn readdir(
     let mut eof = false;
     let mut batch = Vec::new();
     let mut entries = Vec::new();
-    let mut statted = Vec::new();
+    let from_directory = plus.is_none() && ex.numbers_in_directory();
+    let is_dots = |ent: &fs::DirEntry| {
+        let name = ent.name.as_bytes();
+        name == b"." || (name == b".." && is_root)
+    };
     'list: while !eof {
         // READDIRPLUS: a batch of entries and their stats, then their
         // handles (the memo answers for stats made between its ticket
@@ -1333,49 +1336,23 @@ fn readdir(
             };
             entries.push(ent);
         }
-        // READDIRPLUS: attributes the cache kept, or a stat (kept next).
-        let (kept, kept_ticket) = match plus {
-            Some(_) => {
-                let (kept, t) = ex.attrs().get_all(
-                    dst.dev,
-                    entries.iter().map(|ent| super::ops_fs::cacheable(ex, ent)),
-                );
-                (kept, Some(t))
-            }
-            None => (Vec::new(), None),
-        };
-        let mut kept = kept.into_iter();
-        statted.clear();
-        for ent in entries.drain(..) {
-            let kept = kept.next().flatten();
-            let name = ent.name.as_bytes();
-            let dots = name == b"." || (name == b".." && is_root);
-            let st = match plus {
-                // READDIR: the file id the directory gives, where it is
-                // the one a stat gives too.
-                None if ex.numbers_in_directory() => None,
-                _ if dots => Some(dst),
-                _ => match kept.filter(|st| super::ops_fs::same_inode(st, &ent)) {
-                    Some(st) => Some(st),
-                    // Removed meanwhile, or another file system mounted
-                    // here: listed without attributes or handle.
-                    None => {
-                        let st = fs::stat_at(dir.fd.as_fd(), &ent.name)
-                            .ok()
-                            .filter(|st| st.dev == dev);
-                        if let (Some(st), Some(_)) = (st, kept_ticket) {
-                            statted.push(st);
-                        }
-                        st
-                    }
-                },
+        // READDIR: the file id the directory gives, where it is the one a
+        // stat gives too. READDIRPLUS: attributes the cache kept, or a
+        // stat; an entry gone meanwhile, or another file system mounted
+        // here, is listed without attributes or handle.
+        let stats = ex.stats_of(dir.fd.as_fd(), dst.dev, &entries, |ent| {
+            !from_directory && !is_dots(ent)
+        });
+        for (ent, st) in entries.drain(..).zip(stats) {
+            let dots = is_dots(&ent);
+            let st = if from_directory {
+                None
+            } else if dots {
+                Some(dst)
+            } else {
+                st
             };
             batch.push((ent, dots, st));
-        }
-        // Only what was stat'ed now: what came from the cache keeps the
-        // time it was stat'ed at.
-        if let Some(t) = kept_ticket.filter(|_| !statted.is_empty()) {
-            ex.attrs().keep(t, &statted);
         }
         let mut fresh = plus.map(|_| ex.memo().fresh(ticket));
         let mut kept = match &fresh {

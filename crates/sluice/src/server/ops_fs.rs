@@ -699,32 +699,6 @@ const FROM_THE_DIRECTORY: [u32; 4] = [
     attr::MOUNTED_ON_FILEID,
 ];
 
-/// The file type bits of a directory entry's type (`d_type`), for the
-/// types that are not directories; None for directories and unknowns.
-fn mode_of_entry(kind: u8) -> Option<u32> {
-    Some(match kind {
-        libc::DT_REG => libc::S_IFREG,
-        libc::DT_LNK => libc::S_IFLNK,
-        libc::DT_FIFO => libc::S_IFIFO,
-        libc::DT_SOCK => libc::S_IFSOCK,
-        libc::DT_CHR => libc::S_IFCHR,
-        libc::DT_BLK => libc::S_IFBLK,
-        _ => return None,
-    })
-}
-
-/// The inode number to look `ent` up by in the attribute cache: that of
-/// a non-directory whose number the directory gives truly.
-pub(super) fn cacheable(ex: &crate::engine::export::Export, ent: &fs::DirEntry) -> Option<u64> {
-    (mode_of_entry(ent.kind).is_some() && ex.numbers_in_directory()).then_some(ent.ino)
-}
-
-/// Whether kept attributes `st` are those of the inode entry `ent` names
-/// (its number and type).
-pub(super) fn same_inode(st: &fs::Stat, ent: &fs::DirEntry) -> bool {
-    st.ino == ent.ino && mode_of_entry(ent.kind) == Some(st.mode & libc::S_IFMT)
-}
-
 /// READDIR (RFC 8881 section 18.23). Cookies are the file system's own
 /// directory offsets, which stay valid while the directory changes.
 pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> OpStatus {
@@ -740,7 +714,6 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
         let dev = ex.dev();
         let mut batch = Vec::new();
         let mut entries = Vec::new();
-        let mut statted = Vec::new();
         let mut unstatted = 0;
         'list: while !eof {
             // A batch of entries and their stats, then their handles: the
@@ -760,19 +733,14 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                 };
                 entries.push(ent);
             }
-            let (kept, kept_ticket) = if names_only {
-                (Vec::new(), None)
-            } else {
-                let (kept, t) = ex
-                    .attrs()
-                    .get_all(dst.dev, entries.iter().map(|ent| cacheable(ex, ent)));
-                (kept, Some(t))
-            };
-            let mut kept = kept.into_iter();
-            statted.clear();
-            for ent in entries.drain(..) {
-                let kept = kept.next().flatten();
-                if let Some(mode) = mode_of_entry(ent.kind).filter(|_| names_only) {
+            // Names only: the directory gives a non-directory's type and
+            // number; directories are stat'ed for the number a mount
+            // point shows.
+            let stats = ex.stats_of(dir.fd.as_fd(), dst.dev, &entries, |ent| {
+                !names_only || ent.mode().is_none()
+            });
+            for (ent, st) in entries.drain(..).zip(stats) {
+                if let Some(mode) = ent.mode().filter(|_| names_only) {
                     let st = fs::Stat {
                         mode,
                         dev,
@@ -780,28 +748,9 @@ pub(super) fn readdir(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
                         ..fs::Stat::default()
                     };
                     batch.push((ent, st, true));
-                    continue;
-                }
-                if let Some(st) = kept.filter(|st| same_inode(st, &ent)) {
+                } else if let Some(st) = st {
                     batch.push((ent, st, false));
-                    continue;
                 }
-                match fs::stat_at(dir.fd.as_fd(), &ent.name) {
-                    Ok(st) if st.dev == dev => {
-                        if kept_ticket.is_some() {
-                            statted.push(st);
-                        }
-                        batch.push((ent, st, false))
-                    }
-                    // Removed meanwhile, or another file system mounted
-                    // here (not exported).
-                    _ => {}
-                }
-            }
-            // Only what was stat'ed now: what came from the cache keeps
-            // the time it was stat'ed at.
-            if let Some(t) = kept_ticket.filter(|_| !statted.is_empty()) {
-                ex.attrs().keep(t, &statted);
             }
             let mut fresh = want_fh.then(|| ex.memo().fresh(ticket));
             let mut kept = match &fresh {
