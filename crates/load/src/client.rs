@@ -160,16 +160,23 @@ impl Conn {
         args: &[u8],
     ) -> Result<Bytes> {
         let xid = self.xid.fetch_add(1, Ordering::Relaxed);
-        let mut e = Encoder::with_capacity(args.len() + 128);
+        // The record mark goes first, in the same buffer: one write, so
+        // one TCP segment for a small call (the socket has TCP_NODELAY),
+        // as the Linux client sends it. Two writes made two segments, and
+        // the server's kernel then acknowledged each call on its own
+        // instead of with the reply.
+        let mut e = Encoder::with_capacity(args.len() + 132);
+        e.u32(0);
         rpc::call_header(&mut e, xid, prog, vers, proc_, &self.cred);
         e.raw(args);
+        let mut record = e.into_inner();
+        let mark = rpc::record_mark(record.len() - 4);
+        record[..4].copy_from_slice(&mark);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().map_err(bad)?.insert(xid, tx);
         {
             let mut w = self.writer.lock().await;
-            let body = e.into_inner();
-            w.write_all(&rpc::record_mark(body.len())).await?;
-            w.write_all(&body).await?;
+            w.write_all(&record).await?;
         }
         let reply = rx
             .await
