@@ -29,6 +29,10 @@ struct Ranges {
     small: BTreeMap<(u64, u64), Entry>,
     /// ticket -> (start, entry), for larger ranges.
     large: BTreeMap<u64, (u64, Entry)>,
+    /// Requests waiting on the table's condition variable: a guard let go
+    /// wakes them only when there are some (a wake is a system call even
+    /// when no one waits).
+    waiters: usize,
 }
 
 impl Ranges {
@@ -209,7 +213,9 @@ impl RangeLocks {
             return None;
         }
         while r.blocked(ticket, start, e) {
+            r.waiters += 1;
             r = table.changed.wait(r).unwrap_or_else(|e| e.into_inner());
+            r.waiters -= 1;
         }
         drop(r);
         Some(guard)
@@ -241,12 +247,17 @@ impl Drop for RangeGuard<'_> {
         let Some(table) = self.table.take() else {
             return;
         };
-        let empty = {
+        // A waiter counts itself under the mutex before it waits, so one
+        // that is not counted here has not begun to wait, and will find
+        // this range gone when it looks.
+        let (empty, waiting) = {
             let mut r = table.ranges.lock().unwrap_or_else(|e| e.into_inner());
             r.remove(self.ticket, self.start, self.end);
-            r.is_empty()
+            (r.is_empty(), r.waiters > 0)
         };
-        table.changed.notify_all();
+        if waiting {
+            table.changed.notify_all();
+        }
         if empty {
             let mut files = self.owner.files.lock().unwrap_or_else(|e| e.into_inner());
             // Drop the table unless a request entered it meanwhile (requests
@@ -404,5 +415,48 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(torn.load(Ordering::Relaxed), 0);
+    }
+
+    /// Guards let go wake waiters only when some are counted: many threads
+    /// taking the same range in turn all finish (a wake lost would leave
+    /// one waiting for good), and never hold it together.
+    #[test]
+    fn every_waiter_is_woken_when_many_take_the_same_range() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let l = Arc::new(RangeLocks::default());
+        let inside = Arc::new(AtomicU64::new(0));
+        let done = finishes({
+            let (l, inside) = (l.clone(), inside.clone());
+            move || {
+                let threads: Vec<_> = (0..8)
+                    .map(|i| {
+                        let (l, inside) = (l.clone(), inside.clone());
+                        std::thread::spawn(move || {
+                            for n in 0..2000u64 {
+                                // Writers and readers of overlapping ranges.
+                                let write = (n + i) % 3 != 0;
+                                let g = if write {
+                                    l.write(K, 2048, 8192)
+                                } else {
+                                    l.read(K, 0, 4096)
+                                };
+                                if write {
+                                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                                    std::hint::spin_loop();
+                                    inside.fetch_sub(1, Ordering::SeqCst);
+                                }
+                                drop(g);
+                            }
+                        })
+                    })
+                    .collect();
+                for t in threads {
+                    t.join().unwrap();
+                }
+            }
+        });
+        done.recv_timeout(Duration::from_secs(60))
+            .expect("every thread got the range in turn");
+        assert_eq!(l.files_in_use(), 0);
     }
 }
