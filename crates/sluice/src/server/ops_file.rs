@@ -657,7 +657,11 @@ pub(super) fn read_start<'a>(cx: &Ctx<'a>, d: &mut Decoder<'_>) -> Result<ReadSt
         count,
     } = x(ReadArgs::decode(d))?;
     let count = count.min(cx.cur_ex().rules.max_read) as u64;
-    let (fh, st) = cur_file(cx)?;
+    // The status the op before read (PUTFH before READ), or a stat now.
+    let (fh, st) = match cx.cur_stat() {
+        Some(st) => file_only(cx.cur()?.clone(), st)?,
+        None => cur_file(cx)?,
+    };
     let fd = io_fd(cx, &fh, &st, sid, false)?;
     let _shared = read_lock(cx, file_key(&st), offset, offset.saturating_add(count))?;
     Ok(ReadStart {
@@ -688,9 +692,18 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
     timed_read(cx, || {
         let r = read_start(cx, d)?;
         let data = read_data(cx, &r.fh, &r.fd, &r.st, r.sid, r.offset, r.count as usize)?;
-        let size = io(fs::stat(r.fd.as_fd()))?.size;
         let len = data.bytes.len() as u64;
-        let eof = r.offset.saturating_add(len) >= size;
+        let end = r.offset.saturating_add(len);
+        // A READ that got all it asked for and ends before the size read
+        // before it is not at the end: a file cut shorter since gives a
+        // short read, which is checked against its size now. (One cut to
+        // just where this READ ends is answered eof false; the client's
+        // next READ gets no data and eof.)
+        let eof = if len == r.count && end < r.st.size {
+            false
+        } else {
+            end >= io(fs::stat(r.fd.as_fd()))?.size
+        };
         cx.srv
             .metrics
             .read_bytes_sent

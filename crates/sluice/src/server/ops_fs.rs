@@ -244,8 +244,11 @@ pub(super) fn putrootfh(cx: &mut Ctx<'_>, _d: &mut Decoder<'_>, _e: &mut Encoder
 pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> OpStatus {
     run(|| {
         let fh = x(NfsFh4::decode(d))?;
-        let getattr_next = d.clone().u32() == Ok(op::GETATTR);
-        let (fh, st) = cx.resolve_with(&fh.0, getattr_next)?;
+        // The stat that checks the handle reads everything when the next
+        // op would stat the object anyway (GETATTR answers from it, READ
+        // takes the size and times from it): one stat instead of two.
+        let stat_next = matches!(d.clone().u32(), Ok(op::GETATTR | op::READ));
+        let (fh, st) = cx.resolve_with(&fh.0, stat_next)?;
         if let Some(st) = st {
             cx.cur_stat = Some((fh.fd.clone(), st));
         }

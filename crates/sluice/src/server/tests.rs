@@ -1693,6 +1693,71 @@ fn putfh_then_getattr_answers_the_file_as_it_is() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// READ right after PUTFH (which then reads the file's whole status for
+/// it) answers the data and eof of the file as it is: after local
+/// changes between COMPOUNDs, and after a SETATTR that cut it short in
+/// the same COMPOUND. eof is true exactly when the READ reaches the end.
+#[test]
+fn read_after_putfh_answers_data_and_eof_of_the_file_as_it_is() {
+    let (srv, dir, sid) = server_with_f("read-eof");
+    let ex = &srv.exports.list()[0].fs;
+    let wire = ex
+        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"f")
+        .unwrap();
+    let putfh = || (op::PUTFH, args(&NfsFh4(wire.clone())));
+    let mut seq = 0;
+    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(ops);
+        let body = pc(&srv, &root(), &compound(1, &all)).unwrap();
+        let mut reads = Vec::new();
+        let (_, results) = each_result(&body, |o, d| match o {
+            op::READ => {
+                let eof = d.bool().unwrap();
+                reads.push((d.opaque(1 << 20).unwrap().to_vec(), eof));
+            }
+            op::SETATTR => {
+                Bitmap4::decode(d).unwrap();
+            }
+            _ => {}
+        });
+        assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+        reads
+    };
+    let content: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(dir.join("f"), &content).unwrap();
+    let read = |offset: u64, count: u32| vec![putfh(), read_op(offset, count)];
+    // Twice: the first opens the handle, the second finds it cached.
+    for _ in 0..2 {
+        assert_eq!(run(read(0, 4096)), [(content[..4096].to_vec(), false)]);
+    }
+    assert_eq!(run(read(4096, 4096)), [(content[4096..].to_vec(), true)]);
+    assert_eq!(run(read(0, 8192)), [(content.clone(), true)]);
+    assert_eq!(run(read(4096, 8192)), [(content[4096..].to_vec(), true)]);
+    assert_eq!(run(read(8192, 10)), [(Vec::new(), true)]);
+    // Grown locally: the same READ is no longer at the end.
+    let mut longer = content.clone();
+    longer.extend_from_slice(&content[..4096]);
+    std::fs::write(dir.join("f"), &longer).unwrap();
+    assert_eq!(
+        run(read(4096, 4096)),
+        [(longer[4096..8192].to_vec(), false)]
+    );
+    // Cut short locally: a READ that asked past the new end.
+    std::fs::write(dir.join("f"), &content[..6000]).unwrap();
+    assert_eq!(
+        run(read(4096, 4096)),
+        [(content[4096..6000].to_vec(), true)]
+    );
+    // Cut short by SETATTR after PUTFH read the status, in one COMPOUND.
+    std::fs::write(dir.join("f"), &content).unwrap();
+    let mut ops = vec![putfh(), setattr_size(5000)];
+    ops.extend(read(4096, 4096));
+    assert_eq!(run(ops), [(content[4096..5000].to_vec(), true)]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// READDIR of the export's root with `maxcount` and a cookie, asking for
 /// the handle and fileid: the status, and (name, cookie) of each entry
 /// with eof when OK. Nothing may follow the result.
