@@ -520,6 +520,26 @@ def test_read_eof_flag(c, wd):
     assert r.attr is not None and r.attr.size == 10, r
 
 
+def test_read_answers_the_file_as_each_call_finds_it(c, wd):
+    """READ's post-op attributes and eof follow the file from one call to
+    the next: after it grew, and after it was cut short, within a READ's
+    range or exactly at its end."""
+    fh = make_file(c, wd, "f", b"0" * 8192)
+    r = c.must(c.read(fh, 0, 4096))
+    assert (r.count, r.eof, r.attr.size) == (4096, False, 8192), r
+    c.must(c.write(fh, 8192, b"1" * 4096, FILE_SYNC))
+    r = c.must(c.read(fh, 4096, 4096))
+    assert (r.count, r.eof, r.attr.size) == (4096, False, 12288), "a READ that ended at the end before the file grew"
+    r = c.must(c.read(fh, 8192, 4096))
+    assert (r.data, r.eof, r.attr.size) == (b"1" * 4096, True, 12288), r
+    c.must(c.setattr(fh, sattr3(size=6000)))
+    r = c.must(c.read(fh, 4096, 4096))
+    assert (r.count, r.eof, r.attr.size) == (1904, True, 6000), "a READ past the end of a file cut short"
+    c.must(c.setattr(fh, sattr3(size=4096)))
+    r = c.must(c.read(fh, 0, 4096))
+    assert (r.count, r.eof, r.attr.size) == (4096, True, 4096), "a READ that ends where the file was cut"
+
+
 def test_read_of_count_zero(c, wd):
     fh = make_file(c, wd, "f", b"0123456789")
     r = c.must(c.read(fh, 0, 0))

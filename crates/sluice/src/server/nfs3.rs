@@ -1228,11 +1228,11 @@ fn read(
     fail_attrs: &mut Option<Fattr3>,
 ) -> Result<(), Stop3> {
     let started = std::time::Instant::now();
-    let fh = resolve(cx, fh)?;
-    // No identity switch for READ itself: `open_io` takes the caller's
+    // The stat that checks the handle reads the size and times too. No
+    // identity switch for READ itself: `open_io` takes the caller's
     // identity where it opens the file, and a descriptor it kept needs
     // none.
-    let st = io3(fs::stat(fh.fd.as_fd()))?;
+    let (fh, st) = resolve_stat(cx, fh)?;
     *fail_attrs = Some(fattr(cx, fh.loc, &st));
     file(&st)?;
     let count = count.min(cx.ex(&fh).rules.max_read) as u64;
@@ -1265,9 +1265,20 @@ fn read(
         lend: cx.lend,
     };
     let data = cx.srv.read.read(&at, mode).map_err(stop)?;
-    let after = io3(fs::stat(fd.as_fd()))?;
     let len = data.bytes.len();
-    let eof = offset.saturating_add(len as u64) >= after.size;
+    let end = offset.saturating_add(len as u64);
+    // As NFSv4 READ: all that was asked, ending before the size read
+    // before, is not at the end; the attributes read then are the
+    // file's after the READ too (a READ changes none that a client
+    // keeps), and no newer than the data: a write that came between the
+    // stat and the read makes the client read again, never keep old data
+    // under new attributes. Near the end, the file is stat'ed again.
+    let after = if len as u64 == count && end < st.size {
+        st
+    } else {
+        io3(fs::stat(fd.as_fd()))?
+    };
+    let eof = end >= after.size;
     let m = &cx.srv.metrics;
     m.reads.fetch_add(1, Ordering::Relaxed);
     m.read_bytes_sent.fetch_add(len as u64, Ordering::Relaxed);
