@@ -266,10 +266,11 @@ impl Export {
         self.resolve_with(wire, false).map(|(fd, _)| fd)
     }
 
-    /// [`Export::resolve`]; with `full`, the stat that checks the handle
-    /// is not stale asks for everything, times included, and is returned:
-    /// for a caller about to answer the object's attributes. (None for the
-    /// export root, which is not checked.)
+    /// [`Export::resolve`], and the stat that checked the handle is not
+    /// stale (None for the export root, which is not checked). With
+    /// `full` it asked for everything, times included: for a caller about
+    /// to answer the object's attributes. Without, it has only the type,
+    /// mode, inode number, links and device (see [`fs::identity`]).
     pub fn resolve_with(
         &self,
         wire: &[u8],
@@ -293,7 +294,7 @@ impl Export {
             // A descriptor stays valid after its object is removed; a
             // removed object's handle is stale.
             match check(fd.as_fd()) {
-                Ok(st) if st.nlink > 0 => return Ok((fd, full.then_some(st))),
+                Ok(st) if st.nlink > 0 => return Ok((fd, Some(st))),
                 _ => {
                     if let Ok(mut c) = self.cache.lock() {
                         c.remove(wire);
@@ -315,7 +316,7 @@ impl Export {
         let fd = Arc::new(fd);
         self.sweep_if_due();
         self.remember(wire, &fd, Some(&st));
-        Ok((fd, full.then_some(st)))
+        Ok((fd, Some(st)))
     }
 
     /// [`Export::sweep`], unless it ran less than [`SWEEP_EVERY`] ago:

@@ -10,12 +10,14 @@ use super::state::session::SEQ4_STATUS_RECALLABLE_STATE_REVOKED;
 use super::state::{request_fingerprint, SlotDecision, SlotGuard, Stateid};
 use super::Server;
 use crate::engine::cred;
+use crate::engine::fs::Stat;
 use crate::nfs4::consts::{attr, op, status};
 use crate::nfs4::msg::{SequenceArgs, SequenceResOk, SetattrArgs, WriteArgs, Xdr};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
 use std::net::IpAddr;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 /// Longest COMPOUND tag accepted.
@@ -180,6 +182,11 @@ struct Running {
     saved: Option<Fh>,
     cur_sid: Option<Stateid>,
     saved_sid: Option<Stateid>,
+    /// PUTFH's check of the handle before a WRITE (see
+    /// `Ctx::cur_identity`), kept over a pause: the type and inode number
+    /// of a descriptor's object never change, and WRITE's own stat would
+    /// not see a removal that came after it either.
+    cur_identity: Option<(Arc<OwnedFd>, Stat)>,
     /// The slot, given back when the COMPOUND ends, also by a panic.
     slot: SlotGuard,
     cachethis: bool,
@@ -315,6 +322,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
                 cur_sid: None,
                 saved_sid: None,
                 cur_stat: None,
+                cur_identity: None,
                 lend: false,
             };
             let at = res.len();
@@ -414,6 +422,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
             saved: None,
             cur_sid: None,
             saved_sid: None,
+            cur_identity: None,
             slot,
             cachethis,
             minor,
@@ -439,6 +448,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             saved,
             cur_sid,
             saved_sid,
+            cur_identity,
             slot,
             cachethis,
             minor,
@@ -457,6 +467,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
             cur_stat: None,
+            cur_identity: cur_identity.take(),
             lend: !*cachethis && super::may_lend(args.conn.as_ref()),
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
@@ -593,6 +604,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
         *saved = cx.saved.take();
         *cur_sid = cx.cur_sid;
         *saved_sid = cx.saved_sid;
+        *cur_identity = cx.cur_identity.take();
     }
     if paused {
         return Step::Paused(Paused(PausedAt::Midway(r)));

@@ -58,6 +58,10 @@ pub(super) struct Ctx<'a> {
     /// GETATTR answers from it when nothing ran in between that could
     /// change the object (see [`Ctx::keep_stat_after`]).
     pub cur_stat: Option<(Arc<OwnedFd>, Stat)>,
+    /// Like `cur_stat`, a status of the current filehandle's object, but
+    /// only its type, mode, inode number, links and device (PUTFH's check
+    /// before a WRITE, see `fs::identity`).
+    pub cur_identity: Option<(Arc<OwnedFd>, Stat)>,
     /// Whether READs may lend file data from a mapping of the file
     /// (`sluice_engine::mapped`): not when the reply will be copied by the
     /// server itself (an NFSv4.1 reply the client asked to cache).
@@ -79,6 +83,18 @@ impl<'a> Ctx<'a> {
         Arc::ptr_eq(fd, &cur.fd).then_some(*st)
     }
 
+    /// The type, mode, inode number, links and device of the current
+    /// filehandle's object, from a status kept as [`Ctx::cur_stat`] is,
+    /// full or not.
+    pub(super) fn cur_identity(&self) -> Option<Stat> {
+        let cur = self.cur.as_ref()?;
+        [&self.cur_identity, &self.cur_stat]
+            .into_iter()
+            .flatten()
+            .find(|(fd, _)| Arc::ptr_eq(fd, &cur.fd))
+            .map(|(_, st)| *st)
+    }
+
     /// Forgets the status kept for the current filehandle unless op
     /// `opnum`, just run, is one that keeps it: PUTFH, LOOKUP and OPEN,
     /// which may have read it last, and GETFH, GETATTR and ACCESS, which
@@ -92,6 +108,7 @@ impl<'a> Ctx<'a> {
             op::PUTFH | op::LOOKUP | op::OPEN | op::GETFH | op::GETATTR | op::ACCESS
         ) {
             self.cur_stat = None;
+            self.cur_identity = None;
         }
     }
 

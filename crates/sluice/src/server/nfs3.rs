@@ -74,6 +74,7 @@ pub(super) fn call(
         cur_sid: None,
         saved_sid: None,
         cur_stat: None,
+        cur_identity: None,
         lend,
     };
     let mut e = Encoder::with_capacity(256);

@@ -48,7 +48,11 @@ pub(super) fn cur_file(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
 /// [`fs::identity`]).
 pub(super) fn cur_file_to_write(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
-    let st = io(fs::identity(fh.fd.as_fd()))?;
+    // What PUTFH read when it checked the handle, or a stat now.
+    let st = match cx.cur_identity() {
+        Some(st) => st,
+        None => io(fs::identity(fh.fd.as_fd()))?,
+    };
     file_only(fh, st)
 }
 

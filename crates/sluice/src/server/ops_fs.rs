@@ -247,10 +247,16 @@ pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
         // The stat that checks the handle reads everything when the next
         // op would stat the object anyway (GETATTR answers from it, READ
         // takes the size and times from it): one stat instead of two.
-        let stat_next = matches!(d.clone().u32(), Ok(op::GETATTR | op::READ));
+        // Before WRITE, the check (type, inode number and links) is all
+        // WRITE needs.
+        let next = d.clone().u32();
+        let stat_next = matches!(next, Ok(op::GETATTR | op::READ));
         let (fh, st) = cx.resolve_with(&fh.0, stat_next)?;
-        if let Some(st) = st {
-            cx.cur_stat = Some((fh.fd.clone(), st));
+        cx.cur_identity = None;
+        match st {
+            Some(st) if stat_next => cx.cur_stat = Some((fh.fd.clone(), st)),
+            Some(st) if next == Ok(op::WRITE) => cx.cur_identity = Some((fh.fd.clone(), st)),
+            _ => {}
         }
         cx.cur = Some(fh);
         Ok(())

@@ -1758,6 +1758,54 @@ fn read_after_putfh_answers_data_and_eof_of_the_file_as_it_is() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// WRITE right after PUTFH takes the file's type and number from PUTFH's
+/// check of the handle: it writes a file, refuses a directory and a
+/// symbolic link, and a handle of a file removed since is stale.
+#[test]
+fn write_after_putfh_writes_files_only_and_stale_handles_fail() {
+    use crate::nfs4::msg::WriteArgs;
+    let (srv, dir, sid) = server_with_f("write-putfh");
+    std::fs::create_dir(dir.join("d")).unwrap();
+    std::os::unix::fs::symlink("f", dir.join("l")).unwrap();
+    let ex = &srv.exports.list()[0].fs;
+    let handle = |name: &std::ffi::CStr| {
+        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), name)
+            .unwrap()
+    };
+    let write = |wire: &[u8], offset: u64| {
+        let mut e = Encoder::new();
+        WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset,
+            stable: 0,
+            data: b"new",
+        }
+        .encode(&mut e);
+        vec![
+            (op::PUTFH, args(&NfsFh4(wire.to_vec()))),
+            (op::WRITE, e.into_inner()),
+        ]
+    };
+    let mut seq = 0;
+    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(ops);
+        let body = pc(&srv, &root(), &compound(1, &all)).unwrap();
+        each_result(&body, |_, _| {}).1.last().copied().unwrap()
+    };
+    let f = handle(c"f");
+    // Twice: the first opens the handle, the second finds it cached.
+    assert_eq!(run(write(&f, 4)), (op::WRITE, status::OK));
+    assert_eq!(run(write(&f, 7)), (op::WRITE, status::OK));
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"fournewnew");
+    assert_eq!(run(write(&handle(c"d"), 0)), (op::WRITE, status::ISDIR));
+    assert_eq!(run(write(&handle(c"l"), 0)), (op::WRITE, status::SYMLINK));
+    std::fs::remove_file(dir.join("f")).unwrap();
+    assert_eq!(run(write(&f, 0)), (op::PUTFH, status::STALE));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// READDIR of the export's root with `maxcount` and a cookie, asking for
 /// the handle and fileid: the status, and (name, cookie) of each entry
 /// with eof when OK. Nothing may follow the result.
