@@ -16,7 +16,8 @@ write   sequential 1 MiB WRITE streams (UNSTABLE then COMMIT, and
         file, against the device's direct write rate.
 scale   1, 4, 16, 64 and 256 connections reading a cached file, 8 KiB
         and 1 MiB random reads, one request each: throughput, p99 and
-        the server's memory (peak RSS) as connections grow.
+        the server's memory (peak private memory, and peak RSS) as
+        connections grow.
 meta    16 NFSv4.1 clients in one new directory (sluice-meta): create
         (OPEN, 4 KiB WRITE, CLOSE), stat (LOOKUP, GETATTR), READDIR of the
         whole directory by every client, rename, remove; operations per
@@ -35,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import threading
 
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -598,6 +600,54 @@ def _server_memory(pid: int) -> dict:
     return out
 
 
+# Memory of the process's own, not the page cache it maps: a mapped file's
+# pages count in VmRSS and VmHWM once for every mapping of them, so a
+# server that sends cached file data from mappings (sluice's lent READs)
+# shows a peak many times its real use.
+PRIVATE_MEMORY = ("RssAnon", "RssShmem", "HugetlbPages")
+# How often the private memory is sampled during a measurement.
+MEMORY_SAMPLE_S = 0.05
+
+
+def _private_memory_kib(pid: int) -> int:
+    """Anonymous, shared-memory and huge-page memory of process `pid`, KiB."""
+    total = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in PRIVATE_MEMORY:
+            total += int(value.split()[0])
+    return total
+
+
+class _PeakPrivateMemory:
+    """Samples a process's private memory in a thread until stopped; the
+    peak is the largest sample (0 when the process went away)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.peak = max(self.peak, _private_memory_kib(self.pid))
+            except (OSError, ValueError):
+                return
+            if self._stop.wait(MEMORY_SAMPLE_S):
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.peak = max(self.peak, _private_memory_kib(self.pid))
+        except (OSError, ValueError):
+            pass
+        return self.peak
+
+
 def _cpu_seconds(pid: int) -> float:
     """User and system CPU time of process `pid` so far, in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -606,7 +656,9 @@ def _cpu_seconds(pid: int) -> float:
 
 def _with_server_figures(server: str, measure: Callable[[Context], dict]) -> Callable[[Context], dict]:
     """`measure`, with the server's peak RSS during it (the kernel's
-    high-water mark, reset first), its RSS at the end, and the CPU time
+    high-water mark, reset first), its peak private memory (sampled every
+    MEMORY_SAMPLE_S: RSS without the file pages it maps), its RSS at the
+    end, and the CPU time
     per operation of the server and of the client (sluice-load, the one
     child that ends meanwhile), so that a fall in throughput can be put
     on the side that costs more."""
@@ -616,13 +668,18 @@ def _with_server_figures(server: str, measure: Callable[[Context], dict]) -> Cal
         Path(f"/proc/{pid}/clear_refs").write_text("5\n")  # resets VmHWM
         server_cpu = _cpu_seconds(pid)
         children = os.times()
-        result = measure(ctx)
+        private = _PeakPrivateMemory(pid)
+        try:
+            result = measure(ctx)
+        finally:
+            peak_private = private.stop()
         server_cpu = _cpu_seconds(pid) - server_cpu
         after = os.times()
         client_cpu = (after.children_user - children.children_user) + (after.children_system - children.children_system)
         mem = _server_memory(pid)
         result["server_peak_rss_mib"] = mem.get("VmHWM", 0) / 1024
         result["server_rss_mib"] = mem.get("VmRSS", 0) / 1024
+        result["server_peak_private_mib"] = peak_private / 1024
         ops = result.get("ops") or 0
         if ops > 0:
             result["server_cpu_us_per_op"] = server_cpu * 1e6 / ops

@@ -253,6 +253,8 @@ def test_scale_reads_with_many_connections_and_reports_memory_and_cpu(smoke):
                 assert r["streams"] == n and r["inflight"] == 1 and r["iops"] > 0, (kind, n, server)
                 assert r["read"]["p99_us"] > 0
                 assert 0 < r["server_rss_mib"] <= r["server_peak_rss_mib"], (kind, n, server, r)
+                # Its own memory, sampled, without the file pages it maps.
+                assert 0 < r["server_peak_private_mib"], (kind, n, server, r)
                 # The server and the client each spend CPU on every read.
                 assert r["server_cpu_us_per_op"] > 0 and r["client_cpu_us_per_op"] > 0, (kind, n, server, r)
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "scale"}
