@@ -1649,6 +1649,28 @@ fn a_name_looked_up_again_gives_the_handle_of_what_it_names_now() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The handle of `name` in the root of the server's first export.
+fn handle_in_root(srv: &Server, name: &std::ffi::CStr) -> Vec<u8> {
+    let ex = &srv.exports.list()[0].fs;
+    ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), name)
+        .unwrap()
+}
+
+/// Runs each list of ops given as a COMPOUND after SEQUENCE (session
+/// `sid`, slot 0, the next sequence id each time) and gives its reply.
+fn in_session<'a>(
+    srv: &'a Server,
+    sid: &'a [u8; 16],
+) -> impl FnMut(Vec<(u32, Vec<u8>)>) -> Vec<u8> + 'a {
+    let mut seq = 0;
+    move |ops| {
+        seq += 1;
+        let mut all = vec![sequence(sid, seq, 0, false)];
+        all.extend(ops);
+        pc(srv, &root(), &compound(1, &all)).unwrap()
+    }
+}
+
 /// PUTFH followed by GETATTR reads the file's whole status once, when it
 /// checks the handle, and GETATTR answers from it: what the file is now,
 /// after any op between, and NFS4ERR_STALE once a local process has
@@ -1656,20 +1678,12 @@ fn a_name_looked_up_again_gives_the_handle_of_what_it_names_now() {
 #[test]
 fn putfh_then_getattr_answers_the_file_as_it_is() {
     let (srv, dir, sid) = server_with_f("putfh-stat");
-    let ex = &srv.exports.list()[0].fs;
-    let wire = ex
-        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"f")
-        .unwrap();
+    let wire = handle_in_root(&srv, c"f");
     let size = getattr_size;
     let putfh = || (op::PUTFH, args(&NfsFh4(wire.clone())));
     let setattr = setattr_size(9).1;
-    let mut seq = 0;
-    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
-        seq += 1;
-        let mut all = vec![sequence(&sid, seq, 0, false)];
-        all.extend(ops);
-        sizes_in(&pc(&srv, &root(), &compound(1, &all)).unwrap())
-    };
+    let mut call = in_session(&srv, &sid);
+    let mut run = |ops| sizes_in(&call(ops));
     // Twice: the first opens the handle, the second finds it cached.
     for _ in 0..2 {
         let (sizes, results) = run(vec![putfh(), size()]);
@@ -1700,17 +1714,11 @@ fn putfh_then_getattr_answers_the_file_as_it_is() {
 #[test]
 fn read_after_putfh_answers_data_and_eof_of_the_file_as_it_is() {
     let (srv, dir, sid) = server_with_f("read-eof");
-    let ex = &srv.exports.list()[0].fs;
-    let wire = ex
-        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"f")
-        .unwrap();
+    let wire = handle_in_root(&srv, c"f");
     let putfh = || (op::PUTFH, args(&NfsFh4(wire.clone())));
-    let mut seq = 0;
-    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
-        seq += 1;
-        let mut all = vec![sequence(&sid, seq, 0, false)];
-        all.extend(ops);
-        let body = pc(&srv, &root(), &compound(1, &all)).unwrap();
+    let mut call = in_session(&srv, &sid);
+    let mut run = |ops| {
+        let body = call(ops);
         let mut reads = Vec::new();
         let (_, results) = each_result(&body, |o, d| match o {
             op::READ => {
@@ -1767,11 +1775,7 @@ fn write_after_putfh_writes_files_only_and_stale_handles_fail() {
     let (srv, dir, sid) = server_with_f("write-putfh");
     std::fs::create_dir(dir.join("d")).unwrap();
     std::os::unix::fs::symlink("f", dir.join("l")).unwrap();
-    let ex = &srv.exports.list()[0].fs;
-    let handle = |name: &std::ffi::CStr| {
-        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), name)
-            .unwrap()
-    };
+    let handle = |name: &std::ffi::CStr| handle_in_root(&srv, name);
     let write = |wire: &[u8], offset: u64| {
         let mut e = Encoder::new();
         WriteArgs {
@@ -1786,13 +1790,13 @@ fn write_after_putfh_writes_files_only_and_stale_handles_fail() {
             (op::WRITE, e.into_inner()),
         ]
     };
-    let mut seq = 0;
-    let mut run = |ops: Vec<(u32, Vec<u8>)>| {
-        seq += 1;
-        let mut all = vec![sequence(&sid, seq, 0, false)];
-        all.extend(ops);
-        let body = pc(&srv, &root(), &compound(1, &all)).unwrap();
-        each_result(&body, |_, _| {}).1.last().copied().unwrap()
+    let mut call = in_session(&srv, &sid);
+    let mut run = |ops| {
+        each_result(&call(ops), |_, _| {})
+            .1
+            .last()
+            .copied()
+            .unwrap()
     };
     let f = handle(c"f");
     // Twice: the first opens the handle, the second finds it cached.
