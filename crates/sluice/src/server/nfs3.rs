@@ -1268,17 +1268,9 @@ fn read(
     let data = cx.srv.read.read(&at, mode).map_err(stop)?;
     let len = data.bytes.len();
     let end = offset.saturating_add(len as u64);
-    // As NFSv4 READ: all that was asked, ending before the size read
-    // before, is not at the end; the attributes read then are the
-    // file's after the READ too (a READ changes none that a client
-    // keeps), and no newer than the data: a write that came between the
-    // stat and the read makes the client read again, never keep old data
-    // under new attributes. Near the end, the file is stat'ed again.
-    let after = if len as u64 == count && end < st.size {
-        st
-    } else {
-        io3(fs::stat(fd.as_fd()))?
-    };
+    let after = io3(super::ops_file::status_after_read(
+        &fd, &st, count, len as u64, end,
+    ))?;
     let eof = end >= after.size;
     let m = &cx.srv.metrics;
     m.reads.fetch_add(1, Ordering::Relaxed);

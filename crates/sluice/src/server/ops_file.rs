@@ -698,16 +698,7 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
         let data = read_data(cx, &r.fh, &r.fd, &r.st, r.sid, r.offset, r.count as usize)?;
         let len = data.bytes.len() as u64;
         let end = r.offset.saturating_add(len);
-        // A READ that got all it asked for and ends before the size read
-        // before it is not at the end: a file cut shorter since gives a
-        // short read, which is checked against its size now. (One cut to
-        // just where this READ ends is answered eof false; the client's
-        // next READ gets no data and eof.)
-        let eof = if len == r.count && end < r.st.size {
-            false
-        } else {
-            end >= io(fs::stat(r.fd.as_fd()))?.size
-        };
+        let eof = end >= io(status_after_read(&r.fd, &r.st, r.count, len, end))?.size;
         cx.srv
             .metrics
             .read_bytes_sent
@@ -716,6 +707,32 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
         put_data(e, data);
         Ok(())
     })
+}
+
+/// The status a READ (NFSv4's and NFSv3's) answers its eof by, and
+/// NFSv3's post-op attributes: `st`, read before the data, when the READ
+/// got all the `count` bytes it asked for (`len`) and ends at `end`
+/// before that size; otherwise the file's status now, through `fd`.
+///
+/// A file cut shorter after `st` was read gives a short read, which is
+/// checked against its size now. One cut to just where the READ ends is
+/// answered eof false, and the client's next READ gets eof. Attributes
+/// read before the data are never newer than it: a write that came
+/// between the two makes the client read again, where attributes read
+/// after could label old data with the write's times. (A READ changes no
+/// attribute a client keeps.)
+pub(super) fn status_after_read(
+    fd: &OwnedFd,
+    st: &Stat,
+    count: u64,
+    len: u64,
+    end: u64,
+) -> std::io::Result<Stat> {
+    if len == count && end < st.size {
+        Ok(*st)
+    } else {
+        fs::stat(fd.as_fd())
+    }
 }
 
 /// WRITE.
