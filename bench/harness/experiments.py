@@ -590,14 +590,19 @@ SCALE_CONNECTIONS_SMOKE = [4, 256]
 SCALE_BLOCKS = {"8k": 8192, "1m": MiB}
 
 
-def _server_memory(pid: int) -> dict:
-    """VmRSS and VmHWM (peak) of process `pid`, in KiB."""
+def _status_kib(pid: int, keys: tuple[str, ...]) -> dict:
+    """The fields `keys` of /proc/PID/status that process `pid` has, in KiB."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in keys:
             out[key] = int(value.split()[0])
     return out
+
+
+def _server_memory(pid: int) -> dict:
+    """VmRSS and VmHWM (peak) of process `pid`, in KiB."""
+    return _status_kib(pid, ("VmRSS", "VmHWM"))
 
 
 # Memory of the process's own, not the page cache it maps: a mapped file's
@@ -611,12 +616,7 @@ MEMORY_SAMPLE_S = 0.05
 
 def _private_memory_kib(pid: int) -> int:
     """Anonymous, shared-memory and huge-page memory of process `pid`, KiB."""
-    total = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in PRIVATE_MEMORY:
-            total += int(value.split()[0])
-    return total
+    return sum(_status_kib(pid, PRIVATE_MEMORY).values())
 
 
 class _PeakPrivateMemory:
