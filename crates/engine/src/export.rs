@@ -315,7 +315,7 @@ impl Export {
         }
         let fd = Arc::new(fd);
         self.sweep_if_due();
-        self.remember(wire, &fd, Some(&st));
+        self.remember(wire, &fd, &st);
         Ok((fd, Some(st)))
     }
 
@@ -397,15 +397,15 @@ impl Export {
     /// Keeps `fd` as the descriptor of handle `wire` (one just opened by
     /// handle, or by name: the client that looked the name up or created
     /// it sends the handle next, and [`Export::resolve`] then need not
-    /// open it again). `st`, a stat of `fd` when the caller has one,
-    /// lets [`Export::cached_handle`] find the handle by inode. A full
-    /// cache is emptied first.
-    pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>, st: Option<&Stat>) {
+    /// open it again). `st`, a stat of `fd`, lets
+    /// [`Export::cached_handle`] and [`Export::forget_inode`] find the
+    /// handle by inode. A full cache is emptied first.
+    pub fn remember(&self, wire: &[u8], fd: &Arc<OwnedFd>, st: &Stat) {
         if let Ok(mut c) = self.cache.lock() {
             if c.by_wire.len() >= CACHE_LIMIT {
                 c.clear();
             }
-            c.insert(wire, fd, st.map(|st| (st.dev, st.ino)));
+            c.insert(wire, fd, (st.dev, st.ino));
         }
     }
 
@@ -430,10 +430,25 @@ impl Export {
         drop(fd);
         self.memo.read_deletes();
     }
+
+    /// [`Export::forget`] for the inode `st` describes (a stat of a name
+    /// about to be removed or renamed over), found without asking the
+    /// kernel for its handle: every descriptor the cache keeps was
+    /// remembered with its inode (by [`Export::resolve`] and by callers
+    /// that opened it by name), and none of another inode has its number
+    /// while it is kept.
+    pub fn forget_inode(&self, st: &Stat) {
+        let fd = self.cache.lock().ok().and_then(|mut c| {
+            let wire = c.by_ino.get(&(st.dev, st.ino))?.clone();
+            c.remove(&wire)
+        });
+        drop(fd);
+        self.memo.read_deletes();
+    }
 }
 
 /// Descriptors kept open for recently used handles, by handle and by
-/// inode (device and number, for the entries whose inode is known).
+/// inode (device and number).
 /// (The handle is kept once, shared by both maps; inodes are hashed with
 /// one multiplication: their numbers are not chosen by clients.)
 #[derive(Default)]
@@ -448,8 +463,8 @@ type InoIndex = HashMap<Ino, Arc<[u8]>, BuildHasherDefault<InoHasher>>;
 /// An inode: its device and number.
 type Ino = (u64, u64);
 
-/// A cached descriptor, and its inode when known.
-type Kept = (Arc<OwnedFd>, Option<Ino>);
+/// A cached descriptor, and its inode.
+type Kept = (Arc<OwnedFd>, Ino);
 
 impl Cache {
     fn fd(&self, wire: &[u8]) -> Option<Arc<OwnedFd>> {
@@ -457,14 +472,12 @@ impl Cache {
     }
 
     /// Keeps `fd` for `wire` unless it has one already.
-    fn insert(&mut self, wire: &[u8], fd: &Arc<OwnedFd>, ino: Option<Ino>) {
+    fn insert(&mut self, wire: &[u8], fd: &Arc<OwnedFd>, ino: Ino) {
         if self.by_wire.contains_key(wire) {
             return;
         }
         let wire: Arc<[u8]> = Arc::from(wire);
-        if let Some(ino) = ino {
-            self.by_ino.insert(ino, wire.clone());
-        }
+        self.by_ino.insert(ino, wire.clone());
         self.by_wire.insert(wire, (fd.clone(), ino));
     }
 
@@ -489,11 +502,9 @@ impl Cache {
 }
 
 /// Drops the inode index's entry of `ino` when it is `wire`'s.
-fn unindex(by_ino: &mut InoIndex, ino: Option<Ino>, wire: &[u8]) {
-    if let Some(ino) = ino {
-        if by_ino.get(&ino).is_some_and(|w| **w == *wire) {
-            by_ino.remove(&ino);
-        }
+fn unindex(by_ino: &mut InoIndex, ino: Ino, wire: &[u8]) {
+    if by_ino.get(&ino).is_some_and(|w| **w == *wire) {
+        by_ino.remove(&ino);
     }
 }
 
@@ -514,7 +525,7 @@ mod tests {
         let fd = fs::open_path_at(ex.root_fd().as_fd(), name).unwrap();
         let st = fs::stat(fd.as_fd()).unwrap();
         let wire = ex.handle_of(fd.as_fd()).unwrap();
-        ex.remember(&wire, &Arc::new(fd), Some(&st));
+        ex.remember(&wire, &Arc::new(fd), &st);
         (wire, st)
     }
 
@@ -596,10 +607,44 @@ mod tests {
         // A full cache starts again empty, by number too.
         for i in 0..CACHE_LIMIT {
             let fd = Arc::new(fs::reopen(ex.root_fd().as_fd(), libc::O_PATH).unwrap());
-            ex.remember(&i.to_ne_bytes(), &fd, None);
+            let other = Stat {
+                dev: u64::MAX,
+                ino: i as u64,
+                ..Default::default()
+            };
+            ex.remember(&i.to_ne_bytes(), &fd, &other);
         }
         assert!(ex.cached_handle(&sa).is_none());
         assert!(ex.cached_handle(&sc).is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_name_removed_or_renamed_over_is_forgotten_by_its_inode() {
+        let (ex, dir) = export("forget-inode");
+        for n in ["a", "b"] {
+            std::fs::write(dir.join(n), n).unwrap();
+        }
+        let (a, sa) = keep(&ex, c"a");
+        let (b, sb) = keep(&ex, c"b");
+        let kept = ex.cached();
+        // Another device's inode of the same number is not this one.
+        ex.forget_inode(&Stat {
+            dev: sa.dev + 1,
+            ..sa
+        });
+        assert_eq!(ex.cached(), kept);
+        ex.forget_inode(&sa);
+        assert_eq!(ex.cached(), kept - 1);
+        assert!(ex.cached_handle(&sa).is_none());
+        assert_eq!(ex.cached_handle(&sb).unwrap().0, b);
+        // A descriptor opened by handle (PUTFH), not by name, is found by
+        // its inode too.
+        ex.resolve(&a).unwrap();
+        assert_eq!(ex.cached_handle(&sa).unwrap().0, a);
+        ex.forget_inode(&sa);
+        assert!(ex.cached_handle(&sa).is_none());
+        assert_eq!(ex.cached(), kept - 1);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

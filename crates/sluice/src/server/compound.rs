@@ -187,6 +187,12 @@ struct Running {
     /// of a descriptor's object never change, and WRITE's own stat would
     /// not see a removal that came after it either.
     cur_identity: Option<(Arc<OwnedFd>, Stat)>,
+    /// The status PUTFH, LOOKUP or OPEN read (see `Ctx::cur_stat`), kept
+    /// over a pause too: nothing of this COMPOUND has run since, and a
+    /// change by another client during the pause could as well have come
+    /// just after the op that reads it (the directory an OPEN creates in,
+    /// which runs on a worker, has its status from the LOOKUP before).
+    cur_stat: Option<(Arc<OwnedFd>, Stat)>,
     /// The slot, given back when the COMPOUND ends, also by a panic.
     slot: SlotGuard,
     cachethis: bool,
@@ -423,6 +429,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
             cur_sid: None,
             saved_sid: None,
             cur_identity: None,
+            cur_stat: None,
             slot,
             cachethis,
             minor,
@@ -449,6 +456,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             cur_sid,
             saved_sid,
             cur_identity,
+            cur_stat,
             slot,
             cachethis,
             minor,
@@ -466,7 +474,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             session: Some(&session),
             cur_sid: *cur_sid,
             saved_sid: *saved_sid,
-            cur_stat: None,
+            cur_stat: cur_stat.take(),
             cur_identity: cur_identity.take(),
             lend: !*cachethis && super::may_lend(args.conn.as_ref()),
         };
@@ -605,6 +613,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
         *cur_sid = cx.cur_sid;
         *saved_sid = cx.saved_sid;
         *cur_identity = cx.cur_identity.take();
+        *cur_stat = cx.cur_stat.take();
     }
     if paused {
         return Step::Paused(Paused(PausedAt::Midway(r)));

@@ -97,15 +97,15 @@ impl<'a> Ctx<'a> {
 
     /// Forgets the status kept for the current filehandle unless op
     /// `opnum`, just run, is one that keeps it: PUTFH, LOOKUP and OPEN,
-    /// which may have read it last, and GETFH, GETATTR and ACCESS, which
-    /// change nothing. Any other op might change the object or the
+    /// which may have read it last, and GETFH, GETATTR, ACCESS and SAVEFH,
+    /// which change nothing. Any other op might change the object or the
     /// current filehandle. (A status kept from before a PUTFH that read
     /// none is of the object only if PUTFH put the same descriptor back,
     /// and nothing that changes things ran since.)
     pub(super) fn keep_stat_after(&mut self, opnum: u32) {
         if !matches!(
             opnum,
-            op::PUTFH | op::LOOKUP | op::OPEN | op::GETFH | op::GETATTR | op::ACCESS
+            op::PUTFH | op::LOOKUP | op::OPEN | op::GETFH | op::GETATTR | op::ACCESS | op::SAVEFH
         ) {
             self.cur_stat = None;
             self.cur_identity = None;

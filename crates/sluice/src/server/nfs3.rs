@@ -196,31 +196,21 @@ fn wcc_of(cx: &Ctx<'_>, fh: &Fh, st: &Stat) -> WccAttr {
     fattr(cx, fh.loc, st).wcc()
 }
 
-/// Resolves an NFSv3 handle and takes the caller's identity for its
-/// export (the caller keeps it while the returned guard lives).
-fn resolve(cx: &mut Ctx<'_>, wire: &[u8]) -> R<Fh> {
-    resolve_with(cx, wire, false).map(|(fh, _)| fh)
-}
-
-/// [`resolve`], with the object's full status, read by the stat that
-/// checks the handle (see `Export::resolve_with`): one stat where a
+/// Resolves an NFSv3 handle, sets the caller's identity for its export
+/// (`Ctx::id`), and gives the object's full status, read by the stat
+/// that checks the handle (see `Export::resolve_with`): one stat where a
 /// procedure answers attributes.
 fn resolve_stat(cx: &mut Ctx<'_>, wire: &[u8]) -> R<(Fh, Stat)> {
-    let (fh, st) = resolve_with(cx, wire, true)?;
-    let st = match st {
-        Some(st) => st,
-        None => io3(fs::stat(fh.fd.as_fd()))?,
-    };
-    Ok((fh, st))
-}
-
-fn resolve_with(cx: &mut Ctx<'_>, wire: &[u8], full: bool) -> R<(Fh, Option<Stat>)> {
-    let (fh, st) = cx.resolve_with(wire, full).map_err(st3)?;
+    let (fh, st) = cx.resolve_with(wire, true).map_err(st3)?;
     let Loc::Export(i) = fh.loc else {
         // NFSv3 clients mount exports, never the NFSv4 pseudo root.
         return Err(status::BADHANDLE);
     };
     cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
+    let st = match st {
+        Some(st) => st,
+        None => io3(fs::stat(fh.fd.as_fd()))?,
+    };
     Ok((fh, st))
 }
 
@@ -768,28 +758,30 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     return Err(status::ISDIR.into());
                 }
                 deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
-                let ex = &cx.ex(&dir).fs;
-                let wire = ex.handle_in(dir.fd.as_fd(), &n).ok();
                 io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
                 if st.nlink <= 1 && !st.is_dir() {
                     cx.srv.v3_files.forget((st.dev, st.ino));
                     cx.srv.read.readahead.forget_file((st.dev, st.ino));
                 }
-                if let Some(w) = wire {
-                    if st.nlink <= 1 || st.is_dir() {
-                        ex.forget(&w);
-                    }
+                if st.nlink <= 1 || st.is_dir() {
+                    cx.ex(&dir).fs.forget_inode(&st);
                 }
                 e.u32(0);
                 wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
                 Ok(())
             }
             Args3::Rename(from, to) => {
-                let sdir = resolve(cx, from.dir)?;
-                let tdir = resolve(cx, to.dir)?;
+                // Within one directory (the usual rename), one status
+                // before and one after serve as the source's and the
+                // target's.
+                let one_dir = from.dir == to.dir;
+                let (sdir, sst) = resolve_stat(cx, from.dir)?;
+                let (tdir, tst) = if one_dir {
+                    (sdir.clone(), sst)
+                } else {
+                    resolve_stat(cx, to.dir)?
+                };
                 let _as = cred::assume(&cx.id);
-                let sst = io3(fs::stat(sdir.fd.as_fd()))?;
-                let tst = io3(fs::stat(tdir.fd.as_fd()))?;
                 let (sb, tb) = (wcc_of(cx, &sdir, &sst), wcc_of(cx, &tdir, &tst));
                 fail_wcc.push((Some(sb), Some(fattr(cx, sdir.loc, &sst))));
                 fail_wcc.push((Some(tb), Some(fattr(cx, tdir.loc, &tst))));
@@ -816,26 +808,24 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 if let Some(gone) = &gone {
                     deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
                 }
-                let ex = &cx.ex(&tdir).fs;
-                let replaced = ex.handle_in(tdir.fd.as_fd(), &t).ok();
                 let r = io3(fs::rename_at(sdir.fd.as_fd(), &f, tdir.fd.as_fd(), &t));
-                fail_wcc[0].1 = attrs_of(cx, &sdir);
-                fail_wcc[1].1 = attrs_of(cx, &tdir);
+                let safter = attrs_of(cx, &sdir);
+                let tafter = if one_dir { safter } else { attrs_of(cx, &tdir) };
+                fail_wcc[0].1 = safter;
+                fail_wcc[1].1 = tafter;
                 r?;
-                if let Some(gone) = gone.filter(|g| {
-                    g.is_file() && g.nlink <= 1 && (g.dev, g.ino) != (moved.dev, moved.ino)
-                }) {
-                    cx.srv.v3_files.forget((gone.dev, gone.ino));
-                    cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
-                }
-                if let Some(w) = replaced {
-                    if w != ex.handle_in(tdir.fd.as_fd(), &t).unwrap_or_default() {
-                        ex.forget(&w);
+                // A replaced target (not another link of the moved
+                // inode, which rename leaves alone) loses its name.
+                if let Some(gone) = gone.filter(|g| (g.dev, g.ino) != (moved.dev, moved.ino)) {
+                    if gone.is_file() && gone.nlink <= 1 {
+                        cx.srv.v3_files.forget((gone.dev, gone.ino));
+                        cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
                     }
+                    cx.ex(&tdir).fs.forget_inode(&gone);
                 }
                 e.u32(0);
-                wcc_data(e, Some(&sb), attrs_of(cx, &sdir).as_ref());
-                wcc_data(e, Some(&tb), attrs_of(cx, &tdir).as_ref());
+                wcc_data(e, Some(&sb), safter.as_ref());
+                wcc_data(e, Some(&tb), tafter.as_ref());
                 Ok(())
             }
             Args3::Link(fh, w) => {

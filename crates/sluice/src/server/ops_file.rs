@@ -5,7 +5,7 @@ use super::attrs::{self, MAX_IO};
 use super::context::{must_not_wait, Ctx, Fh, OpStatus, Outcome, Stop};
 use super::ops_fs::{
     apply_attrs, cinfo, component_of, cur_dir, deleg_conflicts, fh_at, io, put_stateid, run,
-    run_or_block, stat_of, stateid, x,
+    run_or_block, stat_cur, stat_of, stateid, x,
 };
 use super::state::{lock_range, DelegRequest, Denied, FileKey, OpenRequest, Stateid};
 use super::Delegations;
@@ -157,13 +157,13 @@ fn open_create(
             if !st.is_file() || st.atime.sec != at.sec || st.mtime.sec != mt.sec {
                 return Err(status::EXIST);
             }
-            return Ok((fh_at(cx, dir, fd, Some(&st))?, None, [0; 3], Some(st)));
+            return Ok((fh_at(cx, dir, fd, &st)?, None, [0; 3], Some(st)));
         }
         Err(e) => return io(Err(e)),
     };
     let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
     let st = io(fs::stat(pfd.as_fd()))?;
-    let fh = fh_at(cx, dir, pfd, Some(&st))?;
+    let fh = fh_at(cx, dir, pfd, &st)?;
     let mut set = a.mask;
     let changed;
     if made {
@@ -262,8 +262,12 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                 let (dir, before) = cur_dir(cx)?;
                 let (fh, fd, set, st) = match &how {
                     How::NoCreate => {
+                        // The status first, so that the handle cache
+                        // knows the descriptor's inode (see
+                        // `Export::forget_inode`).
                         let pfd = io(fs::open_path_at(dir.fd.as_fd(), name))?;
-                        (fh_at(cx, &dir, pfd, None)?, None, [0; 3], None)
+                        let st = io(fs::stat(pfd.as_fd()))?;
+                        (fh_at(cx, &dir, pfd, &st)?, None, [0; 3], Some(st))
                     }
                     h => {
                         // Creating opens an existing file for writing (or
@@ -291,7 +295,7 @@ pub(super) fn open(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
                     return Err(status::INVAL);
                 }
                 let fh = cx.cur()?.clone();
-                let st = stat_of(&fh)?;
+                let st = stat_cur(cx, &fh)?;
                 (fh, None, [0; 3], Some(st), st, st)
             }
         };

@@ -166,10 +166,15 @@ pub(super) fn stat_cur(cx: &Ctx<'_>, fh: &Fh) -> Result<Stat, Nfsstat4> {
     }
 }
 
-/// The current filehandle, which must be a directory.
+/// The current filehandle, which must be a directory, and its status:
+/// the one PUTFH or LOOKUP read of it when still good (see
+/// [`Ctx::cur_stat`]), as the status before an op that changes it.
 pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     let fh = cx.cur()?.clone();
-    let st = stat_of(&fh)?;
+    let st = match (fh.loc, cx.cur_stat()) {
+        (Loc::Export(_), Some(st)) => st,
+        _ => stat_of(&fh)?,
+    };
     if st.is_dir() {
         Ok((fh, st))
     } else if st.is_symlink() {
@@ -247,10 +252,23 @@ pub(super) fn putfh(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
         // The stat that checks the handle reads everything when the next
         // op would stat the object anyway (GETATTR answers from it, READ
         // takes the size and times from it): one stat instead of two.
-        // Before WRITE, the check (type, inode number and links) is all
-        // WRITE needs.
+        // So do ACCESS, and the ops that read the directory's status
+        // before they change it or list it. Before WRITE, the check
+        // (type, inode number and links) is all WRITE needs.
         let next = d.clone().u32();
-        let stat_next = matches!(next, Ok(op::GETATTR | op::READ));
+        let stat_next = matches!(
+            next,
+            Ok(op::GETATTR
+                | op::READ
+                | op::ACCESS
+                | op::OPEN
+                | op::CREATE
+                | op::REMOVE
+                | op::RENAME
+                | op::LINK
+                | op::READDIR
+                | op::LOOKUPP)
+        );
         let (fh, st) = cx.resolve_with(&fh.0, stat_next)?;
         cx.cur_identity = None;
         match st {
@@ -324,19 +342,14 @@ fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4>
         };
         return Ok((fh, st));
     }
-    Ok((fh_at(cx, dir, fd, Some(&st))?, st))
+    Ok((fh_at(cx, dir, fd, &st)?, st))
 }
 
 /// The file handle of `fd`, just opened by name below `dir` (`st` its
-/// status, when the caller has it). Its descriptor goes into the handle
+/// status). Its descriptor goes into the handle
 /// cache: the client sends the handle next, and PUTFH then need not open
 /// the object again.
-pub(super) fn fh_at(
-    cx: &Ctx<'_>,
-    dir: &Fh,
-    fd: OwnedFd,
-    st: Option<&Stat>,
-) -> Result<Fh, Nfsstat4> {
+pub(super) fn fh_at(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd, st: &Stat) -> Result<Fh, Nfsstat4> {
     let ex = &cx.ex(dir).fs;
     let wire = io(ex.handle_of(fd.as_fd()))?;
     let fd = Arc::new(fd);
@@ -876,13 +889,9 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         cx.srv.state.check_not_in_grace()?;
         let st = io(fs::stat_at(dir.fd.as_fd(), &name))?;
         deleg_conflicts(cx, (st.dev, st.ino), true)?;
-        let ex = &cx.ex(&dir).fs;
-        let wire = ex.handle_in(dir.fd.as_fd(), &name).ok();
         io(fs::unlink_at(dir.fd.as_fd(), &name, st.is_dir()))?;
-        if let Some(w) = wire {
-            if st.nlink <= 1 || st.is_dir() {
-                ex.forget(&w);
-            }
+        if st.nlink <= 1 || st.is_dir() {
+            cx.ex(&dir).fs.forget_inode(&st);
         }
         let after = stat_of(&dir)?;
         cinfo(&before, &after).encode(e);
@@ -899,26 +908,31 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         let (tdir, tbefore) = cur_dir(cx)?;
         cx.srv.state.check_not_in_grace()?;
         let sdir = cx.saved()?.clone();
-        let sbefore = stat_of(&sdir)?;
+        // Within one directory (the usual rename), its status serves as
+        // both the source's and the target's.
+        let one_dir = Arc::ptr_eq(&sdir.fd, &tdir.fd);
+        let sbefore = if one_dir { tbefore } else { stat_of(&sdir)? };
         if !sbefore.is_dir() {
             return Err(status::NOTDIR);
         }
         // Delegations on the object renamed and on one it replaces.
-        if let Ok(moved) = fs::stat_at(sdir.fd.as_fd(), &from) {
+        let moved = fs::stat_at(sdir.fd.as_fd(), &from).ok();
+        if let Some(moved) = &moved {
             deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
         }
-        if let Ok(gone) = fs::stat_at(tdir.fd.as_fd(), &to) {
+        let gone = fs::stat_at(tdir.fd.as_fd(), &to).ok();
+        if let Some(gone) = &gone {
             deleg_conflicts(cx, (gone.dev, gone.ino), true)?;
         }
-        // A replaced target loses its name; forget its cached descriptor.
-        let ex = &cx.ex(&tdir).fs;
-        let replaced = ex.handle_in(tdir.fd.as_fd(), &to).ok();
         io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
-        if let Some(w) = replaced {
-            ex.forget(&w);
+        // A replaced target loses its name; forget its cached descriptor
+        // (not when both names were links of one inode: nothing moved).
+        if let Some(gone) = gone.filter(|g| moved.is_none_or(|m| (m.dev, m.ino) != (g.dev, g.ino)))
+        {
+            cx.ex(&tdir).fs.forget_inode(&gone);
         }
-        let safter = stat_of(&sdir)?;
         let tafter = stat_of(&tdir)?;
+        let safter = if one_dir { tafter } else { stat_of(&sdir)? };
         RenameResOk {
             source_cinfo: cinfo(&sbefore, &safter),
             target_cinfo: cinfo(&tbefore, &tafter),

@@ -1998,3 +1998,132 @@ fn a_commit_beside_a_failing_flush_answers_the_verifier_the_failure_made() {
     assert!(srv.flushes().is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The change attribute of the directory at `p`, as sluice answers it.
+fn change_of(p: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.ctime() as u64) * 1_000_000_000 + m.ctime_nsec() as u64
+}
+
+/// REMOVE and RENAME after PUTFH (whose check reads the directory's
+/// whole status for them) answer the directory's change before and
+/// after; a RENAME within one directory answers the same for source and
+/// target, one across two answers each its own. A file that loses its
+/// last name has its cached descriptor let go at once (found by its
+/// inode), so its blocks are freed; a renamed file keeps its, also when
+/// renamed onto another of its names (which changes nothing).
+#[test]
+fn remove_and_rename_answer_each_directorys_change_and_let_go_of_what_they_drop() {
+    use crate::nfs4::msg::{ChangeInfo4, RenameResOk};
+    let (srv, dir, sid) = server_with_f("rm-mv-cinfo");
+    let d = dir.join("d");
+    std::fs::create_dir(&d).unwrap();
+    for n in ["a", "b", "c"] {
+        std::fs::write(d.join(n), n).unwrap();
+    }
+    let ex = &srv.exports.list()[0].fs;
+    let dwire = handle_in_root(&srv, c"d");
+    let putfh = |w: &[u8]| (op::PUTFH, args(&NfsFh4(w.to_vec())));
+    let mut call = in_session(&srv, &sid);
+    // Each file's handle, opened (and cached) by PUTFH; its status.
+    let mut cache = |name: &str| {
+        let path = format!("d/{name}");
+        let w = handle_in_root(&srv, &std::ffi::CString::new(path).unwrap());
+        let (_, results) = sizes_in(&call(vec![putfh(&w), getattr_size()]));
+        assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+        let st = crate::engine::fs::stat_at(
+            std::os::fd::AsFd::as_fd(&*ex.root_fd()),
+            &std::ffi::CString::new(format!("d/{name}")).unwrap(),
+        )
+        .unwrap();
+        assert!(ex.cached_handle(&st).is_some(), "{name} cached");
+        st
+    };
+    let (sa, sb, sc) = (cache("a"), cache("b"), cache("c"));
+    let mut run = |ops| {
+        let mut cinfos = Vec::new();
+        let (_, results) = each_result(&call(ops), |o, dec| match o {
+            op::REMOVE => cinfos.push(ChangeInfo4::decode(dec).unwrap()),
+            op::RENAME => {
+                let r = RenameResOk::decode(dec).unwrap();
+                cinfos.push(r.source_cinfo);
+                cinfos.push(r.target_cinfo);
+            }
+            _ => {}
+        });
+        assert!(results.iter().all(|r| r.1 == status::OK), "{results:?}");
+        cinfos
+    };
+    let rename = |from: &str, to: &str| {
+        args(&RenameArgs {
+            oldname: Component4::new(from),
+            newname: Component4::new(to),
+        })
+    };
+    let changed = |before: u64, after: u64, c: &ChangeInfo4| {
+        assert_eq!((c.before, c.after), (before, after));
+        assert_ne!(c.before, c.after);
+    };
+
+    let before = change_of(&d);
+    let c = run(vec![
+        putfh(&dwire),
+        (op::REMOVE, args(&Component4::new("a"))),
+    ]);
+    changed(before, change_of(&d), &c[0]);
+    assert!(!d.join("a").exists());
+    assert!(
+        ex.cached_handle(&sa).is_none(),
+        "a removed file's descriptor"
+    );
+
+    let before = change_of(&d);
+    let c = run(vec![
+        putfh(&dwire),
+        (op::SAVEFH, vec![]),
+        putfh(&dwire),
+        (op::RENAME, rename("b", "c")),
+    ]);
+    changed(before, change_of(&d), &c[0]);
+    assert_eq!(c[0], c[1], "one directory: source and target alike");
+    assert_eq!(std::fs::read(d.join("c")).unwrap(), b"b");
+    assert!(
+        ex.cached_handle(&sc).is_none(),
+        "a renamed-over file's descriptor"
+    );
+    assert!(
+        ex.cached_handle(&sb).is_some(),
+        "the renamed file's descriptor"
+    );
+
+    let (dbefore, rbefore) = (change_of(&d), change_of(&dir));
+    let c = run(vec![
+        putfh(&dwire),
+        (op::SAVEFH, vec![]),
+        (op::PUTROOTFH, vec![]),
+        (op::RENAME, rename("c", "moved")),
+    ]);
+    changed(dbefore, change_of(&d), &c[0]);
+    changed(rbefore, change_of(&dir), &c[1]);
+    assert_eq!(std::fs::read(dir.join("moved")).unwrap(), b"b");
+    assert!(
+        ex.cached_handle(&sb).is_some(),
+        "the moved file's descriptor"
+    );
+
+    // A rename onto another link of the same inode changes nothing, and
+    // keeps its descriptor.
+    std::fs::hard_link(dir.join("moved"), dir.join("twin")).unwrap();
+    run(vec![
+        (op::PUTROOTFH, vec![]),
+        (op::SAVEFH, vec![]),
+        (op::RENAME, rename("twin", "moved")),
+    ]);
+    assert!(dir.join("twin").exists() && dir.join("moved").exists());
+    assert!(
+        ex.cached_handle(&sb).is_some(),
+        "a file renamed onto itself"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
