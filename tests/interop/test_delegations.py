@@ -192,11 +192,14 @@ def test_delegations_none_grants_nothing(sluice_factory):
     assert o.deleg_type == OPEN_DELEGATE_NONE
 
 
-@pytest.mark.parametrize("change", ["open-write", "write", "setattr-size", "remove", "rename"])
+@pytest.mark.parametrize("change", ["open-write", "write", "setattr-size", "remove", "rename", "rename-over"])
 def test_conflicting_change_recalls_and_waits_for_delegreturn(srv, change):
     h, deleg, fh = delegated(srv)
     w = other(srv)
     root = w.root_fh()
+    if change == "rename-over":
+        # Another name renamed onto the delegated file's replaces it.
+        make_file(srv, "g")
 
     def attempt():
         if change == "open-write":
@@ -208,6 +211,8 @@ def test_conflicting_change_recalls_and_waits_for_delegreturn(srv, change):
             return w.compound([rc.op_putfh(fh), (rc.Op.SETATTR, ANONYMOUS_STATEID + size)])
         if change == "remove":
             return w.compound([rc.op_putfh(root), rc.op_remove("f")])
+        if change == "rename-over":
+            return w.compound([rc.op_putfh(root), rc.op_savefh(), rc.op_putfh(root), rc.op_rename("g", "f")])
         return w.compound([rc.op_putfh(root), rc.op_savefh(), rc.op_putfh(root), rc.op_rename("f", "g")])
 
     expect(attempt(), St.DELAY, f"{change} while another client holds a read delegation")

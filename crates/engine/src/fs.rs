@@ -372,6 +372,33 @@ pub fn rename_at(
     .map(drop)
 }
 
+/// [`rename_at`], unless `to` exists: then EEXIST, and nothing changes
+/// (`renameat2` with RENAME_NOREPLACE). EINVAL where the file system
+/// cannot tell (and for the errors a plain rename gives EINVAL for).
+pub fn rename_noreplace(
+    fdir: BorrowedFd<'_>,
+    from: &CStr,
+    tdir: BorrowedFd<'_>,
+    to: &CStr,
+) -> io::Result<()> {
+    // SAFETY: valid fds and C strings; renameat2 takes no pointer but
+    // the names.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            fdir.as_raw_fd(),
+            from.as_ptr(),
+            tdir.as_raw_fd(),
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Makes a new hard link `name` in `dir` to the object behind `fd`.
 pub fn link_at(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     let p = proc_path(fd);
@@ -1567,6 +1594,26 @@ mod create_tests {
         assert!(created);
         let (_, created) = create_file(dir.as_fd(), c"f", 0o644, false, libc::O_RDONLY).unwrap();
         assert!(!created);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_rename_that_must_replace_nothing_leaves_an_existing_target() {
+        let d = std::env::temp_dir().join(format!("sluice-noreplace-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("a"), "a").unwrap();
+        std::fs::write(d.join("b"), "b").unwrap();
+        let dir = open_dir_path(&d).unwrap();
+        let e = rename_noreplace(dir.as_fd(), c"a", dir.as_fd(), c"b").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        assert_eq!(std::fs::read(d.join("a")).unwrap(), b"a");
+        assert_eq!(std::fs::read(d.join("b")).unwrap(), b"b");
+        rename_noreplace(dir.as_fd(), c"a", dir.as_fd(), c"c").unwrap();
+        assert!(!d.join("a").exists());
+        assert_eq!(std::fs::read(d.join("c")).unwrap(), b"a");
+        let e = rename_noreplace(dir.as_fd(), c"a", dir.as_fd(), c"d").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
         let _ = std::fs::remove_dir_all(&d);
     }
 }

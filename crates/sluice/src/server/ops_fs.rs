@@ -15,7 +15,7 @@ use crate::nfs4::msg::{
 };
 use crate::nfs4::Nfsstat4;
 use crate::xdr::{Decoder, Encoder, XdrResult};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -915,21 +915,36 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         if !sbefore.is_dir() {
             return Err(status::NOTDIR);
         }
-        // Delegations on the object renamed and on one it replaces.
-        let moved = fs::stat_at(sdir.fd.as_fd(), &from).ok();
-        if let Some(moved) = &moved {
-            deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
+        // Delegations on the object renamed (looked up only when some
+        // file has one).
+        let mut moved = None;
+        if cx.srv.state.any_delegated() {
+            moved = fs::stat_at(sdir.fd.as_fd(), &from).ok();
+            if let Some(moved) = &moved {
+                deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
+            }
         }
-        let gone = fs::stat_at(tdir.fd.as_fd(), &to).ok();
-        if let Some(gone) = &gone {
-            deleg_conflicts(cx, (gone.dev, gone.ino), true)?;
-        }
-        io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
-        // A replaced target loses its name; forget its cached descriptor
-        // (not when both names were links of one inode: nothing moved).
-        if let Some(gone) = gone.filter(|g| moved.is_none_or(|m| (m.dev, m.ino) != (g.dev, g.ino)))
-        {
-            cx.ex(&tdir).fs.forget_inode(&gone);
+        if !io(renamed_replacing_nothing(&sdir, &from, &tdir, &to))? {
+            // The target exists: delegations on it too, and once it is
+            // replaced, its cached descriptor goes (not when both names
+            // were links of one inode: then nothing moved).
+            let moved = match moved {
+                Some(m) => Some(m),
+                None => fs::stat_at(sdir.fd.as_fd(), &from).ok(),
+            };
+            if let Some(moved) = &moved {
+                deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
+            }
+            let gone = fs::stat_at(tdir.fd.as_fd(), &to).ok();
+            if let Some(gone) = &gone {
+                deleg_conflicts(cx, (gone.dev, gone.ino), true)?;
+            }
+            io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
+            if let Some(gone) =
+                gone.filter(|g| moved.is_none_or(|m| (m.dev, m.ino) != (g.dev, g.ino)))
+            {
+                cx.ex(&tdir).fs.forget_inode(&gone);
+            }
         }
         let tafter = stat_of(&tdir)?;
         let safter = if one_dir { tafter } else { stat_of(&sdir)? };
@@ -940,6 +955,25 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         .encode(e);
         Ok(())
     })
+}
+
+/// Renames `from` in `sdir` to `to` in `tdir` if `to` does not exist:
+/// true when done. The usual rename replaces nothing, and needs no look
+/// at the target's name first (a name not in the kernel's cache is
+/// looked up under the directory's lock, which every change in the
+/// directory takes). False when the target exists (or the file system
+/// cannot tell): the caller renames over it after looking at it.
+pub(super) fn renamed_replacing_nothing(
+    sdir: &Fh,
+    from: &CStr,
+    tdir: &Fh,
+    to: &CStr,
+) -> io::Result<bool> {
+    match fs::rename_noreplace(sdir.fd.as_fd(), from, tdir.fd.as_fd(), to) {
+        Ok(()) => Ok(true),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// LINK: a new name in the current directory for the saved object.

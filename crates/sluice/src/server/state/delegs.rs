@@ -321,6 +321,12 @@ impl StateTable {
         self.lock().delegs.by_file.contains_key(&file)
     }
 
+    /// Whether any file has a delegation: when none has, a change need
+    /// not look up what it changes to recall one.
+    pub fn any_delegated(&self) -> bool {
+        self.delegated_files.load(Ordering::Relaxed) > 0
+    }
+
     /// Whether `file` has a write delegation whose kernel lease is held.
     pub fn write_delegated(&self, file: FileKey) -> bool {
         if self.write_delegs.load(Ordering::Relaxed) == 0 {
