@@ -454,8 +454,21 @@ pub(crate) fn drain<V>(group: &OwnedFd, g: &mut Inner<V>) {
             return;
         }
         events_in(g, &buf[..n as usize]);
+        // The kernel stops filling the buffer only when the queue is
+        // empty or the next event does not fit. With room left for any
+        // event this group reports (metadata and one file id record: 172
+        // bytes at most), the queue was empty: no read just to hear
+        // EAGAIN (a REMOVE drains the group after its unlink).
+        if n as usize + MAX_EVENT_LEN <= buf.len() {
+            return;
+        }
     }
 }
+
+/// More than the longest event of a group reporting file ids: metadata
+/// (24 bytes), the record's header and file system id (12), the handle's
+/// header (8) and at most MAX_HANDLE_SZ (128) bytes of handle.
+const MAX_EVENT_LEN: usize = 256;
 
 /// The events of one read of a group.
 fn events_in<V>(g: &mut Inner<V>, mut buf: &[u8]) {
@@ -641,6 +654,23 @@ mod tests {
         assert_eq!(m.counts().0, 0, "a deleted inode's handle was kept");
         assert_eq!(keep(&m, &dir, c"b"), st_b);
         assert_eq!(found(&m, &dir, c"b"), Some(bytes_b));
+    }
+
+    #[test]
+    fn deletes_queued_past_one_read_are_all_read_at_once() {
+        let names: Vec<String> = (0..400).map(|i| format!("f{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (d, dir, m) = watched("many", &refs);
+        for n in &names {
+            keep(&m, &dir, &std::ffi::CString::new(n.as_str()).unwrap());
+        }
+        assert_eq!(m.counts().0, 400);
+        // 400 events of about 52 bytes each: several reads of the group.
+        for n in &names {
+            std::fs::remove_file(d.0.join(n)).unwrap();
+        }
+        m.read_deletes();
+        assert_eq!(m.counts().0, 0, "handles of deleted inodes still kept");
     }
 
     #[test]
