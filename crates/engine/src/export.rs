@@ -422,21 +422,14 @@ impl Export {
         Some((wire.to_vec(), fd))
     }
 
-    /// Forgets the cached descriptor of a handle (after removal), and
-    /// reads the deletes queued for the memo of handles (this one among
-    /// them, once its last descriptor is closed).
-    pub fn forget(&self, wire: &[u8]) {
-        let fd = self.cache.lock().ok().and_then(|mut c| c.remove(wire));
-        drop(fd);
-        self.memo.read_deletes();
-    }
-
-    /// [`Export::forget`] for the inode `st` describes (a stat of a name
-    /// about to be removed or renamed over), found without asking the
-    /// kernel for its handle: every descriptor the cache keeps was
-    /// remembered with its inode (by [`Export::resolve`] and by callers
-    /// that opened it by name), and none of another inode has its number
-    /// while it is kept.
+    /// Forgets the cached descriptor of the inode `st` describes (a stat
+    /// of a name about to be removed or renamed over), and reads the
+    /// deletes queued for the memo of handles (this one among them, once
+    /// its last descriptor is closed). The descriptor is found without
+    /// asking the kernel for the handle: every descriptor the cache keeps
+    /// was remembered with its inode (by [`Export::resolve`] and by
+    /// callers that opened it by name), and none of another inode has its
+    /// number while it is kept.
     pub fn forget_inode(&self, st: &Stat) {
         let fd = self.cache.lock().ok().and_then(|mut c| {
             let wire = c.by_ino.get(&(st.dev, st.ino))?.clone();
@@ -593,7 +586,7 @@ mod tests {
         };
         assert!(ex.cached_handle(&other).is_none());
         // Forgotten (REMOVE), swept (removed locally): not found.
-        ex.forget(&a);
+        ex.forget_inode(&sa);
         assert!(ex.cached_handle(&sa).is_none());
         std::fs::remove_file(dir.join("b")).unwrap();
         ex.sweep();
