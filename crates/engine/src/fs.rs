@@ -360,26 +360,28 @@ pub fn rename_at(
     tdir: BorrowedFd<'_>,
     to: &CStr,
 ) -> io::Result<()> {
-    // SAFETY: valid fds and C strings.
-    cvt(unsafe {
-        libc::renameat(
-            fdir.as_raw_fd(),
-            from.as_ptr(),
-            tdir.as_raw_fd(),
-            to.as_ptr(),
-        )
-    })
-    .map(drop)
+    renameat2(fdir, from, tdir, to, 0)
 }
 
 /// [`rename_at`], unless `to` exists: then EEXIST, and nothing changes
-/// (`renameat2` with RENAME_NOREPLACE). EINVAL where the file system
-/// cannot tell (and for the errors a plain rename gives EINVAL for).
+/// (RENAME_NOREPLACE). EINVAL where the file system cannot tell (and for
+/// the errors a plain rename gives EINVAL for).
 pub fn rename_noreplace(
     fdir: BorrowedFd<'_>,
     from: &CStr,
     tdir: BorrowedFd<'_>,
     to: &CStr,
+) -> io::Result<()> {
+    renameat2(fdir, from, tdir, to, libc::RENAME_NOREPLACE)
+}
+
+/// `renameat2` with `flags` (0: what `renameat` does).
+fn renameat2(
+    fdir: BorrowedFd<'_>,
+    from: &CStr,
+    tdir: BorrowedFd<'_>,
+    to: &CStr,
+    flags: libc::c_uint,
 ) -> io::Result<()> {
     // SAFETY: valid fds and C strings; renameat2 takes no pointer but
     // the names.
@@ -390,7 +392,7 @@ pub fn rename_noreplace(
             from.as_ptr(),
             tdir.as_raw_fd(),
             to.as_ptr(),
-            libc::RENAME_NOREPLACE,
+            flags,
         )
     };
     if r < 0 {
