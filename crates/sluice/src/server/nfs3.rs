@@ -12,7 +12,7 @@ use super::attrs::SetAttrs;
 use super::context::{Ctx, Fh, Stop};
 use super::exports::Loc;
 use super::ops_fs::{
-    apply_attrs, child_or_block, component_of, deleg_conflicts, may, renamed_replacing_nothing,
+    apply_attrs, child_or_block, component_of, deleg_conflicts, may, rename_checked,
 };
 use super::Server;
 use crate::engine::cred;
@@ -804,38 +804,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                         },
                     )?;
                 let t = name(to.name)?;
-                // Delegations on the object renamed (looked up only when
-                // some file has one), then as NFSv4 RENAME: a rename that
-                // replaces nothing first, needing no look at the target.
-                let mut moved = None;
-                if cx.srv.state.any_delegated() {
-                    let m = io3(fs::stat_at(sdir.fd.as_fd(), &f))?;
-                    deleg_conflicts(cx, (m.dev, m.ino), true).map_err(st3)?;
-                    moved = Some(m);
-                }
-                let r = match io3(renamed_replacing_nothing(&sdir, &f, &tdir, &t)) {
-                    Ok(true) => Ok(None),
-                    Ok(false) => {
-                        // The target exists: delegations on it too.
-                        let replace = || -> R<Option<Stat>> {
-                            let moved = match moved {
-                                Some(m) => m,
-                                None => io3(fs::stat_at(sdir.fd.as_fd(), &f))?,
-                            };
-                            deleg_conflicts(cx, (moved.dev, moved.ino), true).map_err(st3)?;
-                            let gone = fs::stat_at(tdir.fd.as_fd(), &t).ok();
-                            if let Some(gone) = &gone {
-                                deleg_conflicts(cx, (gone.dev, gone.ino), true).map_err(st3)?;
-                            }
-                            io3(fs::rename_at(sdir.fd.as_fd(), &f, tdir.fd.as_fd(), &t))?;
-                            // Not another link of the moved inode, which
-                            // rename leaves alone.
-                            Ok(gone.filter(|g| (g.dev, g.ino) != (moved.dev, moved.ino)))
-                        };
-                        replace()
-                    }
-                    Err(e) => Err(e),
-                };
+                let r = rename_checked(cx, &sdir, &f, &tdir, &t).map_err(st3);
                 let safter = attrs_of(cx, &sdir);
                 let tafter = if one_dir { safter } else { attrs_of(cx, &tdir) };
                 fail_wcc[0].1 = safter;

@@ -915,36 +915,9 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         if !sbefore.is_dir() {
             return Err(status::NOTDIR);
         }
-        // Delegations on the object renamed (looked up only when some
-        // file has one).
-        let mut moved = None;
-        if cx.srv.state.any_delegated() {
-            moved = fs::stat_at(sdir.fd.as_fd(), &from).ok();
-            if let Some(moved) = &moved {
-                deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
-            }
-        }
-        if !io(renamed_replacing_nothing(&sdir, &from, &tdir, &to))? {
-            // The target exists: delegations on it too, and once it is
-            // replaced, its cached descriptor goes (not when both names
-            // were links of one inode: then nothing moved).
-            let moved = match moved {
-                Some(m) => Some(m),
-                None => fs::stat_at(sdir.fd.as_fd(), &from).ok(),
-            };
-            if let Some(moved) = &moved {
-                deleg_conflicts(cx, (moved.dev, moved.ino), true)?;
-            }
-            let gone = fs::stat_at(tdir.fd.as_fd(), &to).ok();
-            if let Some(gone) = &gone {
-                deleg_conflicts(cx, (gone.dev, gone.ino), true)?;
-            }
-            io(fs::rename_at(sdir.fd.as_fd(), &from, tdir.fd.as_fd(), &to))?;
-            if let Some(gone) =
-                gone.filter(|g| moved.is_none_or(|m| (m.dev, m.ino) != (g.dev, g.ino)))
-            {
-                cx.ex(&tdir).fs.forget_inode(&gone);
-            }
+        // A replaced target loses its name; forget its cached descriptor.
+        if let Some(gone) = rename_checked(cx, &sdir, &from, &tdir, &to)? {
+            cx.ex(&tdir).fs.forget_inode(&gone);
         }
         let tafter = stat_of(&tdir)?;
         let safter = if one_dir { tafter } else { stat_of(&sdir)? };
@@ -957,23 +930,52 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
     })
 }
 
-/// Renames `from` in `sdir` to `to` in `tdir` if `to` does not exist:
-/// true when done. The usual rename replaces nothing, and needs no look
-/// at the target's name first (a name not in the kernel's cache is
-/// looked up under the directory's lock, which every change in the
-/// directory takes). False when the target exists (or the file system
-/// cannot tell): the caller renames over it after looking at it.
-pub(super) fn renamed_replacing_nothing(
+/// RENAME's work, NFSv4.1's and NFSv3's: renames `from` in `sdir` to
+/// `to` in `tdir` once the delegations on what it changes are back, and
+/// gives the inode it replaced (not when both names were links of one
+/// inode: then nothing moved), whose descriptors the caller lets go.
+///
+/// It first asks for a rename that replaces nothing (RENAME_NOREPLACE),
+/// which needs no look at either name: a name not in the kernel's cache
+/// is looked up under the directory's lock, which every change in the
+/// directory takes. The renamed object is stat'ed first only when some
+/// file has a delegation. When the target exists (or the file system
+/// cannot tell), both are looked at, and the rename replaces the target.
+pub(super) fn rename_checked(
+    cx: &Ctx<'_>,
     sdir: &Fh,
     from: &CStr,
     tdir: &Fh,
     to: &CStr,
-) -> io::Result<bool> {
+) -> Result<Option<Stat>, Nfsstat4> {
+    let recall = |st: &Stat| deleg_conflicts(cx, (st.dev, st.ino), true);
+    let moved_now = || -> Result<Stat, Nfsstat4> {
+        let st = io(fs::stat_at(sdir.fd.as_fd(), from))?;
+        recall(&st)?;
+        Ok(st)
+    };
+    let moved = if cx.srv.state.any_delegated() {
+        Some(moved_now()?)
+    } else {
+        None
+    };
     match fs::rename_noreplace(sdir.fd.as_fd(), from, tdir.fd.as_fd(), to) {
-        Ok(()) => Ok(true),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => Ok(false),
-        Err(e) => Err(e),
+        Ok(()) => return Ok(None),
+        Err(e) if !matches!(e.raw_os_error(), Some(libc::EEXIST | libc::EINVAL)) => {
+            return io(Err(e))
+        }
+        Err(_) => {}
     }
+    let moved = match moved {
+        Some(st) => st,
+        None => moved_now()?,
+    };
+    let gone = fs::stat_at(tdir.fd.as_fd(), to).ok();
+    if let Some(gone) = &gone {
+        recall(gone)?;
+    }
+    io(fs::rename_at(sdir.fd.as_fd(), from, tdir.fd.as_fd(), to))?;
+    Ok(gone.filter(|g| (g.dev, g.ino) != (moved.dev, moved.ino)))
 }
 
 /// LINK: a new name in the current directory for the saved object.
