@@ -15,6 +15,7 @@
 //! write_behind_min = "256K"  # UNSTABLE WRITEs this big start their writeback; 0 = never
 //! read_cache = "2G"
 //! inline_quick_ops = 2       # default: the number of CPUs; 0: never
+//! busy_poll_us = 50          # poll for a lone client's next request; 0: never
 //! read_plus_min_hole = "32K"
 //! listing_cache_ms = 1000    # listed attributes kept this long; 0 = never
 //! require_privileged_port = false
@@ -95,6 +96,8 @@ pub struct ServerSection {
     pub read_cache: Option<Size>,
     /// Connection threads that may run quick metadata work at once.
     pub inline_quick_ops: Option<usize>,
+    /// How long a connection polls for its next request, in microseconds.
+    pub busy_poll_us: Option<u64>,
     /// READ_PLUS hole reporting threshold.
     pub read_plus_min_hole: Option<Size>,
     /// How long listings keep the attributes they stat'ed, in ms.
@@ -262,7 +265,26 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
             line_of("max_connections")
         ));
     }
+    if let Some(us) = cfg.server.busy_poll_us {
+        check_busy_poll(us)
+            .map_err(|m| format!("{name}{}: server.{m}", line_of("busy_poll_us")))?;
+    }
     Ok(cfg)
+}
+
+/// Longest busy poll for a next request (`busy_poll_us`), 10 ms: a CPU
+/// kept busy longer than that between one client's calls would be spent
+/// for nothing.
+pub const MAX_BUSY_POLL_US: u64 = 10_000;
+
+/// Checks a `busy_poll_us` value; the message names the key.
+pub fn check_busy_poll(us: u64) -> Result<(), String> {
+    if us > MAX_BUSY_POLL_US {
+        return Err(format!(
+            "busy_poll_us = {us}: at most {MAX_BUSY_POLL_US} (10 ms); polls of 20 to 200 us cover a client's turnaround, 0 turns polling off"
+        ));
+    }
+    Ok(())
 }
 
 /// The dotted key set on 1-based `line` ("export.squash"), from the line's
@@ -300,6 +322,7 @@ direct_read_min = "1M"
 lend_read_min = "128K"
 write_behind_min = "1M"
 read_cache = "512M"
+busy_poll_us = 20
 require_privileged_port = true
 max_connections = 10
 
@@ -320,6 +343,7 @@ max_write = "512K"
         assert_eq!(c.server.lend_read_min, Some(Size(128 << 10)));
         assert_eq!(c.server.write_behind_min, Some(Size(1 << 20)));
         assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
+        assert_eq!(c.server.busy_poll_us, Some(20));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];
         assert!(e.read_only);

@@ -106,6 +106,15 @@ struct ServeCli {
     /// [default: the number of CPUs].
     #[arg(long)]
     inline_quick_ops: Option<usize>,
+    /// How long, in microseconds, a connection's thread that has just
+    /// answered a request polls the socket for the client's next one
+    /// before it sleeps, while that client alone keeps the server busy
+    /// (one process working through files one call at a time). It saves
+    /// the wake-up of a sleeping CPU per request, at the cost of keeping
+    /// one CPU busy for up to that long after an answer; never more than
+    /// all CPUs but one; 0 never polls [default: 50].
+    #[arg(long)]
+    busy_poll_us: Option<u64>,
     /// How long, in milliseconds, listings keep the attributes of the
     /// files they stat'ed, for the next listings of the directory. Every
     /// change made through a system call is seen at once (fanotify on
@@ -284,6 +293,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
         nsm_portmap: cli.nsm_portmap,
         // As many as the runtime has threads for connections (one per CPU).
         quick_inline: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        busy_poll: Duration::from_micros(50),
         ..Default::default()
     };
     if let Some(secs) = cli.lease_time.or(srv.lease_time) {
@@ -324,6 +334,10 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(n) = cli.inline_quick_ops.or(srv.inline_quick_ops) {
         config.quick_inline = n;
+    }
+    if let Some(us) = cli.busy_poll_us.or(srv.busy_poll_us) {
+        sluice::config::check_busy_poll(us).map_err(|m| format!("--busy-poll-us: {m}"))?;
+        config.busy_poll = Duration::from_micros(us);
     }
     if let Some(n) = cli.read_cache.or(srv.read_cache.map(|Size(n)| n)) {
         config.read_cache = n;

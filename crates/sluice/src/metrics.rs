@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 32] = [
+        let counters: [(&str, &str, u64); 34] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -182,6 +182,16 @@ impl Collector for Collect {
                 "sluice_inline_requests",
                 "Requests answered on their connection's thread with quick metadata work (names, small page-cache writes, directory listings) done there, not handed to a request thread.",
                 srv.inline.counts().0,
+            ),
+            (
+                "sluice_requests_polled",
+                "Requests taken from the socket by a connection's thread polling for them right after its last answer (--busy-poll-us), without sleeping in between.",
+                srv.pollers.polled.load(Ordering::Relaxed),
+            ),
+            (
+                "sluice_polls_missed",
+                "Polls for a next request that ended without one; each stops that connection's polling until its client is quick again.",
+                srv.pollers.missed.load(Ordering::Relaxed),
             ),
             (
                 "sluice_inline_slow",

@@ -98,6 +98,10 @@ pub struct Config {
     /// Connection tasks that may run quick ops themselves at once, rather
     /// than hand them to a worker (see [`inline`]); 0: never.
     pub quick_inline: usize,
+    /// How long a connection's thread, having answered a request itself,
+    /// polls its socket for the next one before it sleeps (see
+    /// `net::Poller`); zero: never.
+    pub busy_poll: Duration,
 }
 
 /// Which delegations the server grants.
@@ -148,6 +152,7 @@ impl Default for Config {
             direct_write_min: 0,
             write_behind_min: 256 * 1024,
             quick_inline: 0,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -215,6 +220,9 @@ pub struct Server {
     pub v3_files: nfs3::FileCache,
     /// Which connection tasks may run quick ops themselves.
     pub inline: inline::Inline,
+    /// Connections busy polling for their next request (see
+    /// `Config::busy_poll`).
+    pub pollers: crate::net::Pollers,
     /// This server, once [`Server::shared`] made it shared: what work
     /// that goes on after a reply (asynchronous copies) holds on to.
     me: std::sync::Weak<Server>,
@@ -293,6 +301,9 @@ impl Server {
             nlm: nlm::NlmServer::new(config.nsm_portmap),
             v3_files: Default::default(),
             inline: inline::Inline::new(config.quick_inline),
+            pollers: crate::net::Pollers::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
             config,
             extents: Default::default(),
             metrics: Default::default(),
