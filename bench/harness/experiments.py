@@ -21,7 +21,9 @@ scale   1, 4, 16, 64 and 256 connections reading a cached file, 8 KiB
 meta    16 NFSv4.1 clients in one new directory (sluice-meta): create
         (OPEN, 4 KiB WRITE, CLOSE), stat (LOOKUP, GETATTR), READDIR of the
         whole directory by every client, rename, remove; operations per
-        second and the server's CPU time per operation.
+        second and the server's CPU time per operation. Then the same by
+        one client alone (each call waiting for the one before, as one
+        process unpacking an archive does).
 
 stream-v3, mix-v3, write-v3, meta-v3
         the same over NFSv3 (MOUNT v3, then READ, WRITE, COMMIT; for
@@ -548,16 +550,20 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
 # --- meta -------------------------------------------------------------------
 
 META_CLIENTS = 16
+# Cases: how many clients work at once. One client alone measures each
+# call's turnaround (an archive unpacked, a tree checked out), many the
+# server's throughput.
+META_CASES = {"16-clients": META_CLIENTS, "1-client": 1}
 META_CACHES = ["cold"]
 META_PHASES = ["create", "stat", "readdir", "names", "rename", "remove"]
 # Rough server rate for the progress estimate (operations per second).
 ASSUMED_META_OPS = 5000
 
 
-def _meta_variant(server: str, cfg: Config, proto: str = "v4") -> Variant:
-    """sluice-meta's phases in a new directory of a name never used before,
-    removed afterwards on the server's file system; over NFSv3 after a
-    MOUNT of the export (`proto` v3)."""
+def _meta_variant(server: str, cfg: Config, proto: str = "v4", nclients: int = META_CLIENTS) -> Variant:
+    """sluice-meta's phases with `nclients` clients in a new directory of a
+    name never used before, removed afterwards on the server's file
+    system; over NFSv3 after a MOUNT of the export (`proto` v3)."""
 
     def measure(ctx: Context) -> dict:
         name = f"meta-{len(ctx.records)}"
@@ -567,19 +573,23 @@ def _meta_variant(server: str, cfg: Config, proto: str = "v4") -> Variant:
         try:
             s = ctx.servers[server]
             return clients.sluice_meta(
-                ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, META_CLIENTS, cfg.meta_files,
+                ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, nclients, cfg.meta_files,
                 s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port, META_PHASES,
             )
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    files = META_CLIENTS * cfg.meta_files
-    seconds = files * (len(META_PHASES) - 1) / ASSUMED_META_OPS
+    files = nclients * cfg.meta_files
+    # Every client lists the whole directory twice (readdir, names).
+    seconds = (files * (len(META_PHASES) - 2) + 2 * nclients * files / 50) / ASSUMED_META_OPS
     return Variant(server, "sluice-meta", "meta", measure, None, seconds)
 
 
 def plan_meta(cfg: Config, proto: str = "v4") -> list[Round]:
-    cases = {"16-clients": [_meta_variant(s, cfg, proto) for s in ("sluice", BASELINE, "ganesha")]}
+    cases = {
+        case: [_meta_variant(s, cfg, proto, n) for s in ("sluice", BASELINE, "ganesha")]
+        for case, n in META_CASES.items()
+    }
     return _rounds("meta" + (V3 if proto == "v3" else ""), cfg, cases, META_CACHES, 0)
 
 
