@@ -788,8 +788,8 @@ Options: `--fs`, `--experiments sparse,stream,mix,write,meta,scale` (the
 default; `stream-v3`, `mix-v3`, `write-v3` and `meta-v3` repeat stream,
 mix, write and meta over NFSv3, with rpcbind started for nfs-ganesha when
 none runs),
-`--meta-files N` (files per client of the meta experiment's 16; default
-6250, a 100,000-entry directory), `--servers
+`--meta-files N` (files per client of the meta experiment's 16, and of
+its one client alone; default 6250, a 100,000-entry directory), `--servers
 sluice,sluice-ra-off,sluice-hole4k,ganesha` (the servers to start; the
 others' variants are left out), `--runs N` (at least 3 for published
 figures), `--size` (per test file), `--mixed-layout-size` (the sparse
@@ -824,7 +824,8 @@ two servers, an even `--runs` puts each first equally often). The experiments co
 brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
 (001), mixed random reads and writes on one file (002); and from what users
 judge a server on besides: writes, metadata (create, stat, READDIR,
-rename, remove by 16 clients, with the server's CPU time per operation)
+rename, remove by 16 clients and by one alone, with the server's CPU
+time per operation)
 and many connections (1 to 256, with the server's memory).
 
 """
