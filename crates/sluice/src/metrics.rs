@@ -391,15 +391,7 @@ mod tests {
     use super::*;
 
     fn server() -> Arc<Server> {
-        let mut r = [0u8; 8];
-        getrandom::getrandom(&mut r).unwrap();
-        let dir = std::env::temp_dir().join(format!("sluice-metrics-{}", u64::from_le_bytes(r)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = crate::engine::handle::HandleKey::new([1; 32]);
-        let export = crate::engine::export::Export::open(&dir, 0, key.clone()).unwrap();
-        Server::new(export, key, Default::default())
-            .unwrap()
-            .shared()
+        Server::scratch("metrics", Default::default())
     }
 
     #[test]

@@ -671,8 +671,10 @@ impl Poller {
                 pollers.missed.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            // Let whatever else this CPU has to run (the client itself,
-            // woken here by the answer) go first.
+            // No yield: a client woken on this CPU by the answer
+            // normally preempts this thread at once; should it not, it
+            // waits out one budget, its call then comes too late, and the
+            // miss stops the polling.
             std::hint::spin_loop();
         }
         let h = FragmentHeader::parse(mark);
@@ -1387,17 +1389,11 @@ mod tests {
 
     /// A server on loopback that polls for `busy_poll`, and its address.
     async fn serving(busy_poll: Duration) -> (Arc<Server>, SocketAddr) {
-        let mut r = [0u8; 8];
-        getrandom::getrandom(&mut r).unwrap();
-        let dir = std::env::temp_dir().join(format!("sluice-poll-{}", u64::from_le_bytes(r)));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = crate::engine::handle::HandleKey::new([2; 32]);
-        let export = crate::engine::export::Export::open(&dir, 0, key.clone()).unwrap();
         let config = crate::server::Config {
             busy_poll,
             ..Default::default()
         };
-        let srv = Server::new(export, key, config).unwrap().shared();
+        let srv = Server::scratch("poll", config);
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(serve_with(
