@@ -380,8 +380,7 @@ async fn connection(
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
     let mut asm = RecordAssembler::new(MAX_RECORD);
     let mut partial = false;
-    let mut poll = Poller::new(srv.config.busy_poll);
-    let conn_id = srv.pollers.conn_id();
+    let mut poll = Poller::new(srv.config.busy_poll, srv.pollers.conn_id());
     let result = loop {
         // Right after answering on this thread, with nothing else to do
         // here or anywhere in the server: wait for the next request by
@@ -391,7 +390,7 @@ async fn connection(
             && slots.available_permits() == MAX_IN_FLIGHT
             && inflight.count() == 0
         {
-            poll.next_record(rd.get_ref().as_ref(), &srv.pollers, conn_id)
+            poll.next_record(rd.get_ref().as_ref(), &srv.pollers)
         } else {
             poll.answered = None;
             None
@@ -407,8 +406,7 @@ async fn connection(
                         Err(e)
                     };
                 }
-                poll.arrived();
-                srv.pollers.arrival(conn_id);
+                poll.arrived(&srv.pollers);
                 let h = FragmentHeader::parse(mark);
                 if asm.admit(h).is_err() {
                     tracing::warn!(?peer, len = h.len, "record too large; closing connection");
@@ -618,6 +616,8 @@ impl Drop for PollTurn<'_> {
 /// buffer is empty whenever it polls, so order is kept).
 struct Poller {
     budget: Duration,
+    /// This connection's id among the [`Pollers`].
+    id: u64,
     armed: bool,
     /// When this thread last answered a request itself (None when the
     /// answer came otherwise, or polling is off).
@@ -625,9 +625,10 @@ struct Poller {
 }
 
 impl Poller {
-    fn new(budget: Duration) -> Self {
+    fn new(budget: Duration, id: u64) -> Self {
         Poller {
             budget,
+            id,
             armed: false,
             answered: None,
         }
@@ -640,86 +641,111 @@ impl Poller {
         }
     }
 
-    /// A request came in by the ordinary way: arm when it came soon after
-    /// the answer before.
-    fn arrived(&mut self) {
+    /// A request came in by the ordinary way: count it among the
+    /// [`Pollers`] (unless polling is off), and arm when it came soon
+    /// after the answer before.
+    fn arrived(&mut self, pollers: &Pollers) {
+        if self.budget.is_zero() {
+            return;
+        }
+        pollers.arrival(self.id);
         if let Some(t) = self.answered.take() {
             self.armed = t.elapsed() < self.budget * 2;
         }
     }
 
     /// The next request's record, when it comes within the budget.
-    fn next_record(&mut self, sock: &TcpStream, pollers: &Pollers, id: u64) -> Option<Vec<u8>> {
+    fn next_record(&mut self, sock: &TcpStream, pollers: &Pollers) -> Option<Vec<u8>> {
         use std::os::fd::AsRawFd;
         if !self.armed || self.answered.is_none() {
             return None;
         }
-        let _turn = pollers.enter(id)?;
+        let _turn = pollers.enter(self.id)?;
         self.answered = None;
         let start = Instant::now();
         let fd = sock.as_raw_fd();
         let mut mark = [0u8; 4];
-        loop {
-            match peek(fd, &mut mark) {
-                Ok(4) => break,
-                // Closed, or an error: the ordinary path reports it.
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            if start.elapsed() >= self.budget {
+        let marked = spin_until(start + self.budget, || match peek(fd, &mut mark) {
+            Ok(4) => Some(true),
+            // Closed, or an error: the ordinary path reports it.
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(false),
+        });
+        match marked {
+            Some(true) => {}
+            Some(false) => {
                 self.armed = false;
                 pollers.missed.fetch_add(1, Ordering::Relaxed);
                 return None;
             }
-            // No yield: a client woken on this CPU by the answer
-            // normally preempts this thread at once; should it not, it
-            // waits out one budget, its call then comes too late, and the
-            // miss stops the polling.
-            std::hint::spin_loop();
+            None => return None,
         }
         let h = FragmentHeader::parse(mark);
         if !h.last || h.len > READ_BUFFER {
             return None;
         }
-        let mut record = vec![0u8; 4 + h.len];
-        loop {
-            match peek(fd, &mut record) {
-                Ok(n) if n == record.len() => break,
-                Ok(0) | Err(_) => return None,
-                Ok(_) => {}
-            }
-            if start.elapsed() >= self.budget * 2 {
-                return None;
-            }
-            std::hint::spin_loop();
+        let need = 4 + h.len;
+        if spin_until(start + self.budget * 2, || {
+            queued(fd).ok().map(|n| n >= need)
+        }) != Some(true)
+        {
+            return None;
         }
-        // The whole record is queued: take it.
-        // SAFETY: a buffer of ours of its length, on a socket we own.
-        let n = unsafe {
-            libc::recv(
-                fd,
-                record.as_mut_ptr().cast(),
-                record.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n != record.len() as isize {
-            // Only this thread reads the socket, so what a peek saw is
-            // there; should that ever fail, the connection's stream is
-            // no longer whole.
-            tracing::warn!(
-                n,
-                len = record.len(),
-                "a polled record was not there; closing connection"
-            );
+        // The whole record is queued: take its mark and its body at once.
+        let mut body = vec![0u8; h.len];
+        let iov = [
+            libc::iovec {
+                iov_base: mark.as_mut_ptr().cast(),
+                iov_len: 4,
+            },
+            libc::iovec {
+                iov_base: body.as_mut_ptr().cast(),
+                iov_len: h.len,
+            },
+        ];
+        // SAFETY: two buffers of ours of their lengths, on a socket we own.
+        let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
+        if n != need as isize {
+            // Only this thread reads the socket, so what was queued is
+            // there; should that ever fail, the connection's stream is no
+            // longer whole.
+            tracing::warn!(n, need, "a polled record was not there; closing connection");
             // SAFETY: a socket we own.
             unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
             return None;
         }
         pollers.polled.fetch_add(1, Ordering::Relaxed);
-        record.drain(..4);
-        Some(record)
+        Some(body)
     }
+}
+
+/// Spins until `ready` says Some(true) (there) or None (never: closed,
+/// or an error), or until `deadline`: then Some(false).
+///
+/// No yield: a client woken on this CPU by the answer before normally
+/// preempts this thread at once; should it not, it waits out one budget,
+/// its call then comes too late, and the miss stops the polling.
+fn spin_until(deadline: Instant, mut ready: impl FnMut() -> Option<bool>) -> Option<bool> {
+    loop {
+        match ready() {
+            Some(false) => {}
+            done => return done,
+        }
+        if Instant::now() >= deadline {
+            return Some(false);
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Bytes queued for reading on socket `fd` (FIONREAD), none copied.
+fn queued(fd: std::os::fd::RawFd) -> std::io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// Bytes queued on socket `fd`, copied into `buf` without taking them:
