@@ -396,8 +396,18 @@ def expect_rofs(r: Reply, opnum: int, what: str):
         ("server", 'lease_time = "long"', "lease_time"),
         ("server", "max_connections = 0", "max_connections"),
         ("server", "busy_poll_us = 20000", "busy_poll_us"),
+        ("server", 'tcp_congestion = "nonesuch"', "tcp_congestion"),
     ],
-    ids=["unknown-key", "bad-squash", "bad-prefix", "max-read-too-big", "lease-not-number", "zero-connections", "busy-poll-too-long"],
+    ids=[
+        "unknown-key",
+        "bad-squash",
+        "bad-prefix",
+        "max-read-too-big",
+        "lease-not-number",
+        "zero-connections",
+        "busy-poll-too-long",
+        "unknown-congestion-control",
+    ],
 )
 def test_bad_config_fails_at_start(binary, tmp_path, section, line, key):
     export = tmp_path / "export"

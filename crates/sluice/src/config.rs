@@ -18,6 +18,7 @@
 //! busy_poll_us = 50          # poll for a lone client's next request; 0: never
 //! read_plus_min_hole = "32K"
 //! listing_cache_ms = 1000    # listed attributes kept this long; 0 = never
+//! tcp_congestion = "cubic"   # for NFS connections (default: the system's)
 //! require_privileged_port = false
 //! max_connections = 1024
 //! portmap = false            # true: sluice's own portmapper on port 111
@@ -102,6 +103,8 @@ pub struct ServerSection {
     pub read_plus_min_hole: Option<Size>,
     /// How long listings keep the attributes they stat'ed, in ms.
     pub listing_cache_ms: Option<u64>,
+    /// TCP congestion control algorithm of NFS connections.
+    pub tcp_congestion: Option<String>,
     /// Refuse connections from source ports of 1024 and above.
     pub require_privileged_port: Option<bool>,
     /// Connections served at once; more are closed on arrival.
@@ -269,6 +272,15 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
         check_busy_poll(us)
             .map_err(|m| format!("{name}{}: server.{m}", line_of("busy_poll_us")))?;
     }
+    if let Some(cc) = &cfg.server.tcp_congestion {
+        // Only the kernel knows which algorithms it has.
+        crate::net::check_congestion(cc).map_err(|m| {
+            format!(
+                "{name}{}: server.tcp_congestion: {m}",
+                line_of("tcp_congestion")
+            )
+        })?;
+    }
     Ok(cfg)
 }
 
@@ -323,6 +335,7 @@ lend_read_min = "128K"
 write_behind_min = "1M"
 read_cache = "512M"
 busy_poll_us = 20
+tcp_congestion = "reno"
 require_privileged_port = true
 max_connections = 10
 
@@ -344,6 +357,7 @@ max_write = "512K"
         assert_eq!(c.server.write_behind_min, Some(Size(1 << 20)));
         assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
         assert_eq!(c.server.busy_poll_us, Some(20));
+        assert_eq!(c.server.tcp_congestion.as_deref(), Some("reno"));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];
         assert!(e.read_only);

@@ -127,6 +127,85 @@ fn watch_peer(stream: &TcpStream) -> std::io::Result<()> {
     )
 }
 
+/// Where the kernel lists the congestion control algorithms it has, and
+/// those any user may choose (root may choose every one it has).
+const CC_AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+const CC_ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+/// Makes `name` the TCP congestion control algorithm of the socket `fd`.
+/// Set on a listening socket, it is inherited by every connection the
+/// socket accepts. The error says what the kernel offers instead.
+pub fn set_congestion(fd: std::os::fd::BorrowedFd<'_>, name: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let listed = |path: &str| {
+        std::fs::read_to_string(path)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "(unknown)".into())
+    };
+    if name.is_empty() || name.len() >= 16 || name.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(format!(
+            "\"{name}\" is not a congestion control algorithm's name; this kernel has: {}",
+            listed(CC_AVAILABLE)
+        ));
+    }
+    // SAFETY: a string option on a socket the caller owns, with its length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    Err(match e.raw_os_error() {
+        Some(libc::ENOENT) => format!(
+            "the kernel has no TCP congestion control \"{name}\"; it has: {} (a module may add it: modprobe tcp_{name})",
+            listed(CC_AVAILABLE)
+        ),
+        Some(libc::EPERM) => format!(
+            "TCP congestion control \"{name}\" needs CAP_NET_ADMIN (run as root); without it only these are allowed: {}",
+            listed(CC_ALLOWED)
+        ),
+        _ => format!("cannot set TCP congestion control \"{name}\": {e}"),
+    })
+}
+
+/// The TCP congestion control algorithm of the socket `fd`.
+pub fn congestion(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<String> {
+    use std::os::fd::AsRawFd;
+    let mut name = [0u8; 16];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `name`.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let name = &name[..(len as usize).min(name.len())];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+/// Checks that `name` can be set on this server's TCP sockets, on a
+/// socket made for the purpose (before anything listens).
+pub fn check_congestion(name: &str) -> Result<(), String> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot check TCP congestion control \"{name}\": {e}"))?;
+    set_congestion(std::os::fd::AsFd::as_fd(&probe), name)
+}
+
 /// Counts requests being processed, so shutdown can wait for them.
 #[derive(Debug, Default)]
 pub struct InFlight {
@@ -1085,6 +1164,42 @@ mod tests {
         p.require_privileged_port = true;
         assert!(p.refuse(peer).is_some());
         assert_eq!(p.refuse("127.0.0.1:800".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn accepted_connections_take_the_listener_s_congestion_control() {
+        use std::os::fd::AsFd;
+        let accepted_cc = |set: Option<&str>| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            if let Some(name) = set {
+                set_congestion(l.as_fd(), name).unwrap();
+            }
+            let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            let (s, _) = l.accept().unwrap();
+            congestion(s.as_fd()).unwrap()
+        };
+        let default = accepted_cc(None);
+        // One the kernel has that connections do not get by default, so
+        // that the inheritance is what the test sees (reno is built in).
+        let available = std::fs::read_to_string(CC_AVAILABLE).unwrap();
+        let other = available
+            .split_whitespace()
+            .find(|&n| n != default)
+            .unwrap_or("reno")
+            .to_string();
+        assert_eq!(accepted_cc(Some(&other)), other, "default {default}");
+        check_congestion(&other).unwrap();
+    }
+
+    #[test]
+    fn unknown_congestion_controls_are_refused_with_what_the_kernel_has() {
+        let e = check_congestion("nonesuch").unwrap_err();
+        assert!(e.contains("no TCP congestion control \"nonesuch\""), "{e}");
+        assert!(e.contains("reno"), "{e}");
+        for bad in ["", "two words", "a-name-far-too-long"] {
+            let e = check_congestion(bad).unwrap_err();
+            assert!(e.contains("is not a congestion control"), "{bad:?}: {e}");
+        }
     }
 
     /// A connected (client, server) pair on loopback.
