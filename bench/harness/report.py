@@ -797,7 +797,9 @@ experiment's mixed-* files, default `--size`), `--mix-size`, `--duration`
 (seconds per random or mixed measurement), `--wire RATE`, `--out DIR`
 (default `docs/bench/`), `--docs FILE` (this page; written by default only
 when `--out` is the default; hand-written text after the marker comment
-that ends the generated part is kept), `--no-build`. A run that was killed outright (SIGKILL) cannot
+that ends the generated part is kept), `--tcp-congestion NAME` (the
+machine's TCP congestion control for the run, put back at the end; the
+environment table names the one used), `--no-build`. A run that was killed outright (SIGKILL) cannot
 tear down; `bench/run --clean-stale` removes what it left (its servers,
 network namespace, mounts, loop devices and images under
 `/var/tmp/sluice-bench-*`).
