@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import statistics
@@ -111,12 +112,24 @@ def sluice_meta(
     return result
 
 
-def nfsrs_read(host: str, port: int, path: str, timeout: float = SEQ_PASS_LIMIT) -> dict:
+# glibc settings under which a client's heap keeps the memory it freed:
+# no trimming of the heap's top below 1 GiB, and blocks up to 16 MiB from
+# the heap rather than from mmap of their own.
+HEAP_KEPT = "glibc.malloc.trim_threshold=1073741824:glibc.malloc.mmap_threshold=16777216"
+
+
+def nfsrs_read(
+    host: str, port: int, path: str, timeout: float = SEQ_PASS_LIMIT, heap_kept: bool = False
+) -> dict:
     """One sequential pass over `path` with nfs-rs (in a child process so a
-    hung client cannot hang the harness)."""
+    hung client cannot hang the harness); with `heap_kept`, under
+    HEAP_KEPT: nfs-rs 0.8.7's heap grows by megabytes when replies come
+    quickly, glibc hands the freed top back to the kernel
+    (MADV_DONTNEED), and the next burst faults and zeroes it anew."""
     cmd = [sys.executable, str(NFSRS_READER), "--host", host, "--port", str(port), "--file", path]
+    env = {**os.environ, "GLIBC_TUNABLES": HEAP_KEPT} if heap_kept else None
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"nfs-rs read did not finish within {timeout:.0f} s"}
     try:

@@ -230,7 +230,14 @@ def file_systems(results: dict, experiment: str) -> list[str]:
 
 # --- markdown -----------------------------------------------------------------
 
-STREAM_CASES = ["seq-1-stream", "seq-1-stream-pagecache", "seq-4-streams", "random-8k", "nfs-rs-seq-1-stream"]
+STREAM_CASES = [
+    "seq-1-stream",
+    "seq-1-stream-pagecache",
+    "seq-4-streams",
+    "random-8k",
+    "nfs-rs-seq-1-stream",
+    "nfs-rs-seq-1-stream-heap-kept",
+]
 MIX_CASES = [("randrw-50", SLUICE_MIX, GANESHA_MIX), ("randread-only", SLUICE_READ, GANESHA_READ)]
 WRITE_CASES = ["seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable", "random-8k-unstable"]
 
@@ -536,7 +543,10 @@ SECTIONS = [
         "the file in the page cache alone (each server's own cache emptied, the file read locally); "
         "`seq-4-streams`: four connections each reading a quarter; `random-8k`: 8 KiB random reads, 8 in flight, for the "
         "configured duration; `nfs-rs-seq-1-stream`: the independent nfs-rs client reading the same "
-        "file (NFSv4.1, up to 8 reads in flight). Limit: for cold rounds the best direct read of the "
+        "file (NFSv4.1, up to 8 reads in flight); `nfs-rs-seq-1-stream-heap-kept` (warm only): the same "
+        "client with glibc keeping the memory it frees (`GLIBC_TUNABLES` trim_threshold 1 GiB, "
+        "mmap_threshold 16 MiB), since otherwise its own page faults set its rate when replies come "
+        "quickly. Limit: for cold rounds the best direct read of the "
         "file on the server's file system by fio (io_uring, 1 MiB requests from huge-page buffers, the "
         "best of queue depths 1, 4, 8, 16 and 32), for warm rounds the loopback TCP ceiling (iperf3, "
         "one stream, the file's size in 1 MiB writes). Device beside loopback (cold): fio's direct read at "

@@ -160,6 +160,10 @@ def test_stream_has_both_servers_the_limit_and_the_independent_client(smoke):
             got[("nfs-rs-seq-1-stream", "cold", server, "nfs-rs", "read")]["bytes"]
             == results["config"]["size"]
         )
+        # The heap-kept client runs warm only.
+        kept = "nfs-rs-seq-1-stream-heap-kept"
+        assert got[(kept, "warm", server, "nfs-rs", "read")]["bytes"] == results["config"]["size"]
+        assert (kept, "cold", server, "nfs-rs", "read") not in got
 
 
 def test_mix_reports_iops_and_latencies(smoke):
