@@ -198,12 +198,21 @@ pub fn congestion(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&name[..end]).into_owned())
 }
 
-/// Checks that `name` can be set on this server's TCP sockets, on a
-/// socket made for the purpose (before anything listens).
+/// Checks that `name` can be set on this server's TCP sockets, on an
+/// unbound socket made for the purpose (before anything listens).
 pub fn check_congestion(name: &str) -> Result<(), String> {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| format!("cannot check TCP congestion control \"{name}\": {e}"))?;
-    set_congestion(std::os::fd::AsFd::as_fd(&probe), name)
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: no pointers; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!(
+            "cannot check TCP congestion control \"{name}\": {e}"
+        ));
+    }
+    // SAFETY: a descriptor just made and owned by nothing else.
+    let probe = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_congestion(probe.as_fd(), name)
 }
 
 /// Counts requests being processed, so shutdown can wait for them.
