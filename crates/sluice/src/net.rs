@@ -175,29 +175,6 @@ pub fn set_congestion(fd: std::os::fd::BorrowedFd<'_>, name: &str) -> Result<(),
     })
 }
 
-/// The TCP congestion control algorithm of the socket `fd`.
-pub fn congestion(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<String> {
-    use std::os::fd::AsRawFd;
-    let mut name = [0u8; 16];
-    let mut len = name.len() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `len` bytes into `name`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let name = &name[..(len as usize).min(name.len())];
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
-}
-
 /// Checks that `name` can be set on this server's TCP sockets, on an
 /// unbound socket made for the purpose (before anything listens).
 pub fn check_congestion(name: &str) -> Result<(), String> {
@@ -1173,6 +1150,29 @@ mod tests {
         p.require_privileged_port = true;
         assert!(p.refuse(peer).is_some());
         assert_eq!(p.refuse("127.0.0.1:800".parse().unwrap()), None);
+    }
+
+    /// The TCP congestion control algorithm of the socket `fd`.
+    fn congestion(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<String> {
+        use std::os::fd::AsRawFd;
+        let mut name = [0u8; 16];
+        let mut len = name.len() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `len` bytes into `name`.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CONGESTION,
+                name.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let name = &name[..(len as usize).min(name.len())];
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        Ok(String::from_utf8_lossy(&name[..end]).into_owned())
     }
 
     #[test]

@@ -324,10 +324,7 @@ impl Server {
     /// directory (named after `tag`) under the system's temporary one.
     #[cfg(test)]
     pub(crate) fn scratch(tag: &str, config: Config) -> Arc<Server> {
-        let mut r = [0u8; 8];
-        getrandom::getrandom(&mut r).unwrap();
-        let dir = std::env::temp_dir().join(format!("sluice-{tag}-{}", u64::from_le_bytes(r)));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tests::tempdir(tag);
         let key = crate::engine::handle::HandleKey::new([1; 32]);
         let export = crate::engine::export::Export::open(&dir, 0, key.clone()).unwrap();
         Server::new(export, key, config).unwrap().shared()

@@ -15,7 +15,8 @@ use crate::xdr::{Decoder, Encoder};
 use proptest::prelude::*;
 use std::path::PathBuf;
 
-fn tempdir(tag: &str) -> PathBuf {
+/// A new directory under the system's temporary one, named after `tag`.
+pub(super) fn tempdir(tag: &str) -> PathBuf {
     let mut r = [0u8; 8];
     getrandom::getrandom(&mut r).expect("randomness");
     let p = std::env::temp_dir().join(format!("sluice-test-{tag}-{}", u64::from_le_bytes(r)));
