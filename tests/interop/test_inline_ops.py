@@ -4,7 +4,10 @@ A connection with one request in flight has its REMOVE, RENAME, small
 UNSTABLE WRITE and the like done on its own thread, which saves handing
 each to a request thread; the metrics count them. What goes to storage
 (FILE_SYNC WRITEs, COMMIT) is still handed over, and `--inline-quick-ops
-0` hands over everything. Either way each op does its work once.
+0` hands over everything. Either way each op does its work once. By
+default (`sync`) a REMOVE syncs its directory before it is answered, and
+goes to a request thread like other storage work; with `--async` it is
+quick.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def remove_each(srv, c: Client, prefix: str):
 
 
 def test_quick_ops_are_answered_on_the_connection_thread(sluice_factory):
-    srv = sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
+    srv = sluice_factory("--grace-time", 0, "--async", metrics=True, root_squash=False)
     with Client(srv.port) as c:
         c.establish()
         before = srv.counter("sluice_inline_requests")
@@ -65,3 +68,13 @@ def test_none_with_inline_quick_ops_0(sluice_factory):
         c.establish()
         remove_each(srv, c, "w")
     assert srv.counter("sluice_inline_requests") == 0
+
+
+def test_removes_that_sync_are_handed_over(sluice_factory):
+    srv = sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
+    with Client(srv.port) as c:
+        c.establish()
+        before = srv.counter("sluice_inline_requests")
+        remove_each(srv, c, "s")
+    assert srv.counter("sluice_inline_requests") == before, "a REMOVE that syncs was done on the connection's thread"
+    assert srv.counter("sluice_metadata_commits") >= FILES, "each REMOVE syncs its directory"

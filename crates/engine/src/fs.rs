@@ -1183,6 +1183,22 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
     .map(drop)
 }
 
+/// Puts an object's status, and a directory's entries, on stable
+/// storage: fsync through a descriptor of `fd`'s object opened for
+/// reading (an O_PATH descriptor cannot be synced). Only for directories
+/// (`dir`) and regular files: opening any other type could start a
+/// device or wait for a FIFO's writer. Permission to read is checked
+/// against the thread's identity, so callers act as root.
+pub fn commit_metadata(fd: BorrowedFd<'_>, dir: bool) -> io::Result<()> {
+    let flags = if dir {
+        libc::O_RDONLY | libc::O_DIRECTORY
+    } else {
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY
+    };
+    let f = reopen(fd, flags)?;
+    sync(f.as_fd(), true)
+}
+
 /// Starts writing a range of the file's dirty pages back to the device
 /// and returns without waiting for them (`sync_file_range` with
 /// SYNC_FILE_RANGE_WRITE): a later fsync then has less left to do. Makes

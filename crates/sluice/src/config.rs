@@ -32,6 +32,7 @@
 //! path = "/srv/data"
 //! pseudo = "/"
 //! read_only = false
+//! sync = true                # false: answer changes before they are durable
 //! clients = ["127.0.0.0/8", "192.168.1.0/24"]
 //! squash = "root"            # "none", "root" or "all"
 //! anon_uid = 65534
@@ -137,6 +138,10 @@ pub struct ExportSection {
     /// Refuse every change with NFS4ERR_ROFS.
     #[serde(default)]
     pub read_only: bool,
+    /// Sync the directories and files an op changed before answering it
+    /// (the default); false answers first, as the Linux server's `async`.
+    #[serde(default = "yes")]
+    pub sync: bool,
     /// Client address ranges allowed; none listed means everyone.
     #[serde(default)]
     pub clients: Vec<IpRange>,
@@ -153,6 +158,10 @@ pub struct ExportSection {
     pub max_read: Option<Size>,
     /// Largest WRITE payload.
     pub max_write: Option<Size>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn root_pseudo() -> String {
@@ -342,6 +351,7 @@ max_connections = 10
 [[export]]
 path = "/srv"
 read_only = true
+sync = false
 clients = ["127.0.0.0/8", "::1"]
 squash = "all"
 anon_uid = 1000
@@ -361,6 +371,7 @@ max_write = "512K"
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];
         assert!(e.read_only);
+        assert!(!e.sync);
         assert_eq!(e.squash, Squash::All);
         assert_eq!(e.anon_uid, 1000);
         assert_eq!(e.anon_gid, 65534);
@@ -428,6 +439,8 @@ max_write = "512K"
         assert_eq!(c.exports.len(), 2);
         assert_eq!(c.exports[1].pseudo, "/data/archive");
         assert!(c.exports[1].read_only && !c.exports[0].read_only);
+        // Changes are synced before their answer unless an export says not.
+        assert!(c.exports.iter().all(|e| e.sync));
     }
 
     #[test]

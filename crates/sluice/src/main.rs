@@ -65,6 +65,13 @@ struct ServeCli {
     /// every export whose squash is "root".
     #[arg(long)]
     no_root_squash: bool,
+    /// Answer ops that make, remove or rename names, or set attributes,
+    /// before their change is on stable storage, as the Linux server's
+    /// `async` exports do: faster, but a crash of this machine can undo
+    /// changes clients were told were done. By default each such change
+    /// is synced first. With --config, applies to every export.
+    #[arg(long = "async")]
+    async_: bool,
     /// Serve metrics in the Prometheus text format over HTTP at this
     /// address (`GET /metrics`; port 0 picks a free one).
     #[arg(long, value_name = "ADDR:PORT")]
@@ -271,6 +278,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
             .map(|e| {
                 let mut rules = Rules {
                     read_only: e.read_only,
+                    sync: e.sync,
                     squash: e.squash,
                     anon: (e.anon_uid, e.anon_gid),
                     clients: e.clients,
@@ -294,6 +302,11 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
         policy.max_connections = n;
     }
     let mut exports = exports;
+    if cli.async_ {
+        for (_, _, r) in &mut exports {
+            r.sync = false;
+        }
+    }
     if cli.no_root_squash {
         for (_, _, r) in &mut exports {
             if r.squash == Squash::Root {
@@ -561,6 +574,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             export = %e.fs.path().display(),
             pseudo = %e.pseudo,
             read_only = r.read_only,
+            sync = r.sync,
             squash = ?r.squash,
             clients = %if clients.is_empty() { "everyone".to_string() } else { clients.join(", ") },
             "exported"

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 34] = [
+        let counters: [(&str, &str, u64); 35] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -86,6 +86,11 @@ impl Collector for Collect {
                 "sluice_write_verifier_changes",
                 "Times the write verifier changed because the file system failed to flush or write data, so that clients send their uncommitted writes again.",
                 load(&m.write_verifier_changes),
+            ),
+            (
+                "sluice_metadata_commits",
+                "Directories and files synced to stable storage before an answer, so that the names made, removed or renamed and the attributes set are not lost in a crash (exports with sync, the default).",
+                load(&m.metadata_commits),
             ),
             (
                 "sluice_delegations_granted",

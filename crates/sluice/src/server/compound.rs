@@ -12,7 +12,9 @@ use super::Server;
 use crate::engine::cred;
 use crate::engine::fs::Stat;
 use crate::nfs4::consts::{attr, op, status};
-use crate::nfs4::msg::{SequenceArgs, SequenceResOk, SetattrArgs, WriteArgs, Xdr};
+use crate::nfs4::msg::{
+    OpenArgs, Openflag4, SequenceArgs, SequenceResOk, SetattrArgs, WriteArgs, Xdr,
+};
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
@@ -123,19 +125,35 @@ const UNSTABLE4: u32 = 0;
 /// Whether the QUICK op `opnum`, whose arguments `d` is at, may run on
 /// the connection's task: not when its arguments ask for work that goes
 /// to storage (a WRITE that is FILE_SYNC, DATA_SYNC, large or direct; a
-/// SETATTR of the size, which may free a large file's blocks) or an OPEN
-/// that would first write its client's stable record.
+/// SETATTR of the size, which may free a large file's blocks), an OPEN
+/// that would first write its client's stable record, nor, on an export
+/// with `sync` (the default), an op that syncs what it changed before
+/// its answer (see `ops_fs::commit_meta`): CREATE, REMOVE, RENAME, LINK,
+/// SETATTR, and OPEN that creates.
 fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
     // Malformed arguments are answered at once (NFS4ERR_BADXDR): quick.
     let mut d = d.clone();
+    let sync = || {
+        cx.cur()
+            .is_ok_and(|fh| matches!(fh.loc, Loc::Export(_)) && cx.ex(fh).rules.sync)
+    };
     match opnum {
         op::WRITE => WriteArgs::decode(&mut d, usize::MAX).ok().is_none_or(|a| {
             a.stable == UNSTABLE4 && super::inline::small_cached_write(cx.srv, a.data.len())
         }),
-        op::SETATTR => SetattrArgs::decode(&mut d)
-            .ok()
-            .is_none_or(|a| !a.attrs.mask.has(attr::SIZE)),
-        op::OPEN => cx.clientid().is_ok_and(|c| cx.srv.state.client_recorded(c)),
+        op::SETATTR => {
+            SetattrArgs::decode(&mut d)
+                .ok()
+                .is_none_or(|a| !a.attrs.mask.has(attr::SIZE))
+                && !sync()
+        }
+        op::OPEN => {
+            cx.clientid().is_ok_and(|c| cx.srv.state.client_recorded(c))
+                && !(sync()
+                    && OpenArgs::decode(&mut d)
+                        .is_ok_and(|a| matches!(a.openhow, Openflag4::Create(_))))
+        }
+        op::CREATE | op::REMOVE | op::RENAME | op::LINK => !sync(),
         _ => true,
     }
 }

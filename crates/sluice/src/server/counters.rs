@@ -60,6 +60,9 @@ pub struct Metrics {
     /// Times the write verifier changed because a flush or write failed
     /// (see `Server::storage_failed`).
     pub write_verifier_changes: AtomicU64,
+    /// Directories and files synced so that a change an op made to them is
+    /// durable before its answer (exports with `sync`, the default).
+    pub metadata_commits: AtomicU64,
 }
 
 impl Metrics {

@@ -26,6 +26,11 @@ pub const MAX_EXPORTS: usize = PSEUDO_ID as usize;
 pub struct Rules {
     /// Every change is refused with NFS4ERR_ROFS.
     pub read_only: bool,
+    /// What an op changes in the namespace or in an object's attributes
+    /// is on stable storage before the op is answered (see
+    /// `ops_fs::commit_meta`); false answers first, as the Linux server's
+    /// `async` exports do.
+    pub sync: bool,
     /// Whose identity is replaced by the anonymous one.
     pub squash: Squash,
     /// The anonymous user and group.
@@ -42,6 +47,7 @@ impl Default for Rules {
     fn default() -> Self {
         Rules {
             read_only: false,
+            sync: true,
             squash: Squash::None,
             anon: (65534, 65534),
             max_read: super::attrs::MAX_IO,

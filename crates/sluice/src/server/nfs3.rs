@@ -12,7 +12,8 @@ use super::attrs::SetAttrs;
 use super::context::{Ctx, Fh, Stop};
 use super::exports::Loc;
 use super::ops_fs::{
-    apply_attrs, child_or_block, component_of, deleg_conflicts, may, rename_checked,
+    apply_attrs, child_or_block, commit_dir, commit_meta, component_of, deleg_conflicts, may,
+    rename_checked,
 };
 use super::Server;
 use crate::engine::cred;
@@ -108,17 +109,18 @@ pub(super) fn may_try(proc_: u32) -> bool {
 /// connection's task when the server lets it run quick work there (see
 /// [`super::inline`]): the procedures that do what NFSv4's QUICK ops do,
 /// as a worker would do them. Not a WRITE that goes to storage, nor a
-/// SETATTR of the size.
+/// SETATTR of the size; and while any export has `sync` (the default),
+/// no procedure that syncs what it changed before its answer (see
+/// `ops_fs::commit_meta`): those that make, remove, rename or link names,
+/// and SETATTR.
 pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
     let mut d = Decoder::new(args);
     let Some(Ok(a)) = Args3::decode(proc_, &mut d) else {
         return false;
     };
+    let commits = || srv.exports.list().iter().any(|e| e.rules.sync);
     match a {
-        Args3::Setattr(_, s, _) => s.size.is_none(),
-        Args3::Write(_, _, how, data) => {
-            how == stable::UNSTABLE && super::inline::small_cached_write(srv, data.len())
-        }
+        Args3::Setattr(_, s, _) => s.size.is_none() && !commits(),
         Args3::Create(..)
         | Args3::Mkdir(..)
         | Args3::Symlink(..)
@@ -126,10 +128,11 @@ pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
         | Args3::Remove(..)
         | Args3::Rmdir(..)
         | Args3::Rename(..)
-        | Args3::Link(..)
-        | Args3::Readdir(..)
-        | Args3::Readdirplus(..)
-        | Args3::Readlink(..) => true,
+        | Args3::Link(..) => !commits(),
+        Args3::Write(_, _, how, data) => {
+            how == stable::UNSTABLE && super::inline::small_cached_write(srv, data.len())
+        }
+        Args3::Readdir(..) | Args3::Readdirplus(..) | Args3::Readlink(..) => true,
         _ => false,
     }
 }
@@ -569,6 +572,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     fail_wcc[0].1 = attrs_of(cx, &fh);
                     r?;
                 }
+                commit_meta(cx, &fh, &st).map_err(st3)?;
                 e.u32(0);
                 wcc_data(e, Some(&before), attrs_of(cx, &fh).as_ref());
                 Ok(())
@@ -768,6 +772,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 if st.nlink <= 1 || st.is_dir() {
                     cx.ex(&dir).fs.forget_inode(&st);
                 }
+                commit_dir(cx, &dir).map_err(st3)?;
                 e.u32(0);
                 wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
                 Ok(())
@@ -817,6 +822,10 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     }
                     cx.ex(&tdir).fs.forget_inode(&gone);
                 }
+                commit_dir(cx, &tdir).map_err(st3)?;
+                if !one_dir {
+                    commit_dir(cx, &sdir).map_err(st3)?;
+                }
                 e.u32(0);
                 wcc_data(e, Some(&sb), safter.as_ref());
                 wcc_data(e, Some(&tb), tafter.as_ref());
@@ -836,6 +845,8 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 let n = name(w.name)?;
                 deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
                 io3(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &n))?;
+                commit_dir(cx, &dir).map_err(st3)?;
+                commit_meta(cx, &src, &st).map_err(st3)?;
                 e.u32(0);
                 post_op_attr(e, attrs_of(cx, &src).as_ref());
                 wcc_data(e, Some(&before), attrs_of(cx, &dir).as_ref());
@@ -1077,19 +1088,24 @@ fn made(
     Ok(())
 }
 
-/// Opens what was just made as `n` in `dir` and applies the attributes
+/// Opens what was just made as `n` in `dir`, applies the attributes
 /// not given to the call that made it (owner, group, times; the size of a
-/// new file).
+/// new file), and syncs the directory, and then the object if attributes
+/// were set (see `ops_fs::commit_meta`).
 fn made_attrs(cx: &Ctx<'_>, dir: &Fh, n: &CString, set: &SetAttrs) -> R<(Fh, Stat)> {
     let (fh, st) = child(cx, dir, n)?;
     let rest = SetAttrs {
         mode: None,
         ..set.clone()
     };
-    if !apply_attrs(&fh, &st, &rest).map_err(st3)? {
-        // Nothing set: the attributes `child` read are the file's.
+    let changed = apply_attrs(&fh, &st, &rest).map_err(st3)?;
+    commit_dir(cx, dir).map_err(st3)?;
+    if !changed {
+        // Nothing set: the attributes `child` read are the file's, and
+        // the directory's sync made the new object durable with it.
         return Ok((fh, st));
     }
+    commit_meta(cx, &fh, &st).map_err(st3)?;
     let st = io3(fs::stat(fh.fd.as_fd()))?;
     Ok((fh, st))
 }
@@ -1168,13 +1184,16 @@ fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)
                 deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
                 cx.srv.state.before_own_open((st.dev, st.ino));
                 let key = (st.dev, st.ino);
-                let _exclusive = cx.srv.locks.write(key, size.min(st.size), u64::MAX);
-                let only = SetAttrs {
-                    size: Some(size),
-                    ..Default::default()
-                };
-                apply_attrs(&fh, &st, &only).map_err(st3)?;
-                cx.srv.file_changed(key);
+                {
+                    let _exclusive = cx.srv.locks.write(key, size.min(st.size), u64::MAX);
+                    let only = SetAttrs {
+                        size: Some(size),
+                        ..Default::default()
+                    };
+                    apply_attrs(&fh, &st, &only).map_err(st3)?;
+                    cx.srv.file_changed(key);
+                }
+                commit_meta(cx, &fh, &st).map_err(st3)?;
             }
             let st = io3(fs::stat(fh.fd.as_fd()))?;
             Ok((fh, st))

@@ -8,8 +8,9 @@
 use super::callback;
 use super::context::{Ctx, Fh, OpStatus};
 use super::copies::{End, Job};
+use super::exports::Loc;
 use super::ops_file::{file_key, io_fd};
-use super::ops_fs::{run, stat_of, x};
+use super::ops_fs::{io, run, stat_of, x};
 use super::state::{FileKey, Stateid};
 use super::Server;
 use crate::engine::copy::{self, Range};
@@ -161,23 +162,38 @@ pub(super) fn clone(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
             // Nothing to clone (FICLONERANGE would take 0 as "to the end").
             return Ok(());
         }
-        let _locked = lock_both(
-            &cx.srv.locks,
-            f.skey,
-            f.dkey,
-            r.src_offset,
-            r.dst_offset,
-            r.len,
-        );
-        fs::clone_range(
-            f.sfd.as_fd(),
-            r.src_offset,
-            r.len,
-            f.dfd.as_fd(),
-            r.dst_offset,
-        )
-        .map_err(clone_err)?;
-        cx.srv.file_changed(f.dkey);
+        {
+            let _locked = lock_both(
+                &cx.srv.locks,
+                f.skey,
+                f.dkey,
+                r.src_offset,
+                r.dst_offset,
+                r.len,
+            );
+            fs::clone_range(
+                f.sfd.as_fd(),
+                r.src_offset,
+                r.len,
+                f.dfd.as_fd(),
+                r.dst_offset,
+            )
+            .map_err(clone_err)?;
+            cx.srv.file_changed(f.dkey);
+        }
+        // On a `sync` export the clone is durable before it is answered,
+        // as the Linux server does (the destination's blocks are its
+        // metadata: fsync, not an fdatasync that may skip them).
+        let sync = cx
+            .cur()
+            .is_ok_and(|fh| matches!(fh.loc, Loc::Export(_)) && cx.ex(fh).rules.sync);
+        if sync {
+            cx.srv
+                .metrics
+                .metadata_commits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            io(cx.srv.flush_file(f.dkey, f.dfd.as_fd(), true))?;
+        }
         Ok(())
     })
 }

@@ -199,6 +199,12 @@ fn open_create(
             set[0] |= 1 << crate::nfs4::consts::attr::SIZE;
         }
     }
+    if made {
+        super::ops_fs::commit_dir(cx, dir)?;
+    }
+    if changed {
+        super::ops_fs::commit_meta(cx, &fh, &st)?;
+    }
     Ok((fh, Some(Arc::new(fd)), set, (!changed).then_some(st)))
 }
 

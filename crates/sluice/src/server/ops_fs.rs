@@ -184,6 +184,56 @@ pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
     }
 }
 
+/// Under a `sync` export (the default), puts what an op changed in the
+/// object `fh`, of status `st`, on stable storage before the op is
+/// answered: a directory's entries after a name in it was made, removed
+/// or renamed, an object's attributes after they were set. This is what
+/// the Linux server does on its `sync` exports (its default), and what a
+/// client that was answered may count on: a crash of the server's
+/// machine right after the answer does not undo the change. Only
+/// directories and regular files are synced (see
+/// [`fs::commit_metadata`]); a new symlink, device or FIFO is made durable
+/// with its directory. An op that made an object syncs its directory,
+/// and then the object only if it set attributes after making it: ext4,
+/// xfs and btrfs make the object and its name in one transaction, which
+/// the directory's sync makes durable, so a second sync would only wait
+/// for another device flush.
+pub(super) fn commit_meta(cx: &Ctx<'_>, fh: &Fh, st: &Stat) -> Result<(), Nfsstat4> {
+    if st.is_dir() {
+        commit(cx, fh, None)
+    } else if st.is_file() {
+        commit(cx, fh, Some((st.dev, st.ino)))
+    } else {
+        Ok(())
+    }
+}
+
+/// [`commit_meta`] of a directory.
+pub(super) fn commit_dir(cx: &Ctx<'_>, dir: &Fh) -> Result<(), Nfsstat4> {
+    commit(cx, dir, None)
+}
+
+/// Syncs the directory `fh`, or with `file`, the regular file `fh`.
+fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> {
+    if !matches!(fh.loc, Loc::Export(_)) || !cx.ex(fh).rules.sync {
+        return Ok(());
+    }
+    cx.srv
+        .metrics
+        .metadata_commits
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // A file some open or delegation holds open is synced through that
+    // descriptor: a new open of a file under a write delegation would
+    // break the kernel lease that keeps local processes out.
+    if let Some(open) = file.and_then(|f| cx.srv.state.any_fd(f)) {
+        return io(fs::sync(open.as_fd(), true));
+    }
+    // As root: the caller may write a directory it may not read.
+    io(crate::engine::cred::as_root(|| {
+        fs::commit_metadata(fh.fd.as_fd(), file.is_none())
+    }))
+}
+
 /// The change_info4 from directory states before and after an op.
 pub(super) fn cinfo(before: &Stat, after: &Stat) -> ChangeInfo4 {
     ChangeInfo4 {
@@ -519,6 +569,7 @@ pub(super) fn setattr(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) ->
             apply_attrs_through(&fh, &st, &a, open_fd.as_ref().map(|f| f.as_fd()))?;
             cx.srv.file_changed(key);
         }
+        commit_meta(cx, &fh, &st)?;
         set = a.mask;
         Ok(())
     });
@@ -865,7 +916,11 @@ pub(super) fn create(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
             size: None,
             ..a.clone()
         };
-        apply_attrs(&fh, &st, &rest)?;
+        let changed = apply_attrs(&fh, &st, &rest)?;
+        commit_dir(cx, &dir)?;
+        if changed {
+            commit_meta(cx, &fh, &st)?;
+        }
         let after = stat_of(&dir)?;
         let mut set = a.mask;
         set[0] &= !(1 << attr::SIZE);
@@ -893,6 +948,7 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         if st.nlink <= 1 || st.is_dir() {
             cx.ex(&dir).fs.forget_inode(&st);
         }
+        commit_dir(cx, &dir)?;
         let after = stat_of(&dir)?;
         cinfo(&before, &after).encode(e);
         Ok(())
@@ -918,6 +974,10 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         // A replaced target loses its name; forget its cached descriptor.
         if let Some(gone) = rename_checked(cx, &sdir, &from, &tdir, &to)? {
             cx.ex(&tdir).fs.forget_inode(&gone);
+        }
+        commit_dir(cx, &tdir)?;
+        if !one_dir {
+            commit_dir(cx, &sdir)?;
         }
         let tafter = stat_of(&tdir)?;
         let safter = if one_dir { tafter } else { stat_of(&sdir)? };
@@ -990,6 +1050,8 @@ pub(super) fn link(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Op
         }
         deleg_conflicts(cx, (st.dev, st.ino), true)?;
         io(fs::link_at(src.fd.as_fd(), dir.fd.as_fd(), &name))?;
+        commit_dir(cx, &dir)?;
+        commit_meta(cx, &src, &st)?;
         let after = stat_of(&dir)?;
         cinfo(&before, &after).encode(e);
         Ok(())

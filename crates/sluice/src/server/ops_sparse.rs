@@ -196,18 +196,28 @@ fn fallocate(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder, punch: boo
         let (fh, st) = cur_file(cx)?;
         let fd = io_fd(cx, &fh, &st, sid, true)?;
         let key = file_key(&st);
-        let _exclusive = cx.srv.locks.write(key, offset, end);
         let mode = if punch {
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
         } else {
             0
         };
-        // SAFETY: valid descriptor; fallocate has no memory arguments.
-        let r = unsafe { libc::fallocate64(fd.as_raw_fd(), mode, offset as i64, length as i64) };
-        cx.srv.file_changed(key);
-        if r != 0 {
-            return io(Err(stdio::Error::last_os_error()));
-        }
-        Ok(())
+        let r = {
+            let _exclusive = cx.srv.locks.write(key, offset, end);
+            // SAFETY: valid descriptor; fallocate has no memory arguments.
+            let r =
+                unsafe { libc::fallocate64(fd.as_raw_fd(), mode, offset as i64, length as i64) };
+            // errno before anything else can change it.
+            let r = if r != 0 {
+                Err(stdio::Error::last_os_error())
+            } else {
+                Ok(())
+            };
+            cx.srv.file_changed(key);
+            r
+        };
+        io(r)?;
+        // The blocks given or taken are the file's metadata: durable
+        // before the answer on a `sync` export, as the Linux server does.
+        super::ops_fs::commit_meta(cx, &fh, &st)
     })
 }

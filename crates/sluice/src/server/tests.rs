@@ -34,6 +34,30 @@ fn server(tag: &str) -> (Server, PathBuf) {
     )
 }
 
+/// [`server`] whose export answers changes before syncing them (`sync =
+/// false`, `--async`).
+fn async_server(tag: &str) -> (Server, PathBuf) {
+    use super::exports::{Exported, Exports, Rules};
+    let dir = tempdir(tag);
+    let key = HandleKey::new([3; 32]);
+    let exports = Exports::new(
+        vec![Exported {
+            fs: Export::open(&dir, 0, key.clone()).expect("export (tests run as root)"),
+            pseudo: "/".into(),
+            rules: Rules {
+                sync: false,
+                ..Default::default()
+            },
+        }],
+        key,
+    )
+    .expect("exports");
+    (
+        Server::with_exports(exports, Config::default()).expect("server"),
+        dir,
+    )
+}
+
 fn root() -> Cred {
     Cred {
         uid: 0,
@@ -1189,14 +1213,16 @@ fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
 /// the size are quick: the connection's task runs them when it may. What
 /// goes to storage (COMMIT, FILE_SYNC and large WRITEs, a SETATTR of the
 /// size, the first OPEN of a client, which writes its stable record) is
-/// still handed to a worker. Each op runs once and does its work.
+/// still handed to a worker. Each op runs once and does its work. (On an
+/// export with `sync` false: see the test after this one for the
+/// default.)
 #[test]
 fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
     use crate::nfs4::msg::{
         CommitArgs, Createhow4, OpenArgs, OpenClaim4, Openflag4, SetattrArgs, StateOwner4,
         WriteArgs,
     };
-    let (srv, dir) = server("quick");
+    let (srv, dir) = async_server("quick");
     std::fs::write(dir.join("f"), b"x").unwrap();
     std::fs::write(dir.join("gone"), b"x").unwrap();
     let sid = session(&srv);
@@ -1312,12 +1338,140 @@ fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// On an export with `sync` (the default), the ops that sync what they
+/// changed before answering (CREATE, an OPEN that creates, REMOVE,
+/// RENAME, LINK, SETATTR) go to a worker: a sync on the connection's task
+/// would hold up every connection that task serves. Each is synced once
+/// (counted in `metadata_commits`), while what changes nothing on disk
+/// (an UNSTABLE WRITE, an OPEN without create) stays quick.
+#[test]
+fn changes_synced_before_their_answer_run_on_workers() {
+    use crate::nfs4::msg::{
+        CreateArgs, Createhow4, Createtype4, OpenArgs, OpenClaim4, Openflag4, SetattrArgs,
+        StateOwner4, WriteArgs,
+    };
+    use std::sync::atomic::Ordering;
+    let (srv, dir) = server("synced");
+    std::fs::write(dir.join("f"), b"x").unwrap();
+    std::fs::write(dir.join("gone"), b"x").unwrap();
+    let sid = session(&srv);
+    let mut seq = 0;
+    let mut run = |rest: Vec<(u32, Vec<u8>)>| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(rest);
+        let (body, on) = run_quick(&srv, compound(1, &all));
+        let (st, results, _, _) = split_results(&body);
+        assert_eq!(st, status::OK, "{results:?}");
+        on
+    };
+    let commits = || srv.metrics.metadata_commits.load(Ordering::Relaxed);
+    let open = |name: &str, create: bool| {
+        let a = OpenArgs {
+            seqid: 0,
+            share_access: 3,
+            share_deny: 0,
+            owner: StateOwner4 {
+                clientid: 0,
+                owner: b"synced".to_vec(),
+            },
+            openhow: if create {
+                Openflag4::Create(Createhow4::Unchecked(Fattr4::default()))
+            } else {
+                Openflag4::NoCreate
+            },
+            claim: OpenClaim4::Null(Component4::new(name)),
+        };
+        (op::OPEN, args(&a))
+    };
+    let root = || (op::PUTROOTFH, vec![]);
+    // The client's first OPEN (its stable record) goes to a worker anyway.
+    assert_eq!(run(vec![root(), open("o1", true)]), RanOn::Worker);
+    let mkdir = args(&CreateArgs {
+        objtype: Createtype4::Dir,
+        objname: Component4::new("d"),
+        attrs: Fattr4::default(),
+    });
+    let rename = args(&RenameArgs {
+        oldname: Component4::new("o1"),
+        newname: Component4::new("o3"),
+    });
+    let chmod = args(&SetattrArgs {
+        stateid: Stateid4::ANONYMOUS,
+        attrs: Fattr4 {
+            mask: Bitmap4::of(&[attr::MODE]),
+            vals: 0o600u32.to_be_bytes().to_vec(),
+        },
+    });
+    let mut e = Encoder::new();
+    WriteArgs {
+        stateid: Stateid4::ANONYMOUS,
+        offset: 0,
+        stable: 0,
+        data: &[7u8; 4096],
+    }
+    .encode(&mut e);
+    let write = e.into_inner();
+    for (ops, on, synced, what) in [
+        (
+            vec![root(), open("o2", true)],
+            RanOn::Worker,
+            1,
+            "an OPEN that creates",
+        ),
+        (
+            vec![root(), open("f", false)],
+            RanOn::Quick,
+            0,
+            "an OPEN without create",
+        ),
+        (
+            vec![root(), (op::CREATE, mkdir)],
+            RanOn::Worker,
+            1,
+            "CREATE of a directory",
+        ),
+        (
+            vec![root(), (op::REMOVE, args(&Component4::new("gone")))],
+            RanOn::Worker,
+            1,
+            "REMOVE",
+        ),
+        (
+            vec![root(), (op::SAVEFH, vec![]), (op::RENAME, rename)],
+            RanOn::Worker,
+            1,
+            "RENAME",
+        ),
+        (
+            vec![root(), lookup_op("f"), (op::SETATTR, chmod)],
+            RanOn::Worker,
+            1,
+            "SETATTR of the mode",
+        ),
+        (
+            vec![root(), lookup_op("f"), (op::WRITE, write)],
+            RanOn::Quick,
+            0,
+            "a 4 KiB UNSTABLE WRITE",
+        ),
+    ] {
+        let before = commits();
+        assert_eq!(run(ops), on, "{what}");
+        assert_eq!(commits() - before, synced, "syncs for {what}");
+    }
+    assert!(dir.join("o2").exists() && dir.join("d").is_dir() && dir.join("o3").exists());
+    assert!(!dir.join("gone").exists() && !dir.join("o1").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// NFSv3's procedures that do what NFSv4's quick ops do are quick too,
-/// with the same exceptions for work that goes to storage.
+/// with the same exceptions for work that goes to storage; on an export
+/// with `sync` (the default) those that sync what they changed are not.
 #[test]
 fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     use crate::nfs3::{proc3, stable};
-    let (srv, dir) = server("quick3");
+    let (srv, dir) = async_server("quick3");
     let fh = [9u8; 32];
     let write = |how: u32, len: usize| {
         let mut e = Encoder::new();
@@ -1367,7 +1521,15 @@ fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     assert!(!quick(proc3::COMMIT, &commit.into_inner()));
     // Malformed arguments are not quick: the worker answers GARBAGE_ARGS.
     assert!(!quick(proc3::REMOVE, &[0, 0, 0]));
+    let (synced, sdir) = server("quick3-sync");
+    let quick = |p: u32, a: &[u8]| super::nfs3::quick(&synced, p, a);
+    for p in [proc3::REMOVE, proc3::RMDIR] {
+        assert!(!quick(p, &dirop), "procedure {p} syncs its change");
+    }
+    assert!(!quick(proc3::SETATTR, &setattr(false)));
+    assert!(quick(proc3::WRITE, &write(stable::UNSTABLE, 4096)));
     let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(sdir);
 }
 
 /// A READ that found it would have to wait is not tried again by the
