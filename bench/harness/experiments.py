@@ -62,8 +62,11 @@ RA_OFF = "sluice-ra-off"
 HOLE_4K = "sluice-hole4k"
 # Another sluice binary (--baseline-binary), measured beside this one.
 BASELINE = "sluice-base"
+# sluice with --async: changes answered before they are synced, as
+# nfs-ganesha answers them (the default syncs each first).
+ASYNC = "sluice-async"
 # The servers a run can start; the variants of the others are left out.
-SERVERS = ["sluice", RA_OFF, HOLE_4K, BASELINE, "ganesha"]
+SERVERS = ["sluice", RA_OFF, HOLE_4K, ASYNC, BASELINE, "ganesha"]
 CACHES = ["cold", "warm"]
 # The stream case whose warm-up fills the page cache only (see
 # `_pagecache_variant`).
@@ -599,7 +602,7 @@ def _meta_variant(server: str, cfg: Config, proto: str = "v4", nclients: int = M
 
 def plan_meta(cfg: Config, proto: str = "v4") -> list[Round]:
     cases = {
-        case: [_meta_variant(s, cfg, proto, n) for s in ("sluice", BASELINE, "ganesha")]
+        case: [_meta_variant(s, cfg, proto, n) for s in ("sluice", ASYNC, BASELINE, "ganesha")]
         for case, n in META_CASES.items()
     }
     return _rounds("meta" + (V3 if proto == "v3" else ""), cfg, cases, META_CACHES, 0)

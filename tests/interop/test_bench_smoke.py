@@ -231,7 +231,8 @@ def test_write_reports_both_servers_and_the_device(smoke):
 def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke, experiment):
     results, _, _ = smoke
     got = variants(results, experiment)
-    for server, (case, nclients) in ((s, c) for s in ("sluice", "ganesha") for c in (("16-clients", 16), ("1-client", 1))):
+    servers = ("sluice", "sluice-async", "ganesha")
+    for server, (case, nclients) in ((s, c) for s in servers for c in (("16-clients", 16), ("1-client", 1))):
         r = got[(case, "cold", server, "sluice-meta", "meta")]
         assert r["clients"] == nclients, (server, case, r["clients"])
         assert r["proto"] == ("v3" if experiment == "meta-v3" else "v4"), (server, r)
@@ -248,6 +249,7 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke, experi
         assert cpu is not None and (cpu > 0 or nclients == 1), (server, case, cpu)
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == experiment}
     assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
+    assert {f"{p} ops/s sluice-async/ganesha" for p in META_PHASES} <= names
 
 
 def test_scale_reads_with_many_connections_and_reports_memory_and_cpu(smoke):
