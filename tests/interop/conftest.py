@@ -23,14 +23,15 @@ def make_ext4(image: Path, size: int, *options: str):
 
 class LoopMount:
     """The file system in `image` on a loop device, mounted on `mnt` (an
-    existing directory) until close()."""
+    existing directory) with mount `options` (as `-o` takes them) until
+    close()."""
 
-    def __init__(self, image: Path, mnt: Path):
+    def __init__(self, image: Path, mnt: Path, options: str = ""):
         self.mnt = mnt
         self.device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True,
                                      capture_output=True, text=True).stdout.strip()
         try:
-            subprocess.run(["mount", self.device, str(mnt)], check=True)
+            subprocess.run(["mount", *(["-o", options] if options else []), self.device, str(mnt)], check=True)
         except BaseException:
             subprocess.run(["losetup", "--detach", self.device], check=True)
             raise

@@ -28,7 +28,7 @@ import pytest
 
 import rpcclient as rc
 import v3client as v3
-from conftest import SluiceServer, make_ext4
+from conftest import LoopMount, SluiceServer, make_ext4
 from rpcclient import Client, Packer, expect_ok
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sluice must run as root (and mounts an ext4 image)")
@@ -40,26 +40,15 @@ NF4DIR, NF4LNK = 2, 5
 FATTR4_MODE = 33
 
 
-class Disk:
+class Disk(LoopMount):
     """An ext4 file system in `base`/ext4.img on a loop device, mounted on
     `base`/ext4 with a journal the kernel commits only when asked."""
 
     def __init__(self, base: Path):
         self.image = base / "ext4.img"
         make_ext4(self.image, 64 * MiB)
-        self.mnt = base / "ext4"
-        self.mnt.mkdir()
-        self.device = subprocess.run(["losetup", "--find", "--show", str(self.image)], check=True,
-                                     capture_output=True, text=True).stdout.strip()
-        try:
-            subprocess.run(["mount", "-o", "commit=600", self.device, str(self.mnt)], check=True)
-        except BaseException:
-            subprocess.run(["losetup", "--detach", self.device], check=True)
-            raise
-
-    def close(self):
-        subprocess.run(["umount", str(self.mnt)], check=True)
-        subprocess.run(["losetup", "--detach", self.device], check=True)
+        (base / "ext4").mkdir()
+        super().__init__(self.image, base / "ext4", "commit=600")
 
     def after_crash(self, copy: Path, directory: str) -> dict[str, tuple[int, int, int]]:
         """What the disk holds in `directory` now: the image copied as it is,

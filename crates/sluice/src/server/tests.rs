@@ -1195,6 +1195,46 @@ enum RanOn {
     Worker,
 }
 
+/// OPEN of `name` in the current directory for reading and writing by
+/// open owner `owner`, creating it (UNCHECKED4, no attributes) with
+/// `create`.
+fn open_op(owner: &[u8], name: &str, create: bool) -> (u32, Vec<u8>) {
+    use crate::nfs4::msg::{Createhow4, OpenArgs, OpenClaim4, Openflag4, StateOwner4};
+    let a = OpenArgs {
+        seqid: 0,
+        share_access: 3,
+        share_deny: 0,
+        owner: StateOwner4 {
+            clientid: 0,
+            owner: owner.to_vec(),
+        },
+        openhow: if create {
+            Openflag4::Create(Createhow4::Unchecked(Fattr4::default()))
+        } else {
+            Openflag4::NoCreate
+        },
+        claim: OpenClaim4::Null(Component4::new(name)),
+    };
+    (op::OPEN, args(&a))
+}
+
+/// A new session on `srv`, and a function that runs SEQUENCE and the
+/// given ops in it as [`run_quick`] does, checks that they succeeded, and
+/// tells where they ran.
+fn quick_session(srv: &Server) -> impl FnMut(Vec<(u32, Vec<u8>)>) -> RanOn + '_ {
+    let sid = session(srv);
+    let mut seq = 0;
+    move |rest| {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(rest);
+        let (body, on) = run_quick(srv, compound(1, &all));
+        let (st, results, _, _) = split_results(&body);
+        assert_eq!(st, status::OK, "{results:?}");
+        on
+    }
+}
+
 /// Runs a COMPOUND as the connection task does when it has a turn at
 /// quick ops, and says where it was finished.
 fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
@@ -1218,24 +1258,11 @@ fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
 /// default.)
 #[test]
 fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
-    use crate::nfs4::msg::{
-        CommitArgs, Createhow4, OpenArgs, OpenClaim4, Openflag4, SetattrArgs, StateOwner4,
-        WriteArgs,
-    };
+    use crate::nfs4::msg::{CommitArgs, SetattrArgs, WriteArgs};
     let (srv, dir) = async_server("quick");
     std::fs::write(dir.join("f"), b"x").unwrap();
     std::fs::write(dir.join("gone"), b"x").unwrap();
-    let sid = session(&srv);
-    let mut seq = 0;
-    let mut run = |rest: Vec<(u32, Vec<u8>)>| {
-        seq += 1;
-        let mut all = vec![sequence(&sid, seq, 0, false)];
-        all.extend(rest);
-        let (body, on) = run_quick(&srv, compound(1, &all));
-        let (st, results, _, _) = split_results(&body);
-        assert_eq!(st, status::OK, "{results:?}");
-        on
-    };
+    let mut run = quick_session(&srv);
     let file = || vec![(op::PUTROOTFH, vec![]), lookup_op("f")];
     let write = |stable: u32, len: usize| {
         let mut e = Encoder::new();
@@ -1258,20 +1285,7 @@ fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
         };
         (op::SETATTR, args(&a))
     };
-    let open = |name: &str| {
-        let a = OpenArgs {
-            seqid: 0,
-            share_access: 3,
-            share_deny: 0,
-            owner: StateOwner4 {
-                clientid: 0,
-                owner: b"quick".to_vec(),
-            },
-            openhow: Openflag4::Create(Createhow4::Unchecked(Fattr4::default())),
-            claim: OpenClaim4::Null(Component4::new(name)),
-        };
-        (op::OPEN, args(&a))
-    };
+    let open = |name: &str| open_op(b"quick", name, true);
 
     // The first OPEN writes the client's stable record: a worker's job.
     let on = run(vec![(op::PUTROOTFH, vec![]), open("o1")]);
@@ -1346,44 +1360,14 @@ fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
 /// (an UNSTABLE WRITE, an OPEN without create) stays quick.
 #[test]
 fn changes_synced_before_their_answer_run_on_workers() {
-    use crate::nfs4::msg::{
-        CreateArgs, Createhow4, Createtype4, OpenArgs, OpenClaim4, Openflag4, SetattrArgs,
-        StateOwner4, WriteArgs,
-    };
+    use crate::nfs4::msg::{CreateArgs, Createtype4, SetattrArgs, WriteArgs};
     use std::sync::atomic::Ordering;
     let (srv, dir) = server("synced");
     std::fs::write(dir.join("f"), b"x").unwrap();
     std::fs::write(dir.join("gone"), b"x").unwrap();
-    let sid = session(&srv);
-    let mut seq = 0;
-    let mut run = |rest: Vec<(u32, Vec<u8>)>| {
-        seq += 1;
-        let mut all = vec![sequence(&sid, seq, 0, false)];
-        all.extend(rest);
-        let (body, on) = run_quick(&srv, compound(1, &all));
-        let (st, results, _, _) = split_results(&body);
-        assert_eq!(st, status::OK, "{results:?}");
-        on
-    };
+    let mut run = quick_session(&srv);
     let commits = || srv.metrics.metadata_commits.load(Ordering::Relaxed);
-    let open = |name: &str, create: bool| {
-        let a = OpenArgs {
-            seqid: 0,
-            share_access: 3,
-            share_deny: 0,
-            owner: StateOwner4 {
-                clientid: 0,
-                owner: b"synced".to_vec(),
-            },
-            openhow: if create {
-                Openflag4::Create(Createhow4::Unchecked(Fattr4::default()))
-            } else {
-                Openflag4::NoCreate
-            },
-            claim: OpenClaim4::Null(Component4::new(name)),
-        };
-        (op::OPEN, args(&a))
-    };
+    let open = |name: &str, create: bool| open_op(b"synced", name, create);
     let root = || (op::PUTROOTFH, vec![]);
     // The client's first OPEN (its stable record) goes to a worker anyway.
     assert_eq!(run(vec![root(), open("o1", true)]), RanOn::Worker);
