@@ -1183,20 +1183,18 @@ pub fn sync(fd: BorrowedFd<'_>, metadata: bool) -> io::Result<()> {
     .map(drop)
 }
 
-/// Puts an object's status, and a directory's entries, on stable
-/// storage: fsync through a descriptor of `fd`'s object opened for
-/// reading (an O_PATH descriptor cannot be synced). Only for directories
-/// (`dir`) and regular files: opening any other type could start a
-/// device or wait for a FIFO's writer. Permission to read is checked
-/// against the thread's identity, so callers act as root.
-pub fn commit_metadata(fd: BorrowedFd<'_>, dir: bool) -> io::Result<()> {
+/// A descriptor of `fd`'s object, opened for reading, to sync it with
+/// [`sync`] (an O_PATH descriptor cannot be synced). Only for
+/// directories (`dir`) and regular files: opening any other type could
+/// start a device or wait for a FIFO's writer. Permission to read is
+/// checked against the thread's identity, so callers act as root.
+pub fn open_for_sync(fd: BorrowedFd<'_>, dir: bool) -> io::Result<OwnedFd> {
     let flags = if dir {
         libc::O_RDONLY | libc::O_DIRECTORY
     } else {
         libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY
     };
-    let f = reopen(fd, flags)?;
-    sync(f.as_fd(), true)
+    reopen(fd, flags)
 }
 
 /// Starts writing a range of the file's dirty pages back to the device

@@ -192,7 +192,7 @@ pub(super) fn cur_dir(cx: &Ctx<'_>) -> Result<(Fh, Stat), Nfsstat4> {
 /// client that was answered may count on: a crash of the server's
 /// machine right after the answer does not undo the change. Only
 /// directories and regular files are synced (see
-/// [`fs::commit_metadata`]); a new symlink, device or FIFO is made durable
+/// [`fs::open_for_sync`]); a new symlink, device or FIFO is made durable
 /// with its directory. An op that made an object syncs its directory,
 /// and then the object only if it set attributes after making it: ext4,
 /// xfs and btrfs make the object and its name in one transaction, which
@@ -222,16 +222,22 @@ fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> 
         .metrics
         .metadata_commits
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // As root: the caller may write a directory it may not read.
+    let open = || crate::engine::cred::as_root(|| fs::open_for_sync(fh.fd.as_fd(), file.is_none()));
+    let Some(key) = file else {
+        return io(open().and_then(|d| fs::sync(d.as_fd(), true)));
+    };
+    // A file's fsync also writes its dirty data back, so it goes through
+    // the server's flush, whose failure changes the write verifier (the
+    // kernel reports a lost writeback once per open file description).
     // A file some open or delegation holds open is synced through that
     // descriptor: a new open of a file under a write delegation would
     // break the kernel lease that keeps local processes out.
-    if let Some(open) = file.and_then(|f| cx.srv.state.any_fd(f)) {
-        return io(fs::sync(open.as_fd(), true));
-    }
-    // As root: the caller may write a directory it may not read.
-    io(crate::engine::cred::as_root(|| {
-        fs::commit_metadata(fh.fd.as_fd(), file.is_none())
-    }))
+    let fd = match cx.srv.state.any_fd(key) {
+        Some(fd) => fd,
+        None => Arc::new(io(open())?),
+    };
+    io(cx.srv.flush_file(key, fd.as_fd(), true))
 }
 
 /// The change_info4 from directory states before and after an op.
