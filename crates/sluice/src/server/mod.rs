@@ -7,6 +7,7 @@ mod compound;
 mod context;
 pub mod copies;
 pub mod counters;
+pub mod dirsync;
 pub mod exports;
 pub mod inline;
 pub mod leases;
@@ -218,6 +219,9 @@ pub struct Server {
     pub nlm: nlm::NlmServer,
     /// Descriptors NFSv3 READ and WRITE keep open between calls.
     pub v3_files: nfs3::FileCache,
+    /// Directory syncs shared by the ops that changed a directory
+    /// meanwhile (exports with `sync`).
+    pub dir_syncs: dirsync::DirSyncs,
     /// Which connection tasks may run quick ops themselves.
     pub inline: inline::Inline,
     /// Connections busy polling for their next request (see
@@ -300,6 +304,7 @@ impl Server {
             mounts: Default::default(),
             nlm: nlm::NlmServer::new(config.nsm_portmap),
             v3_files: Default::default(),
+            dir_syncs: Default::default(),
             inline: inline::Inline::new(config.quick_inline),
             pollers: crate::net::Pollers::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -218,15 +218,25 @@ fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> 
     if !matches!(fh.loc, Loc::Export(_)) || !cx.ex(fh).rules.sync {
         return Ok(());
     }
-    cx.srv
-        .metrics
-        .metadata_commits
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let counted = || {
+        cx.srv
+            .metrics
+            .metadata_commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    };
     // As root: the caller may write a directory it may not read.
     let open = || crate::engine::cred::as_root(|| fs::open_for_sync(fh.fd.as_fd(), file.is_none()));
     let Some(key) = file else {
-        return io(open().and_then(|d| fs::sync(d.as_fd(), true)));
+        // Ops that changed the directory while it was being synced share
+        // the next sync (see `dirsync`).
+        let st = io(fs::stat(fh.fd.as_fd()))?;
+        let (r, _) = cx.srv.dir_syncs.sync((st.dev, st.ino), || {
+            counted();
+            open().and_then(|d| fs::sync(d.as_fd(), true))
+        });
+        return io(r);
     };
+    counted();
     // A file's fsync also writes its dirty data back, so it goes through
     // the server's flush, whose failure changes the write verifier (the
     // kernel reports a lost writeback once per open file description).
