@@ -26,6 +26,8 @@ struct Gen {
     running: bool,
     /// The errno of the last sync that ended, if it failed.
     failed: Option<i32>,
+    /// Callers waiting for a sync to end.
+    waiting: usize,
 }
 
 #[derive(Default)]
@@ -104,7 +106,9 @@ fn wait_or_run(d: &Dir, sync: impl FnOnce() -> io::Result<()>) -> (io::Result<()
             d.ended.notify_all();
             return (r, true);
         }
+        g.waiting += 1;
         g = d.ended.wait(g).unwrap_or_else(|e| e.into_inner());
+        g.waiting -= 1;
     }
 }
 
@@ -164,10 +168,15 @@ mod tests {
                 })
             })
             .collect();
-        // Each of them has registered before the first sync may end.
-        while s.dirs.lock().unwrap().get(&(1, 1)).map_or(0, |e| e.1) < 9 {
+        // All of them wait for the first sync to end before it may.
+        let entry = loop {
+            if let Some(e) = s.dirs.lock().unwrap().get(&(1, 1)) {
+                if e.0.gen.lock().unwrap().waiting == 8 {
+                    break e.0.clone();
+                }
+            }
             std::thread::yield_now();
-        }
+        };
         let (r, ran) = s.sync((2, 2), || Ok(()));
         assert!(r.is_ok() && ran, "another directory waits for no one");
         release.wait();
@@ -182,6 +191,7 @@ mod tests {
         for (r, _) in &results {
             assert_eq!(r.as_ref().unwrap_err().raw_os_error(), Some(libc::ENOSPC));
         }
+        assert_eq!(entry.gen.lock().unwrap().waiting, 0);
         assert!(s.dirs.lock().unwrap().is_empty());
     }
 }
