@@ -66,7 +66,7 @@ class Disk(LoopMount):
             parts = line.strip().split("/")
             if len(parts) >= 7 and parts[5] not in (".", ".."):
                 entries[parts[5]] = (int(parts[1]), int(parts[2], 8), int(parts[6] or 0))
-        assert entries or "export" not in directory, f"debugfs listed nothing:\n{out}"
+        assert entries, f"debugfs listed nothing in {directory}:\n{out}"
         return entries
 
 

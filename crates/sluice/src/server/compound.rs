@@ -133,10 +133,7 @@ const UNSTABLE4: u32 = 0;
 fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
     // Malformed arguments are answered at once (NFS4ERR_BADXDR): quick.
     let mut d = d.clone();
-    let sync = || {
-        cx.cur()
-            .is_ok_and(|fh| matches!(fh.loc, Loc::Export(_)) && cx.ex(fh).rules.sync)
-    };
+    let sync = || cx.cur().is_ok_and(|fh| super::ops_fs::syncs(cx, fh));
     match opnum {
         op::WRITE => WriteArgs::decode(&mut d, usize::MAX).ok().is_none_or(|a| {
             a.stable == UNSTABLE4 && super::inline::small_cached_write(cx.srv, a.data.len())

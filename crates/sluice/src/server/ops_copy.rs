@@ -8,9 +8,8 @@
 use super::callback;
 use super::context::{Ctx, Fh, OpStatus};
 use super::copies::{End, Job};
-use super::exports::Loc;
 use super::ops_file::{file_key, io_fd};
-use super::ops_fs::{io, run, stat_of, x};
+use super::ops_fs::{run, stat_of, x};
 use super::state::{FileKey, Stateid};
 use super::Server;
 use crate::engine::copy::{self, Range};
@@ -184,17 +183,8 @@ pub(super) fn clone(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
         // On a `sync` export the clone is durable before it is answered,
         // as the Linux server does (the destination's blocks are its
         // metadata: fsync, not an fdatasync that may skip them).
-        let sync = cx
-            .cur()
-            .is_ok_and(|fh| matches!(fh.loc, Loc::Export(_)) && cx.ex(fh).rules.sync);
-        if sync {
-            cx.srv
-                .metrics
-                .metadata_commits
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            io(cx.srv.flush_file(f.dkey, f.dfd.as_fd(), true))?;
-        }
-        Ok(())
+        let dst = cx.cur()?.clone();
+        super::ops_fs::commit_file(cx, &dst, f.dkey)
     })
 }
 

@@ -202,10 +202,21 @@ pub(super) fn commit_meta(cx: &Ctx<'_>, fh: &Fh, st: &Stat) -> Result<(), Nfssta
     if st.is_dir() {
         commit(cx, fh, None)
     } else if st.is_file() {
-        commit(cx, fh, Some((st.dev, st.ino)))
+        commit_file(cx, fh, (st.dev, st.ino))
     } else {
         Ok(())
     }
+}
+
+/// Whether `fh`'s export syncs changes before answering them (`sync`,
+/// the default); never for the pseudo file system, which has none.
+pub(super) fn syncs(cx: &Ctx<'_>, fh: &Fh) -> bool {
+    matches!(fh.loc, Loc::Export(_)) && cx.ex(fh).rules.sync
+}
+
+/// [`commit_meta`] of the regular file `fh`, of inode `file`.
+pub(super) fn commit_file(cx: &Ctx<'_>, fh: &Fh, file: FileKey) -> Result<(), Nfsstat4> {
+    commit(cx, fh, Some(file))
 }
 
 /// [`commit_meta`] of a directory.
@@ -215,7 +226,7 @@ pub(super) fn commit_dir(cx: &Ctx<'_>, dir: &Fh) -> Result<(), Nfsstat4> {
 
 /// Syncs the directory `fh`, or with `file`, the regular file `fh`.
 fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> {
-    if !matches!(fh.loc, Loc::Export(_)) || !cx.ex(fh).rules.sync {
+    if !syncs(cx, fh) {
         return Ok(());
     }
     let counted = || {
