@@ -200,7 +200,7 @@ impl Collector for Collect {
             ),
             (
                 "sluice_inline_slow",
-                "Quick work on a connection's thread that waited in the kernel for longer than 4 ms; each sends quick work to the request threads for 200 ms.",
+                "Quick work on a connection's thread that waited for storage (slept in the kernel for longer than 4 ms while reading from storage, or for longer than 20 ms); each sends quick work to the request threads for 200 ms.",
                 srv.inline.counts().1,
             ),
             (
