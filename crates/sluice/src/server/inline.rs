@@ -252,6 +252,50 @@ mod tests {
         assert!(g.enter_at(t1 + long).is_none(), "off after a long wait");
     }
 
+    /// Reads `len` bytes of `path` with O_DIRECT, which go to storage.
+    fn read_direct(path: &std::path::Path, len: usize) {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .expect("O_DIRECT open (the temporary directory must be on a disk file system)");
+        let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size; freed below with the same layout.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!p.is_null());
+        // SAFETY: p is valid for len bytes until freed.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
+        let n = f.read_at(buf, 0).expect("O_DIRECT read");
+        assert_eq!(n, len);
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(p, layout) };
+    }
+
+    #[test]
+    fn a_turn_that_read_from_storage_and_slept_is_seen_to() {
+        let path = std::env::temp_dir().join(format!("sluice-inline-{}", std::process::id()));
+        std::fs::write(&path, vec![7u8; 64 * 1024]).unwrap();
+        std::fs::File::open(&path).unwrap().sync_all().unwrap();
+        // The kernel counts the thread's reads from storage.
+        let a = thread_usage().expect("getrusage");
+        read_direct(&path, 64 * 1024);
+        let b = thread_usage().expect("getrusage");
+        assert!(
+            b.reads > a.reads,
+            "an O_DIRECT read of 64 KiB counted no blocks read"
+        );
+        // A turn that read from storage and slept past SLOW pauses.
+        let g = Inline::new(1);
+        let t = g.enter().expect("on");
+        read_direct(&path, 64 * 1024);
+        std::thread::sleep(SLOW + Duration::from_millis(1));
+        drop(t);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(g.counts(), (0, 1));
+        assert!(g.enter().is_none(), "off after a turn that read and slept");
+    }
+
     #[test]
     fn a_turn_that_sleeps_is_seen_to() {
         let g = Inline::new(1);
