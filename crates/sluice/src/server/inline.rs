@@ -27,7 +27,7 @@
 //! queue on the directory's lock. Sending the quick ops to the workers
 //! then would put more threads in that queue, each wait with two context
 //! switches more. On btrfs, 16 clients creating 3,000 files each in one
-//! directory set the pause off 17-20 times a phase with such waits (4 to
+//! directory set the pause off 17-28 times a phase with such waits (4 to
 //! 10 ms each), which kept the quick path off most of the time.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
