@@ -183,8 +183,7 @@ pub(super) fn clone(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, _e: &mut Encoder) -> 
         // On a `sync` export the clone is durable before it is answered,
         // as the Linux server does (the destination's blocks are its
         // metadata: fsync, not an fdatasync that may skip them).
-        let dst = cx.cur()?.clone();
-        super::ops_fs::commit_file(cx, &dst, f.dkey)
+        super::ops_fs::commit_file(cx, cx.cur()?, f.dkey)
     })
 }
 
