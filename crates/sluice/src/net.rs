@@ -8,7 +8,7 @@
 use crate::rpc::{self, FragmentHeader, RecordAssembler};
 use crate::rules::IpRange;
 use crate::server::callback::CbConn;
-use crate::server::{Call, Server};
+use crate::server::{Call, Paused, Server};
 use crate::xdr::Encoder;
 use bytes::Bytes;
 use std::io::IoSlice;
@@ -558,15 +558,44 @@ async fn connection(
         let srv = srv.clone();
         let outbox = outbox.clone();
         let cb = cb.clone();
-        // The rest on a worker that may wait. Detached: the worker hands
-        // its reply to the outbox itself.
-        drop(tokio::task::spawn_blocking(move || {
-            let reply =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
-            outbox.deliver(reply, mem, permit);
-            start_callbacks(&cb);
-            drop(busy);
-        }));
+        if paused.awaits_syncs() {
+            // An op that ran here changed a directory of a `sync` export:
+            // a task waits for its sync, sharing it with the other ops
+            // that changed the directory meanwhile, without holding a
+            // thread; then the rest runs as it would have here.
+            drop(tokio::spawn(async move {
+                let call = match CatchUnwind(Box::pin(paused.sync(&srv))).await {
+                    Ok(call) => call,
+                    Err(e) => return outbox.deliver(Err(e), mem, permit),
+                };
+                let call = match call {
+                    Call::Paused(p) => match srv.inline.enter() {
+                        Some(turn) => {
+                            let quick =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    p.try_quick(&srv)
+                                }));
+                            if let Ok(Call::Done(_)) = quick {
+                                turn.answered();
+                            }
+                            quick
+                        }
+                        None => Ok(Call::Paused(p)),
+                    },
+                    done => Ok(done),
+                };
+                match call {
+                    Ok(Call::Paused(p)) => finish_on_worker(p, srv, outbox, cb, mem, permit, busy),
+                    Ok(Call::Done(reply)) => {
+                        outbox.deliver(Ok(reply), mem, permit);
+                        start_callbacks(&cb);
+                    }
+                    Err(e) => outbox.deliver(Err(e), mem, permit),
+                }
+            }));
+            continue;
+        }
+        finish_on_worker(paused, srv, outbox, cb, mem, permit, busy);
     };
     // Requests still being processed send their replies before the
     // connection closes: wait until every slot is back.
@@ -575,6 +604,45 @@ async fn connection(
     outbox.close();
     let _ = writer.await;
     result
+}
+
+/// Finishes a paused call on a worker that may wait. Detached: the
+/// worker hands its reply to the outbox itself.
+fn finish_on_worker<B: Send + 'static>(
+    paused: Paused,
+    srv: Arc<Server>,
+    outbox: Arc<Outbox>,
+    cb: Arc<CbConn>,
+    mem: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+    busy: B,
+) {
+    drop(tokio::task::spawn_blocking(move || {
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
+        outbox.deliver(reply, mem, permit);
+        start_callbacks(&cb);
+        drop(busy);
+    }));
+}
+
+/// A future whose panic comes back as an error, as
+/// `std::panic::catch_unwind` gives a closure's.
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
 }
 
 /// Connections that busy poll for their next request: at most one

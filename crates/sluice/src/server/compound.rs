@@ -128,8 +128,13 @@ const UNSTABLE4: u32 = 0;
 /// SETATTR of the size, which may free a large file's blocks), an OPEN
 /// that would first write its client's stable record, nor, on an export
 /// with `sync` (the default), an op that syncs what it changed before
-/// its answer (see `ops_fs::commit_meta`): CREATE, REMOVE, RENAME, LINK,
-/// SETATTR, and OPEN that creates.
+/// its answer (see `ops_fs::commit_meta`) and either syncs a file (LINK,
+/// SETATTR) or makes a new object (CREATE, and OPEN that creates): a new
+/// inode takes more of the journal's buffers, and a thread that waits
+/// there while the journal writes them out holds up every connection its
+/// task serves (creates on ext4 were 4-10% slower so). REMOVE and RENAME
+/// run here, and leave their directory's sync for the COMPOUND to wait
+/// for without holding the task (see `Ctx::deferred`).
 fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
     // Malformed arguments are answered at once (NFS4ERR_BADXDR): quick.
     let mut d = d.clone();
@@ -150,7 +155,7 @@ fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
                     && OpenArgs::decode(&mut d)
                         .is_ok_and(|a| matches!(a.openhow, Openflag4::Create(_))))
         }
-        op::CREATE | op::REMOVE | op::RENAME | op::LINK => !sync(),
+        op::CREATE | op::LINK => !sync(),
         _ => true,
     }
 }
@@ -160,6 +165,21 @@ enum PausedAt {
     Start(Args),
     /// After SEQUENCE and the ops that could run.
     Midway(Box<Running>),
+    /// After an op that ran on the connection's task and left syncs of
+    /// the directories it changed to wait for (see `Ctx::deferred`):
+    /// the next op runs, and the answer goes, only after them.
+    Syncing(Box<Synced>),
+}
+
+/// A COMPOUND waiting for the directory syncs its last op left.
+struct Synced {
+    r: Box<Running>,
+    pending: Vec<super::dirsync::Pending>,
+    /// Where that op's status is in the results.
+    status_at: usize,
+    /// That op's status: the COMPOUND ends after the syncs unless it is
+    /// OK and ops are left.
+    last: Nfsstat4,
 }
 
 /// A COMPOUND's arguments and caller, owned so it can move between threads.
@@ -213,6 +233,9 @@ struct Running {
     cachethis: bool,
     /// The COMPOUND's minor version.
     minor: u32,
+    /// Whether the op at `next` has not been tried yet (after a pause
+    /// for syncs, not for that op).
+    untried: bool,
 }
 
 impl Paused {
@@ -221,10 +244,46 @@ impl Paused {
         let step = match self.0 {
             PausedAt::Start(args) => start(srv, args, Mode::Wait),
             PausedAt::Midway(r) => run_ops(srv, r, Mode::Wait),
+            PausedAt::Syncing(s) => {
+                let r = super::ops_fs::sync_deferred(srv, &s.pending);
+                match s.synced(r) {
+                    Step::Paused(Paused(PausedAt::Midway(r))) => run_ops(srv, r, Mode::Wait),
+                    step => step,
+                }
+            }
         };
         match step {
             Step::Done(body) => body,
             Step::Paused(_) => unreachable!("a COMPOUND allowed to wait does not pause"),
+        }
+    }
+
+    /// Whether the COMPOUND waits for directory syncs that its last op
+    /// left (see [`Paused::sync`]).
+    pub(super) fn awaits_syncs(&self) -> bool {
+        matches!(self.0, PausedAt::Syncing(_))
+    }
+
+    /// Goes on as [`Paused::sync`] would have after the syncs gave `r`.
+    #[cfg(test)]
+    pub(super) fn synced_with(self, r: Result<(), Nfsstat4>) -> Step {
+        match self.0 {
+            PausedAt::Syncing(s) => s.synced(r),
+            at => Step::Paused(Paused(at)),
+        }
+    }
+
+    /// Waits, without holding a thread, for the directory syncs the
+    /// COMPOUND's last op left, and goes on: the COMPOUND ends there (the
+    /// op failed, was the last, or its syncs failed) or comes back paused
+    /// before its next op.
+    pub(super) async fn sync(self, srv: &Server) -> Step {
+        match self.0 {
+            PausedAt::Syncing(s) => {
+                let r = super::ops_fs::sync_deferred_async(srv, &s.pending).await;
+                s.synced(r)
+            }
+            at => Step::Paused(Paused(at)),
         }
     }
 
@@ -237,8 +296,36 @@ impl Paused {
                 let _nowait = NoWaitGuard::new();
                 run_ops(srv, r, Mode::Quick)
             }
-            at @ PausedAt::Start(_) => Step::Paused(Paused(at)),
+            at @ (PausedAt::Start(_) | PausedAt::Syncing(_)) => Step::Paused(Paused(at)),
         }
+    }
+}
+
+impl Synced {
+    /// Goes on after the syncs, with their result `r`. Syncs that failed
+    /// turn an op that succeeded into one that failed with their error,
+    /// as the op would have had it synced itself; its results are
+    /// dropped. (The op's change stays made, as it would have.)
+    fn synced(self, result: Result<(), Nfsstat4>) -> Step {
+        let Synced {
+            r: mut run,
+            status_at,
+            last,
+            ..
+        } = self;
+        let last = match result {
+            Err(st) if last == status::OK => {
+                run.res.truncate(status_at);
+                run.res.u32(st.code());
+                st
+            }
+            _ => last,
+        };
+        if last == status::OK && run.left > 0 {
+            run.untried = true;
+            return Step::Paused(Paused(PausedAt::Midway(run)));
+        }
+        end(run, last)
     }
 }
 
@@ -345,6 +432,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
                 cur_stat: None,
                 cur_identity: None,
                 lend: false,
+                deferred: None,
             };
             let at = res.len();
             res.u32(0);
@@ -448,6 +536,7 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
             slot,
             cachethis,
             minor,
+            untried: false,
         }),
         mode,
     )
@@ -458,6 +547,8 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
 fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
     let mut last = status::OK;
     let mut paused = false;
+    // Syncs the last op left, and where its status is.
+    let mut syncing = None;
     {
         let Running {
             args,
@@ -475,7 +566,9 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             slot,
             cachethis,
             minor,
+            untried,
         } = &mut *r;
+        let untried = std::mem::take(untried);
         let session = slot.session().clone();
         let mut cx = Ctx {
             srv,
@@ -492,6 +585,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             cur_stat: cur_stat.take(),
             cur_identity: cur_identity.take(),
             lend: !*cachethis && super::may_lend(args.conn.as_ref()),
+            deferred: (mode == Mode::Quick).then(Default::default),
         };
         let mut d = Decoder::new(&args.buf[args.at..]);
         let _ = d.skip(*next);
@@ -535,7 +629,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
                 // quick: one that tried and found it would wait is not
                 // tried again (a READ's second try would tell the
                 // readahead engine of a second request in flight).
-                Mode::Quick if *count == first_count => quick(),
+                Mode::Quick if *count == first_count && !untried => quick(),
                 Mode::Quick => desc.has(flags::NO_WAIT) || quick(),
             };
             if !runs_here {
@@ -620,6 +714,16 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             if st != status::OK {
                 tracing::debug!(op = desc.name, status = %st, "op failed");
                 last = st;
+            }
+            // Syncs the op left are waited for before anything else runs,
+            // even when it failed after a change.
+            let pending = cx.deferred.as_ref().map(|d| d.take()).unwrap_or_default();
+            if !pending.is_empty() {
+                *next = d.position();
+                syncing = Some((pending, at));
+                break;
+            }
+            if st != status::OK {
                 break;
             }
         }
@@ -630,9 +734,23 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
         *cur_identity = cx.cur_identity.take();
         *cur_stat = cx.cur_stat.take();
     }
+    if let Some((pending, status_at)) = syncing {
+        return Step::Paused(Paused(PausedAt::Syncing(Box::new(Synced {
+            r,
+            pending,
+            status_at,
+            last,
+        }))));
+    }
     if paused {
         return Step::Paused(Paused(PausedAt::Midway(r)));
     }
+    end(r, last)
+}
+
+/// Ends the COMPOUND `r` with status `last`: encodes its answer and
+/// finishes its slot (keeping the answer when it should).
+fn end(r: Box<Running>, last: Nfsstat4) -> Step {
     let Running {
         args,
         tag,

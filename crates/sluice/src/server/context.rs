@@ -66,6 +66,11 @@ pub(super) struct Ctx<'a> {
     /// (`sluice_engine::mapped`): not when the reply will be copied by the
     /// server itself (an NFSv4.1 reply the client asked to cache).
     pub lend: bool,
+    /// Where the COMPOUND runs on the connection's task: the directory
+    /// syncs of a `sync` export that its ops leave for it to wait for
+    /// before the next op runs and before it is answered (see
+    /// `ops_fs::commit_dir`). None where the ops sync themselves.
+    pub deferred: Option<std::cell::RefCell<Vec<super::dirsync::Pending>>>,
 }
 
 impl<'a> Ctx<'a> {

@@ -10,9 +10,16 @@
 //! syncs of one directory one at a time anyway (btrfs holds the
 //! directory's lock for the whole fsync), and the others flush the
 //! device once per sync.
+//!
+//! An op that ran on a connection's task ([`DirSyncs::sync_async`])
+//! waits without holding a thread: the sync it starts, if any, runs on a
+//! blocking thread, and the task is woken when a sync that started after
+//! its change has ended. Threads ([`DirSyncs::sync`]) and tasks share the
+//! same syncs.
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex};
 
 /// The directory, as (device, inode).
@@ -26,14 +33,62 @@ struct Gen {
     running: bool,
     /// The errno of the last sync that ended, if it failed.
     failed: Option<i32>,
-    /// Callers waiting for a sync to end.
+    /// Callers (threads and tasks) waiting for a sync to end.
     waiting: usize,
+    /// The last sync a task waits for that had not started when it came
+    /// (see [`DirSyncs::sync_async`]).
+    wanted: u64,
 }
 
 #[derive(Default)]
 struct Dir {
     gen: Mutex<Gen>,
     ended: Condvar,
+    /// Wakes the tasks waiting (see [`DirSyncs::sync_async`]).
+    ended_tasks: tokio::sync::Notify,
+}
+
+/// A directory sync that an op, which ran where it must not wait, left
+/// for its COMPOUND to wait for before it is answered.
+#[derive(Debug)]
+pub struct Pending {
+    /// The directory.
+    pub dir: DirKey,
+    /// A descriptor of the directory (O_PATH).
+    pub fd: Arc<OwnedFd>,
+}
+
+/// Counts a caller in `dir`'s entry while it lives, and drops the entry
+/// after the last one.
+struct Use<'a> {
+    syncs: &'a DirSyncs,
+    key: DirKey,
+    dir: Arc<Dir>,
+}
+
+impl<'a> Use<'a> {
+    fn new(syncs: &'a DirSyncs, key: DirKey) -> Self {
+        let mut dirs = syncs.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        let e = dirs.entry(key).or_default();
+        e.1 += 1;
+        Use {
+            syncs,
+            key,
+            dir: e.0.clone(),
+        }
+    }
+}
+
+impl Drop for Use<'_> {
+    fn drop(&mut self) {
+        let mut dirs = self.syncs.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = dirs.get_mut(&self.key) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                dirs.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// The directories being synced, and the ops waiting for them.
@@ -59,22 +114,97 @@ impl DirSyncs {
         dir: DirKey,
         sync: impl FnOnce() -> io::Result<()>,
     ) -> (io::Result<()>, bool) {
-        let entry = {
-            let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
-            let e = dirs.entry(dir).or_default();
-            e.1 += 1;
-            e.0.clone()
-        };
-        let r = wait_or_run(&entry, sync);
-        let mut dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = dirs.get_mut(&dir) {
-            e.1 -= 1;
-            if e.1 == 0 {
-                dirs.remove(&dir);
-            }
-        }
-        r
+        let u = Use::new(self, dir);
+        wait_or_run(&u.dir, sync)
     }
+
+    /// Like [`DirSyncs::sync`], for a task: a sync this caller must start
+    /// runs `sync` on a blocking thread, which goes on at once with the
+    /// next sync when tasks came during this one. Says whether this
+    /// caller started the sync whose result it returns.
+    pub async fn sync_async(&self, dir: DirKey, sync: Job) -> (io::Result<()>, bool) {
+        let u = Use::new(self, dir);
+        let d = &u.dir;
+        let need = d.gen.lock().unwrap_or_else(|e| e.into_inner()).started + 1;
+        let mut started = None;
+        loop {
+            // Listening before looking: an end between the look and the
+            // wait is not missed.
+            let woken = d.ended_tasks.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            {
+                let mut g = d.gen.lock().unwrap_or_else(|e| e.into_inner());
+                if g.done >= need {
+                    let r = match g.failed {
+                        None => Ok(()),
+                        Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+                    };
+                    return (r, started == Some(g.done));
+                }
+                if !g.running {
+                    g.running = true;
+                    g.started += 1;
+                    let mine = g.started;
+                    started = Some(mine);
+                    let (d, sync) = (d.clone(), sync.clone());
+                    drop(tokio::task::spawn_blocking(move || {
+                        run_chain(&d, &sync, mine)
+                    }));
+                } else if g.started < need {
+                    // The sync running started before this caller's change:
+                    // its runner starts the next one as soon as it ends.
+                    g.wanted = g.wanted.max(need);
+                }
+                g.waiting += 1;
+            }
+            let _counted = Waiting(d);
+            woken.await;
+        }
+    }
+}
+
+/// Counts a task in [`Gen::waiting`] until dropped.
+struct Waiting<'a>(&'a Dir);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.gen.lock().unwrap_or_else(|e| e.into_inner()).waiting -= 1;
+    }
+}
+
+/// A directory's sync, as a task asks for it (see
+/// [`DirSyncs::sync_async`]).
+pub type Job = Arc<dyn Fn() -> io::Result<()> + Send + Sync>;
+
+/// Runs sync number `mine` of `d`, and the next ones while tasks want
+/// them.
+fn run_chain(d: &Dir, sync: &Job, mut mine: u64) {
+    loop {
+        let r = sync();
+        let mut g = d.gen.lock().unwrap_or_else(|e| e.into_inner());
+        let again = g.wanted > mine;
+        ended(d, &mut g, mine, &r, again);
+        if !again {
+            return;
+        }
+        g.started += 1;
+        mine = g.started;
+    }
+}
+
+/// Records the end of sync number `mine` of `d`, with its result, and
+/// wakes the threads and tasks waiting; with `again`, the caller starts
+/// the next sync at once.
+fn ended(d: &Dir, g: &mut Gen, mine: u64, r: &io::Result<()>, again: bool) {
+    g.running = again;
+    g.done = mine;
+    g.failed = r
+        .as_ref()
+        .err()
+        .map(|e| e.raw_os_error().unwrap_or(libc::EIO));
+    d.ended.notify_all();
+    d.ended_tasks.notify_waiters();
 }
 
 fn wait_or_run(d: &Dir, sync: impl FnOnce() -> io::Result<()>) -> (io::Result<()>, bool) {
@@ -97,13 +227,7 @@ fn wait_or_run(d: &Dir, sync: impl FnOnce() -> io::Result<()>) -> (io::Result<()
             drop(g);
             let r = sync();
             let mut g = d.gen.lock().unwrap_or_else(|e| e.into_inner());
-            g.running = false;
-            g.done = mine;
-            g.failed = r
-                .as_ref()
-                .err()
-                .map(|e| e.raw_os_error().unwrap_or(libc::EIO));
-            d.ended.notify_all();
+            ended(d, &mut g, mine, &r, false);
             return (r, true);
         }
         g.waiting += 1;
@@ -132,6 +256,66 @@ mod tests {
             s.dirs.lock().unwrap().is_empty(),
             "entries outlived their callers"
         );
+    }
+
+    /// Tasks that come while a task's sync runs wait for the next one,
+    /// which that sync's runner starts as soon as it ends (none of them
+    /// starts it); all get its result. A task alone starts its own.
+    #[test]
+    fn tasks_during_a_sync_share_the_next_one_which_its_runner_starts() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let s = Arc::new(DirSyncs::default());
+        let syncs = Arc::new(AtomicUsize::new(0));
+        let (first_in, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let job: Job = {
+            let (syncs, first_in, release) = (syncs.clone(), first_in.clone(), release.clone());
+            Arc::new(move || {
+                if syncs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    first_in.wait();
+                    release.wait();
+                    return Ok(());
+                }
+                Err(io::Error::from_raw_os_error(libc::ENOSPC))
+            })
+        };
+        let call = |s: &Arc<DirSyncs>| {
+            let (s, job) = (s.clone(), job.clone());
+            rt.spawn(async move { s.sync_async((1, 1), job).await })
+        };
+        let first = call(&s);
+        first_in.wait();
+        let later: Vec<_> = (0..8).map(|_| call(&s)).collect();
+        // All 8 wait, each wanting a sync that has not started.
+        let entry = loop {
+            if let Some(e) = s.dirs.lock().unwrap().get(&(1, 1)) {
+                // The first task waits too.
+                if e.0.gen.lock().unwrap().waiting == 9 {
+                    break e.0.clone();
+                }
+            }
+            std::thread::yield_now();
+        };
+        release.wait();
+        // (The first task gets the result of the last sync that had ended
+        // when it looked, which may be the second.)
+        let _ = rt.block_on(first).unwrap();
+        for t in later {
+            let (r, ran) = rt.block_on(t).unwrap();
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+            assert!(
+                !ran,
+                "a waiting task started the sync its runner should have"
+            );
+        }
+        assert_eq!(syncs.load(Ordering::SeqCst), 2, "one sync for the 8");
+        assert_eq!(entry.gen.lock().unwrap().waiting, 0);
+        let (r, ran) = rt.block_on(s.sync_async((2, 2), Arc::new(|| Ok(()))));
+        assert!(r.is_ok() && ran);
+        assert!(s.dirs.lock().unwrap().is_empty());
     }
 
     /// Callers that arrive while a sync runs do not count it (it may have

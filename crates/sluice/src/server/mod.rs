@@ -762,6 +762,30 @@ impl Paused {
         }
     }
 
+    /// Whether the call is a COMPOUND that waits for directory syncs its
+    /// last op left (see [`Paused::sync`]).
+    pub fn awaits_syncs(&self) -> bool {
+        matches!(&self.rest, Rest::Compound(rest) if rest.awaits_syncs())
+    }
+
+    /// Waits, without holding a thread, for the directory syncs a
+    /// COMPOUND's last op left (on a `sync` export, an op that changed a
+    /// directory on the connection's task), and goes on: answered, or
+    /// paused before its next op. Other calls come back as they are.
+    pub async fn sync(self, srv: &Server) -> Call {
+        let xid = self.xid;
+        match self.rest {
+            Rest::Compound(rest) => match rest.sync(srv).await {
+                compound::Step::Done(body) => Call::Done(compound_reply(xid, body)),
+                compound::Step::Paused(rest) => Call::Paused(Paused {
+                    xid,
+                    rest: Rest::Compound(rest),
+                }),
+            },
+            rest => Call::Paused(Paused { xid, rest }),
+        }
+    }
+
     /// Finishes the call on the calling thread, which may wait, and
     /// returns the reply record.
     pub fn resume(self, srv: &Server) -> Option<Encoder> {

@@ -79,6 +79,7 @@ pub(super) fn call(
         cur_stat: None,
         cur_identity: None,
         lend,
+        deferred: None,
     };
     let mut e = Encoder::with_capacity(256);
     match run(&mut cx, a, &mut e) {

@@ -235,16 +235,28 @@ fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> 
             .metadata_commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     };
-    // As root: the caller may write a directory it may not read.
-    let open = || crate::engine::cred::as_root(|| fs::open_for_sync(fh.fd.as_fd(), file.is_none()));
+    // As root: the caller may change a file it may not read.
+    let open = || crate::engine::cred::as_root(|| fs::open_for_sync(fh.fd.as_fd(), false));
     let Some(key) = file else {
         // Ops that changed the directory while it was being synced share
         // the next sync (see `dirsync`).
         let st = io(fs::stat(fh.fd.as_fd()))?;
-        let (r, _) = cx.srv.dir_syncs.sync((st.dev, st.ino), || {
-            counted();
-            open().and_then(|d| fs::sync(d.as_fd(), true))
-        });
+        if let Some(deferred) = &cx.deferred {
+            // On the connection's task: the COMPOUND waits for the sync
+            // before its next op and its answer, without holding a thread.
+            let mut pending = deferred.borrow_mut();
+            if !pending.iter().any(|p| p.dir == (st.dev, st.ino)) {
+                pending.push(super::dirsync::Pending {
+                    dir: (st.dev, st.ino),
+                    fd: fh.fd.clone(),
+                });
+            }
+            return Ok(());
+        }
+        let (r, _) = cx.srv.dir_syncs.sync(
+            (st.dev, st.ino),
+            dir_sync(cx.srv.metrics.clone(), fh.fd.clone()),
+        );
         return io(r);
     };
     counted();
@@ -259,6 +271,61 @@ fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> 
         None => Arc::new(io(open())?),
     };
     io(cx.srv.flush_file(key, fd.as_fd(), true))
+}
+
+/// The sync of the directory `fd` on a `sync` export, counted.
+fn dir_sync(
+    metrics: Arc<super::counters::Metrics>,
+    fd: Arc<OwnedFd>,
+) -> impl Fn() -> io::Result<()> + Send + Sync + 'static {
+    move || {
+        metrics
+            .metadata_commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // As root: the caller may write a directory it may not read.
+        crate::engine::cred::as_root(|| fs::open_for_sync(fd.as_fd(), true))
+            .and_then(|d| fs::sync(d.as_fd(), true))
+    }
+}
+
+/// Waits for syncs of the directories that ops left for their COMPOUND
+/// (see [`Ctx::deferred`]), on a thread that may wait; the first
+/// failure, as an NFS status.
+pub(super) fn sync_deferred(
+    srv: &super::Server,
+    pending: &[super::dirsync::Pending],
+) -> Result<(), Nfsstat4> {
+    for p in pending {
+        let (r, _) = srv
+            .dir_syncs
+            .sync(p.dir, dir_sync(srv.metrics.clone(), p.fd.clone()));
+        sync_failed(r)?;
+    }
+    Ok(())
+}
+
+/// [`sync_deferred`] for a task, which holds no thread while it waits.
+pub(super) async fn sync_deferred_async(
+    srv: &super::Server,
+    pending: &[super::dirsync::Pending],
+) -> Result<(), Nfsstat4> {
+    for p in pending {
+        let (r, _) = srv
+            .dir_syncs
+            .sync_async(p.dir, Arc::new(dir_sync(srv.metrics.clone(), p.fd.clone())))
+            .await;
+        sync_failed(r)?;
+    }
+    Ok(())
+}
+
+/// A deferred directory sync's result, its failure logged: the op that
+/// changed the directory fails with it after its change was made.
+fn sync_failed(r: io::Result<()>) -> Result<(), Nfsstat4> {
+    r.map_err(|e| {
+        tracing::warn!(error = %e, "directory sync failed; the op that changed it fails");
+        Nfsstat4::from(&e)
+    })
 }
 
 /// The change_info4 from directory states before and after an op.

@@ -1192,6 +1192,9 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
 enum RanOn {
     Task,
     Quick,
+    /// By its quick ops, then answered after a task waited for the
+    /// directory syncs they left (see `Paused::sync`).
+    QuickSynced,
     Worker,
 }
 
@@ -1245,6 +1248,19 @@ fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
     };
     match paused.try_quick(srv) {
         Step::Done(body) => (body.expect("framed").into_inner(), RanOn::Quick),
+        Step::Paused(p) if p.awaits_syncs() => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            match rt.block_on(p.sync(srv)) {
+                Step::Done(body) => (body.expect("framed").into_inner(), RanOn::QuickSynced),
+                Step::Paused(p) => match p.try_quick(srv) {
+                    Step::Done(body) => (body.expect("framed").into_inner(), RanOn::QuickSynced),
+                    Step::Paused(p) => (p.resume(srv).expect("framed").into_inner(), RanOn::Worker),
+                },
+            }
+        }
         Step::Paused(p) => (p.resume(srv).expect("framed").into_inner(), RanOn::Worker),
     }
 }
@@ -1353,13 +1369,17 @@ fn quick_ops_run_on_the_connection_task_and_storage_work_does_not() {
 }
 
 /// On an export with `sync` (the default), the ops that sync what they
-/// changed before answering (CREATE, an OPEN that creates, REMOVE,
-/// RENAME, LINK, SETATTR) go to a worker: a sync on the connection's task
-/// would hold up every connection that task serves. Each is synced once
-/// (counted in `metadata_commits`), while what changes nothing on disk
-/// (an UNSTABLE WRITE, an OPEN without create) stays quick.
+/// changed before answering and make a new object or sync a file
+/// (CREATE, an OPEN that creates, LINK, SETATTR) go to a worker: a sync
+/// on the connection's task would hold up every connection that task
+/// serves. REMOVE and RENAME run quick, and their COMPOUND is answered
+/// after a task waited for the directory's sync. Each is synced once
+/// (counted in `metadata_commits`; an OPEN that sets the size of the
+/// file it makes, twice: the directory, then the file), while what
+/// changes nothing on disk (an UNSTABLE WRITE, an OPEN without create)
+/// stays quick and syncs nothing.
 #[test]
-fn changes_synced_before_their_answer_run_on_workers() {
+fn changes_synced_before_their_answer_wait_for_their_syncs() {
     use crate::nfs4::msg::{CreateArgs, Createtype4, SetattrArgs, WriteArgs};
     use std::sync::atomic::Ordering;
     let (srv, dir) = server("synced");
@@ -1368,6 +1388,20 @@ fn changes_synced_before_their_answer_run_on_workers() {
     let mut run = quick_session(&srv);
     let commits = || srv.metrics.metadata_commits.load(Ordering::Relaxed);
     let open = |name: &str, create: bool| open_op(b"synced", name, create);
+    let open_with = |name: &str, mask: Bitmap4, vals: Vec<u8>| {
+        use crate::nfs4::msg::{Createhow4, OpenArgs, OpenClaim4, Openflag4, StateOwner4};
+        args(&OpenArgs {
+            seqid: 0,
+            share_access: 3,
+            share_deny: 0,
+            owner: StateOwner4 {
+                clientid: 0,
+                owner: b"synced".to_vec(),
+            },
+            openhow: Openflag4::Create(Createhow4::Unchecked(Fattr4 { mask, vals })),
+            claim: OpenClaim4::Null(Component4::new(name)),
+        })
+    };
     let root = || (op::PUTROOTFH, vec![]);
     // The client's first OPEN (its stable record) goes to a worker anyway.
     assert_eq!(run(vec![root(), open("o1", true)]), RanOn::Worker);
@@ -1379,6 +1413,10 @@ fn changes_synced_before_their_answer_run_on_workers() {
     let rename = args(&RenameArgs {
         oldname: Component4::new("o1"),
         newname: Component4::new("o3"),
+    });
+    let rename_into_d = args(&RenameArgs {
+        oldname: Component4::new("o3"),
+        newname: Component4::new("o6"),
     });
     let chmod = args(&SetattrArgs {
         stateid: Stateid4::ANONYMOUS,
@@ -1404,6 +1442,22 @@ fn changes_synced_before_their_answer_run_on_workers() {
             "an OPEN that creates",
         ),
         (
+            vec![
+                root(),
+                (
+                    op::OPEN,
+                    open_with(
+                        "o5",
+                        Bitmap4::of(&[attr::SIZE]),
+                        0u64.to_be_bytes().to_vec(),
+                    ),
+                ),
+            ],
+            RanOn::Worker,
+            2,
+            "an OPEN that creates with a size (the directory, then the file)",
+        ),
+        (
             vec![root(), open("f", false)],
             RanOn::Quick,
             0,
@@ -1417,15 +1471,26 @@ fn changes_synced_before_their_answer_run_on_workers() {
         ),
         (
             vec![root(), (op::REMOVE, args(&Component4::new("gone")))],
-            RanOn::Worker,
+            RanOn::QuickSynced,
             1,
             "REMOVE",
         ),
         (
             vec![root(), (op::SAVEFH, vec![]), (op::RENAME, rename)],
-            RanOn::Worker,
+            RanOn::QuickSynced,
             1,
             "RENAME",
+        ),
+        (
+            vec![
+                root(),
+                (op::SAVEFH, vec![]),
+                lookup_op("d"),
+                (op::RENAME, rename_into_d),
+            ],
+            RanOn::QuickSynced,
+            2,
+            "RENAME into another directory (both synced)",
         ),
         (
             vec![root(), lookup_op("f"), (op::SETATTR, chmod)],
@@ -1444,8 +1509,101 @@ fn changes_synced_before_their_answer_run_on_workers() {
         assert_eq!(run(ops), on, "{what}");
         assert_eq!(commits() - before, synced, "syncs for {what}");
     }
-    assert!(dir.join("o2").exists() && dir.join("d").is_dir() && dir.join("o3").exists());
+    assert!(dir.join("o2").exists() && dir.join("o5").exists() && dir.join("d/o6").exists());
+    assert!(!dir.join("o3").exists());
     assert!(!dir.join("gone").exists() && !dir.join("o1").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A COMPOUND whose quick REMOVE left its directory's sync pauses right
+/// after it: the op after it (GETFH) runs only once the sync is done, and
+/// a sync that failed turns the REMOVE's result into its error and ends
+/// the COMPOUND there, as if the REMOVE had synced itself.
+#[test]
+fn a_deferred_sync_comes_before_the_next_op_and_its_failure_fails_the_op() {
+    use super::compound::{try_compound, Step};
+    let (srv, dir) = server("deferred");
+    for f in ["a", "b"] {
+        std::fs::write(dir.join(f), b"x").unwrap();
+    }
+    let sid = session(&srv);
+    let remove = |seq: u32, name: &str| {
+        compound(
+            1,
+            &[
+                sequence(&sid, seq, 0, false),
+                (op::PUTROOTFH, vec![]),
+                (op::REMOVE, args(&Component4::new(name))),
+                (op::GETFH, vec![]),
+            ],
+        )
+    };
+    let paused = |call: Vec<u8>| {
+        let Step::Paused(p) = try_compound(&srv, call, 0, root(), None, None) else {
+            panic!("REMOVE answered without running")
+        };
+        let Step::Paused(p) = p.try_quick(&srv) else {
+            panic!("answered before the sync")
+        };
+        assert!(p.awaits_syncs(), "paused for something else than the sync");
+        p
+    };
+    let ops = |results: &[(u32, Nfsstat4)]| results.iter().map(|r| r.0).collect::<Vec<_>>();
+    // Waited for: GETFH follows.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let commits = srv
+        .metrics
+        .metadata_commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let body = match rt.block_on(paused(remove(1, "a")).sync(&srv)) {
+        Step::Paused(p) => match p.try_quick(&srv) {
+            Step::Done(body) => body.unwrap().into_inner(),
+            Step::Paused(_) => panic!("GETFH did not run quick"),
+        },
+        Step::Done(_) => panic!("the COMPOUND ended at the REMOVE"),
+    };
+    let mut fh = None;
+    let (st, results) = each_result(&body, |o, d| match o {
+        // change_info4
+        op::REMOVE => {
+            d.bool().unwrap();
+            d.u64().unwrap();
+            d.u64().unwrap();
+        }
+        op::GETFH => fh = Some(NfsFh4::decode(d).unwrap().0),
+        _ => {}
+    });
+    assert_eq!(st, status::OK);
+    assert_eq!(
+        ops(&results),
+        [op::SEQUENCE, op::PUTROOTFH, op::REMOVE, op::GETFH]
+    );
+    assert!(fh.is_some());
+    assert_eq!(
+        srv.metrics
+            .metadata_commits
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - commits,
+        1
+    );
+    // Failed: the REMOVE fails with the sync's error, GETFH does not run.
+    let Step::Done(body) = paused(remove(2, "b")).synced_with(Err(status::IO)) else {
+        panic!("the COMPOUND went on after its sync failed")
+    };
+    let (st, results, _, _) = split_results(&body.unwrap().into_inner());
+    assert_eq!(st, status::IO);
+    assert_eq!(
+        results,
+        [
+            (op::SEQUENCE, status::OK),
+            (op::PUTROOTFH, status::OK),
+            (op::REMOVE, status::IO)
+        ]
+    );
+    assert!(!dir.join("a").exists() && !dir.join("b").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
 
