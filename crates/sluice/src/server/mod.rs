@@ -597,6 +597,7 @@ impl Server {
                     &call.cred,
                     peer,
                     lend,
+                    false,
                 ) {
                     nfs3::Done3::WouldBlock => Call::Paused(Paused {
                         xid,
@@ -718,6 +719,9 @@ enum Rest {
     /// caller, and whether its READ may lend file data (see
     /// [`may_lend`]).
     V3(Vec<u8>, u32, usize, Cred, Option<IpAddr>, bool),
+    /// An NFSv3 REMOVE, RMDIR or RENAME done, its results waiting for
+    /// the directory syncs it left (see `nfs3::Done3::Syncing`).
+    V3Syncing(Encoder, Vec<dirsync::Pending>),
     /// A MOUNT call: the record, version, procedure, where the arguments
     /// start, and the caller's address.
     Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
@@ -753,25 +757,33 @@ impl Paused {
             Rest::V3(record, proc_, at, cred, peer, lend)
                 if nfs3::quick(srv, proc_, &record[at..]) =>
             {
-                Call::Done(v3_reply(
-                    xid,
-                    nfs3::call(srv, proc_, &record[at..], &cred, peer, lend),
-                ))
+                match nfs3::call(srv, proc_, &record[at..], &cred, peer, lend, true) {
+                    nfs3::Done3::Syncing(body, pending) => Call::Paused(Paused {
+                        xid,
+                        rest: Rest::V3Syncing(body, pending),
+                    }),
+                    done => Call::Done(v3_reply(xid, done)),
+                }
             }
             rest => Call::Paused(Paused { xid, rest }),
         }
     }
 
-    /// Whether the call is a COMPOUND that waits for directory syncs its
-    /// last op left (see [`Paused::sync`]).
+    /// Whether the call waits for directory syncs that its op left (see
+    /// [`Paused::sync`]).
     pub fn awaits_syncs(&self) -> bool {
-        matches!(&self.rest, Rest::Compound(rest) if rest.awaits_syncs())
+        match &self.rest {
+            Rest::Compound(rest) => rest.awaits_syncs(),
+            Rest::V3Syncing(..) => true,
+            _ => false,
+        }
     }
 
-    /// Waits, without holding a thread, for the directory syncs a
-    /// COMPOUND's last op left (on a `sync` export, an op that changed a
-    /// directory on the connection's task), and goes on: answered, or
-    /// paused before its next op. Other calls come back as they are.
+    /// Waits, without holding a thread, for the directory syncs a call's
+    /// op left (on a `sync` export, an NFSv4 or NFSv3 REMOVE or RENAME
+    /// run on the connection's task), and goes on: answered, or a
+    /// COMPOUND paused before its next op. Other calls come back as they
+    /// are.
     pub async fn sync(self, srv: &Server) -> Call {
         let xid = self.xid;
         match self.rest {
@@ -782,6 +794,10 @@ impl Paused {
                     rest: Rest::Compound(rest),
                 }),
             },
+            Rest::V3Syncing(body, pending) => {
+                let r = ops_fs::sync_deferred_async(srv, &pending).await;
+                Call::Done(v3_reply(xid, nfs3_synced(body, r)))
+            }
             rest => Call::Paused(Paused { xid, rest }),
         }
     }
@@ -794,8 +810,12 @@ impl Paused {
             Rest::Compound(rest) => compound_reply(xid, rest.resume(srv)),
             Rest::V3(record, proc_, at, cred, peer, lend) => v3_reply(
                 xid,
-                nfs3::call(srv, proc_, &record[at..], &cred, peer, lend),
+                nfs3::call(srv, proc_, &record[at..], &cred, peer, lend, false),
             ),
+            Rest::V3Syncing(body, pending) => {
+                let r = ops_fs::sync_deferred(srv, &pending);
+                v3_reply(xid, nfs3_synced(body, r))
+            }
             Rest::Lock(record, prog, proc_, at, cred, peer, local) => {
                 let done = if prog == crate::mount::NLM_PROGRAM {
                     nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local)
@@ -842,6 +862,19 @@ pub(super) fn may_lend(conn: Option<&Arc<callback::CbConn>>) -> bool {
     !conn.is_some_and(|c| c.backlogged())
 }
 
+/// The results `body` of an NFSv3 REMOVE, RMDIR or RENAME after the
+/// directory syncs it left gave `r`: a failed sync turns a success into
+/// the sync's error (the results of these procedures have the same form
+/// either way), as if the procedure had synced itself.
+fn nfs3_synced(mut body: Encoder, r: Result<(), crate::nfs4::Nfsstat4>) -> nfs3::Done3 {
+    if let Err(st) = r {
+        if body.as_slice().get(..4) == Some(&[0; 4][..]) {
+            body.patch_u32(0, crate::nfs3::Nfsstat3::from(st).0);
+        }
+    }
+    nfs3::Done3::Reply(body)
+}
+
 /// The reply record of an NFSv3 call.
 fn v3_reply(xid: u32, done: nfs3::Done3) -> Option<Encoder> {
     match done {
@@ -854,6 +887,9 @@ fn v3_reply(xid: u32, done: nfs3::Done3) -> Option<Encoder> {
         nfs3::Done3::NoProc => Some(rpc::accepted_reply(xid, AcceptStat::ProcUnavail)),
         nfs3::Done3::WouldBlock => {
             unreachable!("an NFSv3 call stops to wait only where it must not")
+        }
+        nfs3::Done3::Syncing(..) => {
+            unreachable!("an NFSv3 call leaves its syncs only where asked to")
         }
     }
 }

@@ -47,9 +47,16 @@ pub(super) enum Done3 {
     /// It would have to wait where it must not (see
     /// `context::must_not_wait`); nothing was changed.
     WouldBlock,
+    /// The results, to be sent once the directory syncs the procedure
+    /// left are done (see `Ctx::deferred`): REMOVE, RMDIR and RENAME on
+    /// a `sync` export, run with `defer`. Their results have the same
+    /// form whatever the status, which a failed sync replaces.
+    Syncing(Encoder, Vec<super::dirsync::Pending>),
 }
 
-/// Runs NFSv3 procedure `proc_` with the arguments in `args`.
+/// Runs NFSv3 procedure `proc_` with the arguments in `args`; with
+/// `defer`, the directory syncs of a `sync` export are left to the caller
+/// ([`Done3::Syncing`]).
 pub(super) fn call(
     srv: &Server,
     proc_: u32,
@@ -57,6 +64,7 @@ pub(super) fn call(
     cred: &Cred,
     peer: Option<IpAddr>,
     lend: bool,
+    defer: bool,
 ) -> Done3 {
     let mut d = Decoder::new(args);
     let a = match Args3::decode(proc_, &mut d) {
@@ -79,10 +87,13 @@ pub(super) fn call(
         cur_stat: None,
         cur_identity: None,
         lend,
-        deferred: None,
+        deferred: defer.then(Default::default),
     };
     let mut e = Encoder::with_capacity(256);
-    match run(&mut cx, a, &mut e) {
+    let r = run(&mut cx, a, &mut e);
+    let pending = cx.deferred.map(|d| d.into_inner()).unwrap_or_default();
+    match r {
+        Ok(()) if !pending.is_empty() => Done3::Syncing(e, pending),
         Ok(()) => Done3::Reply(e),
         Err(Stop::WouldBlock) => Done3::WouldBlock,
         Err(Stop::Status(_)) => unreachable!("statuses are encoded by the procedures"),
@@ -112,8 +123,10 @@ pub(super) fn may_try(proc_: u32) -> bool {
 /// as a worker would do them. Not a WRITE that goes to storage, nor a
 /// SETATTR of the size; and while any export has `sync` (the default),
 /// no procedure that syncs what it changed before its answer (see
-/// `ops_fs::commit_meta`): those that make, remove, rename or link names,
-/// and SETATTR.
+/// `ops_fs::commit_meta`) but REMOVE, RMDIR and RENAME, whose syncs of
+/// their directories the caller waits for ([`Done3::Syncing`]): those
+/// that make or link names, and SETATTR (as NFSv4's CREATE, OPEN that
+/// creates, LINK and SETATTR, see `compound::quick_args`).
 pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
     let mut d = Decoder::new(args);
     let Some(Ok(a)) = Args3::decode(proc_, &mut d) else {
@@ -126,10 +139,8 @@ pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
         | Args3::Mkdir(..)
         | Args3::Symlink(..)
         | Args3::Mknod(..)
-        | Args3::Remove(..)
-        | Args3::Rmdir(..)
-        | Args3::Rename(..)
         | Args3::Link(..) => !commits(),
+        Args3::Remove(..) | Args3::Rmdir(..) | Args3::Rename(..) => true,
         Args3::Write(_, _, how, data) => {
             how == stable::UNSTABLE && super::inline::small_cached_write(srv, data.len())
         }

@@ -1609,7 +1609,9 @@ fn a_deferred_sync_comes_before_the_next_op_and_its_failure_fails_the_op() {
 
 /// NFSv3's procedures that do what NFSv4's quick ops do are quick too,
 /// with the same exceptions for work that goes to storage; on an export
-/// with `sync` (the default) those that sync what they changed are not.
+/// with `sync` (the default) those that sync what they changed are not,
+/// but REMOVE and RMDIR (and RENAME), which leave their directory's sync
+/// to the caller, as NFSv4's REMOVE and RENAME do.
 #[test]
 fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     use crate::nfs3::{proc3, stable};
@@ -1665,13 +1667,93 @@ fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     assert!(!quick(proc3::REMOVE, &[0, 0, 0]));
     let (synced, sdir) = server("quick3-sync");
     let quick = |p: u32, a: &[u8]| super::nfs3::quick(&synced, p, a);
+    // REMOVE and RMDIR leave their directory's sync to the caller.
     for p in [proc3::REMOVE, proc3::RMDIR] {
-        assert!(!quick(p, &dirop), "procedure {p} syncs its change");
+        assert!(quick(p, &dirop), "procedure {p} is not quick");
     }
+    let mut mkdir = Encoder::new();
+    mkdir.opaque(&fh);
+    mkdir.string("name");
+    for _ in 0..6 {
+        mkdir.u32(0); // sattr3: nothing set
+    }
+    assert!(
+        !quick(proc3::MKDIR, &mkdir.into_inner()),
+        "MKDIR makes an object"
+    );
     assert!(!quick(proc3::SETATTR, &setattr(false)));
     assert!(quick(proc3::WRITE, &write(stable::UNSTABLE, 4096)));
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(sdir);
+}
+
+/// An NFSv3 REMOVE on a `sync` export, run where its sync is left to the
+/// caller, comes back done with its directory's sync to wait for; a sync
+/// that failed turns its NFS3_OK into the sync's error, and the results
+/// keep their form (wcc_data either way).
+#[test]
+fn an_nfsv3_remove_leaves_its_sync_and_a_failed_one_fails_it() {
+    use super::nfs3::{call, Done3};
+    use crate::nfs3::proc3;
+    let (srv, dir) = server("remove3-sync");
+    for f in ["a", "b"] {
+        std::fs::write(dir.join(f), b"x").unwrap();
+    }
+    let root_fh = srv.exports.list()[0].fs.root_fh().to_vec();
+    let remove = |name: &str| {
+        let mut e = Encoder::new();
+        e.opaque(&root_fh);
+        e.string(name);
+        e.into_inner()
+    };
+    let done = |name: &str| match call(
+        &srv,
+        proc3::REMOVE,
+        &remove(name),
+        &root(),
+        None,
+        false,
+        true,
+    ) {
+        Done3::Syncing(body, pending) => (body, pending),
+        _ => panic!("REMOVE of {name} did not leave its sync"),
+    };
+    let (body, pending) = done("a");
+    assert_eq!(pending.len(), 1);
+    let ok = body.to_vec();
+    assert_eq!(ok[..4], [0, 0, 0, 0]);
+    let Done3::Reply(after) = super::nfs3_synced(body, Ok(())) else {
+        panic!()
+    };
+    assert_eq!(
+        after.to_vec(),
+        ok,
+        "a sync that succeeded changed the results"
+    );
+    let (body, _) = done("b");
+    let ok = body.to_vec();
+    let Done3::Reply(failed) = super::nfs3_synced(body, Err(status::IO)) else {
+        panic!()
+    };
+    let failed = failed.to_vec();
+    assert_eq!(failed[..4], 5u32.to_be_bytes(), "NFS3ERR_IO");
+    assert_eq!(failed[4..], ok[4..]);
+    // A worker syncs itself: nothing left.
+    std::fs::write(dir.join("c"), b"x").unwrap();
+    assert!(matches!(
+        call(
+            &srv,
+            proc3::REMOVE,
+            &remove("c"),
+            &root(),
+            None,
+            false,
+            false
+        ),
+        Done3::Reply(_)
+    ));
+    assert!(!dir.join("a").exists() && !dir.join("b").exists() && !dir.join("c").exists());
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A READ that found it would have to wait is not tried again by the
