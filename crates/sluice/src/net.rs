@@ -558,11 +558,13 @@ async fn connection(
         let srv = srv.clone();
         let outbox = outbox.clone();
         let cb = cb.clone();
-        if paused.awaits_syncs() {
-            // An op that ran here changed a directory of a `sync` export:
-            // a task waits for its sync, sharing it with the other ops
-            // that changed the directory meanwhile, without holding a
-            // thread; then the rest runs as it would have here.
+        if paused.awaits_syncs() && paused.syncs_running(&srv) {
+            // An op that ran here changed a directory of a `sync` export
+            // while a sync of it runs: a task waits for the next sync,
+            // sharing it with the other ops that changed the directory
+            // meanwhile, without holding a thread; then the rest runs as
+            // it would have here. (With no sync running, a worker runs
+            // the op's own sync and answers, below.)
             drop(tokio::spawn(async move {
                 let call = match CatchUnwind(Box::pin(paused.sync(&srv))).await {
                     Ok(call) => call,

@@ -264,6 +264,14 @@ impl Paused {
         matches!(self.0, PausedAt::Syncing(_))
     }
 
+    /// The directory syncs the COMPOUND waits for (none when it does not).
+    pub(super) fn pending_syncs(&self) -> &[super::dirsync::Pending] {
+        match &self.0 {
+            PausedAt::Syncing(s) => &s.pending,
+            _ => &[],
+        }
+    }
+
     /// Goes on as [`Paused::sync`] would have after the syncs gave `r`.
     #[cfg(test)]
     pub(super) fn synced_with(self, r: Result<(), Nfsstat4>) -> Step {

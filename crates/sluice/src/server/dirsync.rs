@@ -115,7 +115,24 @@ impl DirSyncs {
         sync: impl FnOnce() -> io::Result<()>,
     ) -> (io::Result<()>, bool) {
         let u = Use::new(self, dir);
-        wait_or_run(&u.dir, sync)
+        wait_or_run(&u.dir, sync, None)
+    }
+
+    /// [`DirSyncs::sync`] with a sync that can run again: when tasks
+    /// came during the sync this caller ran (see
+    /// [`DirSyncs::sync_async`]), a blocking thread starts the next one
+    /// for them at once.
+    pub fn sync_job(&self, dir: DirKey, sync: Job) -> (io::Result<()>, bool) {
+        let u = Use::new(self, dir);
+        let run = sync.clone();
+        wait_or_run(&u.dir, move || run(), Some(&sync))
+    }
+
+    /// Whether a sync of `dir` is running now.
+    pub fn running(&self, dir: DirKey) -> bool {
+        let dirs = self.dirs.lock().unwrap_or_else(|e| e.into_inner());
+        dirs.get(&dir)
+            .is_some_and(|e| e.0.gen.lock().unwrap_or_else(|e| e.into_inner()).running)
     }
 
     /// Like [`DirSyncs::sync`], for a task: a sync this caller must start
@@ -207,7 +224,11 @@ fn ended(d: &Dir, g: &mut Gen, mine: u64, r: &io::Result<()>, again: bool) {
     d.ended_tasks.notify_waiters();
 }
 
-fn wait_or_run(d: &Dir, sync: impl FnOnce() -> io::Result<()>) -> (io::Result<()>, bool) {
+fn wait_or_run(
+    d: &Arc<Dir>,
+    sync: impl FnOnce() -> io::Result<()>,
+    chain: Option<&Job>,
+) -> (io::Result<()>, bool) {
     let mut g = d.gen.lock().unwrap_or_else(|e| e.into_inner());
     // A sync running now may have started before this caller's change:
     // only the next one to start is sure to come after it.
@@ -227,7 +248,20 @@ fn wait_or_run(d: &Dir, sync: impl FnOnce() -> io::Result<()>) -> (io::Result<()
             drop(g);
             let r = sync();
             let mut g = d.gen.lock().unwrap_or_else(|e| e.into_inner());
-            ended(d, &mut g, mine, &r, false);
+            let again = chain.is_some() && g.wanted > mine;
+            ended(d, &mut g, mine, &r, again);
+            if let (true, Some(job)) = (again, chain) {
+                // Tasks came during this sync: the next one starts now,
+                // on another thread, while this caller answers.
+                g.started += 1;
+                let next = g.started;
+                drop(g);
+                let (d, job) = (d.clone(), job.clone());
+                match tokio::runtime::Handle::try_current() {
+                    Ok(rt) => drop(rt.spawn_blocking(move || run_chain(&d, &job, next))),
+                    Err(_) => run_chain(&d, &job, next),
+                }
+            }
             return (r, true);
         }
         g.waiting += 1;
@@ -263,6 +297,18 @@ mod tests {
     /// starts it); all get its result. A task alone starts its own.
     #[test]
     fn tasks_during_a_sync_share_the_next_one_which_its_runner_starts() {
+        tasks_during_a_sync(false);
+    }
+
+    /// The same when a thread ran the first sync (`sync_job`, a worker
+    /// that ran its op's sync itself): it has the next one started
+    /// before it returns.
+    #[test]
+    fn tasks_during_a_threads_sync_share_the_next_one_which_it_starts() {
+        tasks_during_a_sync(true);
+    }
+
+    fn tasks_during_a_sync(first_on_thread: bool) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -286,14 +332,21 @@ mod tests {
             let (s, job) = (s.clone(), job.clone());
             rt.spawn(async move { s.sync_async((1, 1), job).await })
         };
-        let first = call(&s);
+        let first = if first_on_thread {
+            let (s, job) = (s.clone(), job.clone());
+            let t = std::thread::spawn(move || s.sync_job((1, 1), job));
+            rt.spawn(async move { t.join().unwrap() })
+        } else {
+            call(&s)
+        };
         first_in.wait();
         let later: Vec<_> = (0..8).map(|_| call(&s)).collect();
         // All 8 wait, each wanting a sync that has not started.
         let entry = loop {
             if let Some(e) = s.dirs.lock().unwrap().get(&(1, 1)) {
-                // The first task waits too.
-                if e.0.gen.lock().unwrap().waiting == 9 {
+                // A first task waits too; a first thread runs the sync.
+                let first_waits = usize::from(!first_on_thread);
+                if e.0.gen.lock().unwrap().waiting == 8 + first_waits {
                     break e.0.clone();
                 }
             }

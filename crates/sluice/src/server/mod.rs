@@ -779,6 +779,20 @@ impl Paused {
         }
     }
 
+    /// Whether a sync of a directory the call waits for is running now:
+    /// then a task waits for the next one (see [`Paused::sync`]), which
+    /// the changes made meanwhile share. Otherwise the call's own sync
+    /// would start at once, and a worker that runs it and then answers
+    /// ([`Paused::resume`]) wakes one thread where a task would wake two.
+    pub fn syncs_running(&self, srv: &Server) -> bool {
+        let pending = match &self.rest {
+            Rest::Compound(rest) => rest.pending_syncs(),
+            Rest::V3Syncing(_, pending) => pending,
+            _ => &[],
+        };
+        pending.iter().any(|p| srv.dir_syncs.running(p.dir))
+    }
+
     /// Waits, without holding a thread, for the directory syncs a call's
     /// op left (on a `sync` export, an NFSv4 or NFSv3 REMOVE or RENAME
     /// run on the connection's task), and goes on: answered, or a

@@ -253,9 +253,9 @@ fn commit(cx: &Ctx<'_>, fh: &Fh, file: Option<FileKey>) -> Result<(), Nfsstat4> 
             }
             return Ok(());
         }
-        let (r, _) = cx.srv.dir_syncs.sync(
+        let (r, _) = cx.srv.dir_syncs.sync_job(
             (st.dev, st.ino),
-            dir_sync(cx.srv.metrics.clone(), fh.fd.clone()),
+            Arc::new(dir_sync(cx.srv.metrics.clone(), fh.fd.clone())),
         );
         return io(r);
     };
@@ -298,7 +298,7 @@ pub(super) fn sync_deferred(
     for p in pending {
         let (r, _) = srv
             .dir_syncs
-            .sync(p.dir, dir_sync(srv.metrics.clone(), p.fd.clone()));
+            .sync_job(p.dir, Arc::new(dir_sync(srv.metrics.clone(), p.fd.clone())));
         sync_failed(r)?;
     }
     Ok(())
