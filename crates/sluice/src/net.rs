@@ -529,18 +529,7 @@ async fn connection(
         // `server::inline`): a worker's wake-up costs about as much.
         if let Ok(Call::Paused(p)) = call {
             let alone = slots.available_permits() == MAX_IN_FLIGHT - 1 && rd.buffer().is_empty();
-            call = match alone.then(|| srv.inline.enter()).flatten() {
-                Some(turn) => {
-                    let quick = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        p.try_quick(&srv)
-                    }));
-                    if let Ok(Call::Done(_)) = quick {
-                        turn.answered();
-                    }
-                    quick
-                }
-                None => Ok(Call::Paused(p)),
-            };
+            call = quick_on_turn(p, &srv, alone.then(|| srv.inline.enter()).flatten());
         }
         let paused = match call {
             Ok(Call::Paused(p)) => p,
@@ -571,19 +560,7 @@ async fn connection(
                     Err(e) => return outbox.deliver(Err(e), mem, permit),
                 };
                 let call = match call {
-                    Call::Paused(p) => match srv.inline.enter() {
-                        Some(turn) => {
-                            let quick =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    p.try_quick(&srv)
-                                }));
-                            if let Ok(Call::Done(_)) = quick {
-                                turn.answered();
-                            }
-                            quick
-                        }
-                        None => Ok(Call::Paused(p)),
-                    },
+                    Call::Paused(p) => quick_on_turn(p, &srv, srv.inline.enter()),
                     done => Ok(done),
                 };
                 match call {
@@ -606,6 +583,24 @@ async fn connection(
     outbox.close();
     let _ = writer.await;
     result
+}
+
+/// Goes on with a paused call's quick ops on this task when it has a
+/// `turn` (see `server::inline`), counted answered when they finish the
+/// call; without one the call comes back as it is.
+fn quick_on_turn(
+    p: Paused,
+    srv: &Server,
+    turn: Option<crate::server::inline::Turn<'_>>,
+) -> std::thread::Result<Call> {
+    let Some(turn) = turn else {
+        return Ok(Call::Paused(p));
+    };
+    let quick = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.try_quick(srv)));
+    if let Ok(Call::Done(_)) = quick {
+        turn.answered();
+    }
+    quick
 }
 
 /// Finishes a paused call on a worker that may wait. Detached: the

@@ -296,9 +296,7 @@ pub(super) fn sync_deferred(
     pending: &[super::dirsync::Pending],
 ) -> Result<(), Nfsstat4> {
     for p in pending {
-        let (r, _) = srv
-            .dir_syncs
-            .sync_job(p.dir, Arc::new(dir_sync(srv.metrics.clone(), p.fd.clone())));
+        let (r, _) = srv.dir_syncs.sync_job(p.dir, deferred_job(srv, p));
         sync_failed(r)?;
     }
     Ok(())
@@ -310,13 +308,17 @@ pub(super) async fn sync_deferred_async(
     pending: &[super::dirsync::Pending],
 ) -> Result<(), Nfsstat4> {
     for p in pending {
-        let (r, _) = srv
-            .dir_syncs
-            .sync_async(p.dir, Arc::new(dir_sync(srv.metrics.clone(), p.fd.clone())))
-            .await;
+        let (r, _) = srv.dir_syncs.sync_async(p.dir, deferred_job(srv, p)).await;
         sync_failed(r)?;
     }
     Ok(())
+}
+
+/// The sync an op left for its call, as [`DirSyncs`] runs it.
+///
+/// [`DirSyncs`]: super::dirsync::DirSyncs
+fn deferred_job(srv: &super::Server, p: &super::dirsync::Pending) -> super::dirsync::Job {
+    Arc::new(dir_sync(srv.metrics.clone(), p.fd.clone()))
 }
 
 /// A deferred directory sync's result, its failure logged: the op that
