@@ -112,6 +112,24 @@ def sluice_meta(
     return result
 
 
+def sluice_meta_local(binary: Path, directory: Path, nclients: int, files: int, synced: bool,
+                      phases: list[str] | None = None) -> dict:  # fmt: skip
+    """sluice-meta's `phases` done by `nclients` local threads with system
+    calls in `directory` (which exists, empty), no server between; with
+    `synced`, each create, rename and remove followed by a sync of the
+    directory, as a server on a `sync` export makes before it answers.
+    The file system's own rate for the work."""
+    cmd = [str(binary), "--local", str(directory), "--clients", str(nclients), "--files", str(files), "--json"]
+    cmd += ["--sync-dir"] if synced else []
+    cmd += ["--phases", ",".join(phases)] if phases else []
+    result, _ = _json_of(cmd, 600 + nclients * files / 100)
+    failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
+    if failed and "error" not in result:
+        first = next(iter(failed.values()))
+        result["error"] = f"operations failed in {', '.join(failed)}: {first.get('first_error')}"
+    return result
+
+
 # glibc settings under which a client's heap keeps the memory it freed:
 # no trimming of the heap's top below 1 GiB, and blocks up to 16 MiB from
 # the heap rather than from mmap of their own.

@@ -600,9 +600,32 @@ def _meta_variant(server: str, cfg: Config, proto: str = "v4", nclients: int = M
     return Variant(server, "sluice-meta", "meta", measure, None, seconds)
 
 
+def _meta_local_variant(cfg: Config, nclients: int, synced: bool) -> Variant:
+    """sluice-meta's phases done by `nclients` local threads with system
+    calls in a new directory of the file system, no server between: the
+    file system's own rate for the same work, with (`synced`) the
+    directory synced after each change as sluice's default makes, or
+    without, as `--async` and nfs-ganesha answer."""
+
+    def measure(ctx: Context) -> dict:
+        path = ctx.local(f"meta-local-{len(ctx.records)}")
+        path.mkdir()
+        try:
+            return clients.sluice_meta_local(
+                ctx.sluice_load.with_name("sluice-meta"), path, nclients, cfg.meta_files, synced, META_PHASES
+            )
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    files = nclients * cfg.meta_files
+    seconds = files * 3 / (ASSUMED_META_OPS if synced else 10 * ASSUMED_META_OPS)
+    return Variant("local", "sluice-meta", "meta_synced" if synced else "meta", measure, None, seconds)
+
+
 def plan_meta(cfg: Config, proto: str = "v4") -> list[Round]:
     cases = {
-        case: [_meta_variant(s, cfg, proto, n) for s in ("sluice", ASYNC, BASELINE, "ganesha")]
+        case: [_meta_local_variant(cfg, n, synced) for synced in (True, False)]
+        + [_meta_variant(s, cfg, proto, n) for s in ("sluice", ASYNC, BASELINE, "ganesha")]
         for case, n in META_CASES.items()
     }
     return _rounds("meta" + (V3 if proto == "v3" else ""), cfg, cases, META_CACHES, 0)

@@ -37,6 +37,8 @@ BUFFERED_READ = ("local", "dd", "buffered_read")
 SLUICE_META = ("sluice", "sluice-meta", "meta")
 ASYNC_META = ("sluice-async", "sluice-meta", "meta")
 GANESHA_META = ("ganesha", "sluice-meta", "meta")
+LOCAL_META = ("local", "sluice-meta", "meta")
+LOCAL_META_SYNCED = ("local", "sluice-meta", "meta_synced")
 SCALE_KINDS = {"8k": "8 KiB reads", "1m": "1 MiB reads"}
 SCALE_CONNECTIONS = [1, 4, 16, 64, 256]
 # sluice-meta's phases, in the order they run; metrics "meta.PHASE.FIELD".
@@ -150,6 +152,8 @@ RATIOS["meta"] = [
         (f"{phase} ops/s sluice/ganesha", SLUICE_META, GANESHA_META, f"meta.{phase}.ops_per_s"),
         (f"{phase} CPU/op sluice/ganesha", SLUICE_META, GANESHA_META, f"meta.{phase}.server_cpu_us_per_op"),
         (f"{phase} ops/s sluice-async/ganesha", ASYNC_META, GANESHA_META, f"meta.{phase}.ops_per_s"),
+        (f"{phase} ops/s sluice/local synced", SLUICE_META, LOCAL_META_SYNCED, f"meta.{phase}.ops_per_s"),
+        (f"{phase} ops/s sluice-async/local", ASYNC_META, LOCAL_META, f"meta.{phase}.ops_per_s"),
     )
 ]
 
@@ -516,11 +520,16 @@ def _meta_tables(ix: Index, fs: str, experiment: str = "meta") -> list[str]:
                     cell(m(GANESHA_META, "p99_us")),
                     cell(m(ASYNC_META, "ops_per_s")),
                     ratio_cell(ix.ratio(at, f"{phase} ops/s sluice-async/ganesha")),
+                    cell(m(LOCAL_META_SYNCED, "ops_per_s")),
+                    ratio_cell(ix.ratio(at, f"{phase} ops/s sluice/local synced")),
+                    cell(m(LOCAL_META, "ops_per_s")),
+                    ratio_cell(ix.ratio(at, f"{phase} ops/s sluice-async/local")),
                 ]
             )
     header = ["clients", "phase", "sluice ops/s", "ganesha ops/s", "sluice/ganesha", "sluice CPU us/op",
               "ganesha CPU us/op", "CPU/op sluice/ganesha", "sluice call p99 us", "ganesha call p99 us",
-              "sluice --async ops/s", "sluice --async/ganesha"]  # fmt: skip
+              "sluice --async ops/s", "sluice --async/ganesha", "local synced ops/s", "sluice/local synced",
+              "local ops/s", "sluice --async/local"]  # fmt: skip
     return _table(header, rows)
 
 
@@ -623,7 +632,14 @@ SECTIONS = [
         "waits for the answer to the one before (one process unpacking an archive or checking out a "
         "tree): there each call's turnaround sets the rate. sluice syncs each create, rename and remove "
         "to the disk before it answers (its default, as the Linux server's `sync` exports); nfs-ganesha "
-        "does not. `sluice --async`: a second sluice that answers first too, in the same rounds.",
+        "does not. `sluice --async`: a second sluice that answers first too, in the same rounds. "
+        "Local: the file system's own rate for the same work, as the limit (`sluice-meta --local`): "
+        "as many threads as clients make the same calls on the server's file system with system "
+        "calls (`openat`, a 4 KiB `write` and `close`; `fstatat`; reading the directory, with an "
+        "`fstatat` of each entry for `readdir`; `renameat`; `unlinkat`), in the same rounds; `local "
+        "synced` syncs the directory after each create, rename and remove, as sluice's default does "
+        "before it answers, and is the limit for sluice, `local` does not and is the limit for "
+        "`sluice --async`.",
         _meta_tables,
         None,
     ),
@@ -665,7 +681,8 @@ SECTIONS = [
         "calls (NFSv3 has no CLOSE); `stat` a LOOKUP, whose reply carries the attributes; `readdir` "
         "READDIRPLUS with 256 KiB replies (dircount an eighth of that, as the Linux client asks), "
         "counted in entries without `.` and `..`; `names` READDIR (names and file ids) with 256 KiB "
-        "replies; `rename` RENAME; `remove` REMOVE.",
+        "replies; `rename` RENAME; `remove` REMOVE. The local limits (`local synced`, `local`) are "
+        "measured as for `meta`, in the same rounds.",
         lambda ix, fs: _meta_tables(ix, fs, "meta-v3"),
         None,
     ),
@@ -844,7 +861,8 @@ brief's seeds: readahead and streaming (000), READ_PLUS on sparse files
 (001), mixed random reads and writes on one file (002); and from what users
 judge a server on besides: writes, metadata (create, stat, READDIR,
 rename, remove by 16 clients and by one alone, with the server's CPU
-time per operation)
+time per operation, and the file system's own rate for the same work by
+local threads as its limit)
 and many connections (1 to 256, with the server's memory).
 
 """

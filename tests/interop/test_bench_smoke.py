@@ -247,9 +247,24 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke, experi
         # (One client's 50 creates may take less than a clock tick.)
         cpu = phases["create"]["server_cpu_s"]
         assert cpu is not None and (cpu > 0 or nclients == 1), (server, case, cpu)
+    # The file system's own rate for the same work, with and without a
+    # sync of the directory after each change, by as many local threads.
+    for op, synced in (("meta_synced", True), ("meta", False)):
+        for case, nclients in (("16-clients", 16), ("1-client", 1)):
+            r = got[(case, "cold", "local", "sluice-meta", op)]
+            assert r["proto"] == "local" and r["synced"] is synced and r["clients"] == nclients, r
+            files = r["clients"] * r["files_per_client"]
+            phases = r["phases"]
+            assert sorted(phases) == sorted(META_PHASES), phases
+            for p in ("create", "stat", "rename", "remove"):
+                assert phases[p]["ops"] == files and phases[p]["errors"] == 0, (op, p, phases[p])
+            for p in ("readdir", "names"):
+                assert phases[p]["ops"] == r["clients"] * files, (op, p, phases[p])
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == experiment}
     assert {f"{p} ops/s sluice/ganesha" for p in META_PHASES} <= names
     assert {f"{p} ops/s sluice-async/ganesha" for p in META_PHASES} <= names
+    assert {f"{p} ops/s sluice/local synced" for p in META_PHASES} <= names
+    assert {f"{p} ops/s sluice-async/local" for p in META_PHASES} <= names
 
 
 def test_scale_reads_with_many_connections_and_reports_memory_and_cpu(smoke):

@@ -27,10 +27,20 @@
 //! reply carries the attributes; `readdir` READDIRPLUS; `rename` RENAME;
 //! `remove` REMOVE.
 //!
+//! With `--local PATH` there is no server: `--clients` threads do the
+//! same phases on the local directory PATH with system calls (`openat`,
+//! a 4 KiB `write` and `close`; `fstatat`; reading the directory, with an
+//! `fstatat` of each entry for `readdir`; `renameat`; `unlinkat`), and
+//! with `--sync-dir` each thread syncs the directory (`fsync`) after
+//! every create, rename and remove, as a server does before it answers
+//! such a change on a `sync` export. That is the file system's own rate
+//! for the work, the limit a server on the same machine works against.
+//!
 //! For each phase it prints operations (files, or for `readdir`
 //! entries) per second, latency percentiles of the calls, and with
 //! `--server-pid` the server's CPU time per operation (user and system,
-//! from /proc). The directory must exist and be empty.
+//! from /proc; with `--local`, sluice-meta's own). The directory must
+//! exist and be empty.
 
 use clap::Parser;
 use hdrhistogram::Histogram;
@@ -59,8 +69,16 @@ struct Args {
     /// The directory to work in, as a path from the server's root (NFSv3:
     /// from the directory --mount-path mounts); it must exist and be
     /// empty.
-    #[arg(long)]
-    dir: String,
+    #[arg(long, required_unless_present = "local")]
+    dir: Option<String>,
+    /// No server: work on this local directory (which must exist and be
+    /// empty) with system calls, one thread per client.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["dir", "server_pid"])]
+    local: Option<std::path::PathBuf>,
+    /// With --local: sync the directory after every create, rename and
+    /// remove, as a server on a `sync` export does before it answers.
+    #[arg(long, requires = "local")]
+    sync_dir: bool,
     /// Clients, each with its own connection and session.
     #[arg(long, default_value_t = 16)]
     clients: u32,
@@ -328,7 +346,7 @@ impl Meta {
             fh = c
                 .lookup(&fh, d)
                 .await
-                .map_err(|e| format!("LOOKUP of {d} in {}: {e}", a.dir))?
+                .map_err(|e| format!("LOOKUP of {d} in {}: {e}", dir.join("/")))?
                 .0;
         }
         Ok(Meta::V3(Meta3 { c, dir: fh }))
@@ -526,50 +544,22 @@ fn json_of(p: &PhaseResult) -> serde_json::Value {
 }
 
 async fn run(a: Args) -> Result<serde_json::Value, String> {
-    for p in &a.phases {
-        if !PHASES.contains(&p.as_str()) {
-            return Err(format!(
-                "unknown phase {p:?}: choose from {}",
-                PHASES.join(", ")
-            ));
-        }
+    let wanted = phases_of(&a)?;
+    if let Some(path) = &a.local {
+        return local::run(&a, path);
     }
-    let dir = dir_ops(&a.dir);
+    let dir = dir_ops(a.dir.as_deref().unwrap_or_default());
     let mut clients = Vec::new();
     for _ in 0..a.clients {
         clients.push(Arc::new(Meta::connect(&a, &dir).await?));
     }
     let mut phases = serde_json::Map::new();
-    for p in PHASES.iter().filter(|p| a.phases.iter().any(|q| q == *p)) {
+    for p in wanted {
         if !a.json {
             eprintln!("sluice-meta: {p} ...");
         }
         let r = phase(p, &clients, &a).await;
-        if !a.json {
-            let cpu = r
-                .server_cpu
-                .filter(|_| r.ops > 0)
-                .map(|d| {
-                    format!(
-                        ", server CPU {:.1} us/op",
-                        d.as_secs_f64() * 1e6 / r.ops as f64
-                    )
-                })
-                .unwrap_or_default();
-            println!(
-                "{:8} {:>9} ops in {:6.2} s: {:>9.0} ops/s, call p50 {} us p99 {} us, {} errors{cpu}",
-                r.name,
-                r.ops,
-                r.seconds,
-                r.ops as f64 / r.seconds.max(1e-9),
-                r.lat.value_at_quantile(0.5),
-                r.lat.value_at_quantile(0.99),
-                r.errors
-            );
-            if let Some(e) = &r.first_error {
-                println!("         first error: {e}");
-            }
-        }
+        print_phase(&r, &a);
         phases.insert(r.name.to_string(), json_of(&r));
     }
     for m in &clients {
@@ -582,6 +572,54 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
         "file_bytes": FILE_BYTES,
         "phases": phases,
     }))
+}
+
+/// The phases of `a` that are known, in the order they run (an unknown
+/// one is an error).
+fn phases_of(a: &Args) -> Result<Vec<&'static str>, String> {
+    for p in &a.phases {
+        if !PHASES.contains(&p.as_str()) {
+            return Err(format!(
+                "unknown phase {p:?}: choose from {}",
+                PHASES.join(", ")
+            ));
+        }
+    }
+    Ok(PHASES
+        .into_iter()
+        .filter(|p| a.phases.iter().any(|q| q == p))
+        .collect())
+}
+
+/// Prints a phase's figures as text, unless JSON was asked for.
+fn print_phase(r: &PhaseResult, a: &Args) {
+    if a.json {
+        return;
+    }
+    let cpu = r
+        .server_cpu
+        .filter(|_| r.ops > 0)
+        .map(|d| {
+            let whose = if a.local.is_some() { "own" } else { "server" };
+            format!(
+                ", {whose} CPU {:.1} us/op",
+                d.as_secs_f64() * 1e6 / r.ops as f64
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "{:8} {:>9} ops in {:6.2} s: {:>9.0} ops/s, call p50 {} us p99 {} us, {} errors{cpu}",
+        r.name,
+        r.ops,
+        r.seconds,
+        r.ops as f64 / r.seconds.max(1e-9),
+        r.lat.value_at_quantile(0.5),
+        r.lat.value_at_quantile(0.99),
+        r.errors
+    );
+    if let Some(e) = &r.first_error {
+        println!("         first error: {e}");
+    }
 }
 
 fn main() {
@@ -607,5 +645,212 @@ fn main() {
             eprintln!("sluice-meta: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+/// `--local`: the phases done by threads with system calls on a local
+/// directory, no server between.
+mod local {
+    use super::{cpu_time, json_of, phases_of, print_phase, Args, PhaseResult, FILE_BYTES};
+    use hdrhistogram::Histogram;
+    use std::ffi::{CString, OsStr};
+    use std::fs::File;
+    use std::io::{self, Write};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::time::Instant;
+
+    /// Runs `a`'s phases in `path`, as [`super::run`] does over NFS.
+    pub fn run(a: &Args, path: &Path) -> Result<serde_json::Value, String> {
+        let wanted = phases_of(a)?;
+        let dir = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        if std::fs::read_dir(path)
+            .map_err(|e| format!("cannot list {}: {e}", path.display()))?
+            .next()
+            .is_some()
+        {
+            return Err(format!("{} is not empty", path.display()));
+        }
+        let mut phases = serde_json::Map::new();
+        for p in wanted {
+            if !a.json {
+                eprintln!("sluice-meta: {p} (local) ...");
+            }
+            let r = phase(p, &dir, path, a);
+            print_phase(&r, a);
+            phases.insert(r.name.to_string(), json_of(&r));
+        }
+        Ok(serde_json::json!({
+            "proto": "local",
+            "synced": a.sync_dir,
+            "clients": a.clients,
+            "files_per_client": a.files,
+            "file_bytes": FILE_BYTES,
+            "phases": phases,
+        }))
+    }
+
+    /// What one thread measured: latencies, operations, errors.
+    struct Tally {
+        lat: Histogram<u64>,
+        ops: u64,
+        errors: u64,
+        first_error: Option<String>,
+    }
+
+    impl Tally {
+        fn note(&mut self, r: io::Result<u64>, t: Instant, what: &str) {
+            match r {
+                Ok(n) => {
+                    self.ops += n;
+                    let _ = self.lat.record(t.elapsed().as_micros().max(1) as u64);
+                }
+                Err(e) => {
+                    self.errors += 1;
+                    self.first_error
+                        .get_or_insert_with(|| format!("{what}: {e}"));
+                }
+            }
+        }
+    }
+
+    fn phase(name: &'static str, dir: &File, path: &Path, a: &Args) -> PhaseResult {
+        let me = std::process::id();
+        let cpu0 = cpu_time(me);
+        let t0 = Instant::now();
+        let tallies: Vec<Tally> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..a.clients)
+                .map(|ci| s.spawn(move || client(name, ci, dir, path, a)))
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a local client does not panic"))
+                .collect()
+        });
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut lat = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+        let (mut ops, mut errors, mut first_error) = (0, 0, None);
+        for t in tallies {
+            let _ = lat.add(&t.lat);
+            ops += t.ops;
+            errors += t.errors;
+            first_error = first_error.or(t.first_error);
+        }
+        let server_cpu = match (cpu0, cpu_time(me)) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        PhaseResult {
+            name,
+            ops,
+            seconds,
+            lat,
+            errors,
+            first_error,
+            server_cpu,
+        }
+    }
+
+    /// One client's share of phase `name`, as a thread.
+    fn client(name: &str, ci: u32, dir: &File, path: &Path, a: &Args) -> Tally {
+        let mut t = Tally {
+            lat: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+            ops: 0,
+            errors: 0,
+            first_error: None,
+        };
+        let d = dir.as_raw_fd();
+        let synced = |r: io::Result<()>| -> io::Result<u64> {
+            r?;
+            if a.sync_dir {
+                dir.sync_all()?;
+            }
+            Ok(1)
+        };
+        if name == "readdir" || name == "names" {
+            let start = Instant::now();
+            let r = list(path, d, name == "readdir");
+            t.note(r, start, name);
+            return t;
+        }
+        let data = vec![0x5a_u8; FILE_BYTES];
+        for i in 0..a.files {
+            let start = Instant::now();
+            let r = match name {
+                "create" => synced(create(d, &super::name(ci, i, false), &data)),
+                "stat" => stat(d, &super::name(ci, i, false)).map(|_| 1),
+                "rename" => synced(rename(
+                    d,
+                    &super::name(ci, i, false),
+                    &super::name(ci, i, true),
+                )),
+                _ => synced(unlink(d, &super::name(ci, i, true))),
+            };
+            t.note(r, start, name);
+        }
+        t
+    }
+
+    fn c_name(n: &(impl AsRef<OsStr> + ?Sized)) -> io::Result<CString> {
+        CString::new(n.as_ref().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    }
+
+    /// A return value of -1 as the error it stands for.
+    fn check(r: libc::c_int) -> io::Result<libc::c_int> {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    }
+
+    /// A new file `n` in the directory `d`, with `data` written to it.
+    fn create(d: libc::c_int, n: &str, data: &[u8]) -> io::Result<()> {
+        let n = c_name(n)?;
+        let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        let fd = check(unsafe { libc::openat(d, n.as_ptr(), flags, 0o644 as libc::c_uint) })?;
+        // SAFETY: openat just returned this descriptor, owned by no one else.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        f.write_all(data)
+    }
+
+    fn stat(d: libc::c_int, n: &(impl AsRef<OsStr> + ?Sized)) -> io::Result<()> {
+        let n = c_name(n)?;
+        // SAFETY: an all-zero stat is valid; fstatat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid descriptor, name and out pointer.
+        check(unsafe { libc::fstatat(d, n.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) })?;
+        Ok(())
+    }
+
+    fn rename(d: libc::c_int, from: &str, to: &str) -> io::Result<()> {
+        let (from, to) = (c_name(from)?, c_name(to)?);
+        // SAFETY: valid descriptor and NUL-terminated names.
+        check(unsafe { libc::renameat(d, from.as_ptr(), d, to.as_ptr()) })?;
+        Ok(())
+    }
+
+    fn unlink(d: libc::c_int, n: &str) -> io::Result<()> {
+        let n = c_name(n)?;
+        // SAFETY: valid descriptor and NUL-terminated name.
+        check(unsafe { libc::unlinkat(d, n.as_ptr(), 0) })?;
+        Ok(())
+    }
+
+    /// Lists the directory whole (with `attrs`, each entry's status
+    /// too, as `ls -l` does); the number of entries.
+    fn list(path: &Path, d: libc::c_int, attrs: bool) -> io::Result<u64> {
+        let mut n = 0;
+        for e in std::fs::read_dir(path)? {
+            let e = e?;
+            if attrs {
+                stat(d, &e.file_name())?;
+            }
+            n += 1;
+        }
+        Ok(n)
     }
 }
