@@ -123,10 +123,12 @@ pub(super) fn may_try(proc_: u32) -> bool {
 /// as a worker would do them. Not a WRITE that goes to storage, nor a
 /// SETATTR of the size; and while any export has `sync` (the default),
 /// no procedure that syncs what it changed before its answer (see
-/// `ops_fs::commit_meta`) but REMOVE, RMDIR and RENAME, whose syncs of
-/// their directories the caller waits for ([`Done3::Syncing`]): those
-/// that make or link names, and SETATTR (as NFSv4's CREATE, OPEN that
-/// creates, LINK and SETATTR, see `compound::quick_args`).
+/// `ops_fs::commit_meta`) but REMOVE, RMDIR, and RENAME while a sync of
+/// its target directory runs, whose next sync the caller waits for
+/// ([`Done3::Syncing`]): not those that make or link names, nor SETATTR
+/// (as NFSv4's CREATE, OPEN that creates, LINK and SETATTR), nor a
+/// RENAME whose directory no sync is running for, which a worker renames
+/// and syncs on one thread (see `compound::quick_args`).
 pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
     let mut d = Decoder::new(args);
     let Some(Ok(a)) = Args3::decode(proc_, &mut d) else {
@@ -140,13 +142,36 @@ pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
         | Args3::Symlink(..)
         | Args3::Mknod(..)
         | Args3::Link(..) => !commits(),
-        Args3::Remove(..) | Args3::Rmdir(..) | Args3::Rename(..) => true,
+        Args3::Remove(..) | Args3::Rmdir(..) => true,
+        Args3::Rename(_, to) => !commits() || rename_here(srv, to.dir),
         Args3::Write(_, _, how, data) => {
             how == stable::UNSTABLE && super::inline::small_cached_write(srv, data.len())
         }
         Args3::Readdir(..) | Args3::Readdirplus(..) | Args3::Readlink(..) => true,
         _ => false,
     }
+}
+
+/// Whether a RENAME into the directory that handle `wire` names runs on
+/// the connection's task (see [`quick`]): when its export does not sync
+/// changes, or a sync of the directory is running; also when the handle
+/// is not a directory of an export, which RENAME answers with an error
+/// at once.
+fn rename_here(srv: &Server, wire: &[u8]) -> bool {
+    let Ok((fd, Loc::Export(i), st)) = srv.exports.resolve_with(wire, true) else {
+        return true;
+    };
+    if !srv.exports.list()[i].rules.sync {
+        return true;
+    }
+    let st = match st {
+        Some(st) => st,
+        None => match fs::stat(fd.as_fd()) {
+            Ok(st) => st,
+            Err(_) => return true,
+        },
+    };
+    !st.is_dir() || srv.dir_syncs.running((st.dev, st.ino))
 }
 
 type R<T> = Result<T, Nfsstat3>;

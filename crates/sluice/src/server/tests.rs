@@ -1242,11 +1242,60 @@ fn quick_session(srv: &Server) -> impl FnMut(Vec<(u32, Vec<u8>)>) -> RanOn + '_ 
 /// quick ops, and says where it was finished.
 fn run_quick(srv: &Server, args: Vec<u8>) -> (Vec<u8>, RanOn) {
     use super::compound::{try_compound, Step};
-    let paused = match try_compound(srv, args, 0, root(), None, None) {
-        Step::Done(body) => return (body.expect("framed").into_inner(), RanOn::Task),
-        Step::Paused(p) => p,
-    };
-    match paused.try_quick(srv) {
+    match try_compound(srv, args, 0, root(), None, None) {
+        Step::Done(body) => (body.expect("framed").into_inner(), RanOn::Task),
+        Step::Paused(p) => finish_quick(srv, p.try_quick(srv)),
+    }
+}
+
+/// Runs `f` while a sync of the directory `dir` runs: one held on
+/// another thread from before `f` starts until `f` has returned, as
+/// changes of the directory find it when another change's sync is on its
+/// way to the disk.
+fn while_syncing<T>(srv: &Server, dir: &std::path::Path, f: impl FnOnce() -> T) -> T {
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::mpsc::channel;
+    let m = std::fs::metadata(dir).unwrap();
+    let key = (m.dev(), m.ino());
+    let (started, running) = channel();
+    let (release, released) = channel::<()>();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            srv.dir_syncs.sync(key, || {
+                started.send(()).unwrap();
+                released.recv().unwrap();
+                Ok(())
+            })
+        });
+        running.recv().unwrap();
+        assert!(srv.dir_syncs.running(key));
+        let out = f();
+        release.send(()).unwrap();
+        out
+    })
+}
+
+/// [`run_quick`] while a sync of the directory `dir` runs (see
+/// [`while_syncing`]) until the quick ops have run.
+fn run_quick_while_syncing(srv: &Server, dir: &std::path::Path, args: Vec<u8>) -> (Vec<u8>, RanOn) {
+    use super::compound::{try_compound, Step};
+    let step = while_syncing(srv, dir, || {
+        match try_compound(srv, args, 0, root(), None, None) {
+            Step::Done(body) => Err(body.expect("framed").into_inner()),
+            Step::Paused(p) => Ok(p.try_quick(srv)),
+        }
+    });
+    match step {
+        Err(body) => (body, RanOn::Task),
+        Ok(step) => finish_quick(srv, step),
+    }
+}
+
+/// Finishes a COMPOUND whose quick ops ran as `step` left it, as the
+/// connection does, and says where it was finished.
+fn finish_quick(srv: &Server, step: super::compound::Step) -> (Vec<u8>, RanOn) {
+    use super::compound::Step;
+    match step {
         Step::Done(body) => (body.expect("framed").into_inner(), RanOn::Quick),
         Step::Paused(p) if p.awaits_syncs() => {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -1477,9 +1526,9 @@ fn changes_synced_before_their_answer_wait_for_their_syncs() {
         ),
         (
             vec![root(), (op::SAVEFH, vec![]), (op::RENAME, rename)],
-            RanOn::QuickSynced,
+            RanOn::Worker,
             1,
-            "RENAME",
+            "RENAME (no sync of its directory running)",
         ),
         (
             vec![
@@ -1488,7 +1537,7 @@ fn changes_synced_before_their_answer_wait_for_their_syncs() {
                 lookup_op("d"),
                 (op::RENAME, rename_into_d),
             ],
-            RanOn::QuickSynced,
+            RanOn::Worker,
             2,
             "RENAME into another directory (both synced)",
         ),
@@ -1512,6 +1561,48 @@ fn changes_synced_before_their_answer_wait_for_their_syncs() {
     assert!(dir.join("o2").exists() && dir.join("o5").exists() && dir.join("d/o6").exists());
     assert!(!dir.join("o3").exists());
     assert!(!dir.join("gone").exists() && !dir.join("o1").exists());
+    // While a sync of their directory runs, RENAME and REMOVE run on the
+    // connection's task and share the next sync, waited for by a task.
+    let sid = session(&srv);
+    let mut seq = 0;
+    let d = dir.join("d");
+    for (ops, what) in [
+        (
+            vec![
+                root(),
+                lookup_op("d"),
+                (op::SAVEFH, vec![]),
+                (
+                    op::RENAME,
+                    args(&RenameArgs {
+                        oldname: Component4::new("o6"),
+                        newname: Component4::new("o7"),
+                    }),
+                ),
+            ],
+            "RENAME",
+        ),
+        (
+            vec![
+                root(),
+                lookup_op("d"),
+                (op::REMOVE, args(&Component4::new("o7"))),
+            ],
+            "REMOVE",
+        ),
+    ] {
+        seq += 1;
+        let mut all = vec![sequence(&sid, seq, 0, false)];
+        all.extend(ops);
+        let before = commits();
+        let (body, on) = run_quick_while_syncing(&srv, &d, compound(1, &all));
+        let (st, results, _, _) = split_results(&body);
+        assert_eq!(st, status::OK, "{what}: {results:?}");
+        assert_eq!(on, RanOn::QuickSynced, "{what} while a sync runs");
+        // The held sync counts no commit; the one after it does.
+        assert_eq!(commits() - before, 1, "syncs for {what}");
+    }
+    assert!(std::fs::read_dir(&d).unwrap().next().is_none());
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -1667,10 +1758,27 @@ fn nfsv3_calls_are_quick_as_their_nfsv4_ops_are() {
     assert!(!quick(proc3::REMOVE, &[0, 0, 0]));
     let (synced, sdir) = server("quick3-sync");
     let quick = |p: u32, a: &[u8]| super::nfs3::quick(&synced, p, a);
-    // REMOVE and RMDIR leave their directory's sync to the caller.
+    // REMOVE and RMDIR leave their directory's sync to the caller, and
+    // so does a RENAME into a directory being synced; one into a
+    // directory that is not goes to a worker, which syncs it. (A handle
+    // that names no directory is answered at once.)
     for p in [proc3::REMOVE, proc3::RMDIR] {
         assert!(quick(p, &dirop), "procedure {p} is not quick");
     }
+    let root_fh = synced.exports.list()[0].fs.root_fh().to_vec();
+    let dirop_root = {
+        let mut e = Encoder::new();
+        e.opaque(&root_fh);
+        e.string("name");
+        e.into_inner()
+    };
+    let rename_root = [&dirop_root[..], &dirop_root[..]].concat();
+    assert!(quick(proc3::RENAME, &[&dirop[..], &dirop[..]].concat()));
+    assert!(!quick(proc3::RENAME, &rename_root));
+    assert!(while_syncing(&synced, &sdir, || quick(
+        proc3::RENAME,
+        &rename_root
+    )));
     let mut mkdir = Encoder::new();
     mkdir.opaque(&fh);
     mkdir.string("name");
