@@ -104,7 +104,13 @@ def sluice_meta(
     if proto == "v3":
         cmd += ["--proto", "v3", "--mount-path", mount_path]
         cmd += ["--mount-port", str(mount_port)] if mount_port else []
-    result, _ = _json_of(cmd, 600 + nclients * files / 100)
+    return _meta_json_of(cmd, nclients * files)
+
+
+def _meta_json_of(cmd: list[str], files: int) -> dict:
+    """Runs sluice-meta's `cmd` over `files` files; its JSON figures, with
+    'error' when it failed or an operation did."""
+    result, _ = _json_of(cmd, 600 + files / 100)
     failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
     if failed and "error" not in result:
         first = next(iter(failed.values()))
@@ -122,12 +128,7 @@ def sluice_meta_local(binary: Path, directory: Path, nclients: int, files: int, 
     cmd = [str(binary), "--local", str(directory), "--clients", str(nclients), "--files", str(files), "--json"]
     cmd += ["--sync-dir"] if synced else []
     cmd += ["--phases", ",".join(phases)] if phases else []
-    result, _ = _json_of(cmd, 600 + nclients * files / 100)
-    failed = {k: v for k, v in result.get("phases", {}).items() if v.get("errors")}
-    if failed and "error" not in result:
-        first = next(iter(failed.values()))
-        result["error"] = f"operations failed in {', '.join(failed)}: {first.get('first_error')}"
-    return result
+    return _meta_json_of(cmd, nclients * files)
 
 
 # glibc settings under which a client's heap keeps the memory it freed:

@@ -505,10 +505,7 @@ async fn phase(name: &'static str, clients: &[Arc<Meta>], a: &Args) -> PhaseResu
         ops += t.await.unwrap_or(0);
     }
     let seconds = t0.elapsed().as_secs_f64();
-    let server_cpu = match (cpu0, a.server_pid.and_then(cpu_time)) {
-        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-        _ => None,
-    };
+    let server_cpu = cpu_since(a.server_pid, cpu0);
     let lat = lat
         .lock()
         .map(|h| h.clone())
@@ -522,6 +519,14 @@ async fn phase(name: &'static str, clients: &[Arc<Meta>], a: &Args) -> PhaseResu
         errors,
         first_error,
         server_cpu,
+    }
+}
+
+/// CPU time process `pid` used since `before` (None when unknown).
+fn cpu_since(pid: Option<u32>, before: Option<Duration>) -> Option<Duration> {
+    match (before, pid.and_then(cpu_time)) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
     }
 }
 
@@ -651,7 +656,9 @@ fn main() {
 /// `--local`: the phases done by threads with system calls on a local
 /// directory, no server between.
 mod local {
-    use super::{cpu_time, json_of, phases_of, print_phase, Args, PhaseResult, FILE_BYTES};
+    use super::{
+        cpu_since, cpu_time, json_of, phases_of, print_phase, Args, PhaseResult, FILE_BYTES,
+    };
     use hdrhistogram::Histogram;
     use std::ffi::{CString, OsStr};
     use std::fs::File;
@@ -737,10 +744,6 @@ mod local {
             errors += t.errors;
             first_error = first_error.or(t.first_error);
         }
-        let server_cpu = match (cpu0, cpu_time(me)) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        };
         PhaseResult {
             name,
             ops,
@@ -748,7 +751,7 @@ mod local {
             lat,
             errors,
             first_error,
-            server_cpu,
+            server_cpu: cpu_since(Some(me), cpu0),
         }
     }
 
