@@ -182,6 +182,12 @@ impl ReadPath {
                 self.readahead.queued(file, r.stream, fd, r.offset, count64);
                 return Err(ReadError::WouldBlock);
             }
+            if cached == Some(false) {
+                // Known to need the disk: a non-blocking read would
+                // start the kernel's readahead here, and may even finish
+                // it (and the block lookups it needs) on this thread.
+                return Err(ReadError::WouldBlock);
+            }
             if lendable {
                 if let Some(data) = self.lend(r, within) {
                     let access = self

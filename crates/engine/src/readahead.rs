@@ -189,11 +189,18 @@ struct Job {
     len: u64,
 }
 
+/// What the worker is sent: a range to read, or a request to say when
+/// everything sent before it is done.
+enum Work {
+    Read(Job),
+    Settle(SyncSender<()>),
+}
+
 /// The readahead engine: stream table and background worker.
 pub struct Readahead {
     config: Config,
     table: Mutex<Table>,
-    worker: Option<SyncSender<Job>>,
+    worker: Option<SyncSender<Work>>,
     /// Counters.
     pub stats: Arc<Stats>,
 }
@@ -212,12 +219,17 @@ impl Readahead {
     pub fn new(config: Config) -> Self {
         let stats = Arc::new(Stats::default());
         let worker = (config.max > 0).then(|| {
-            let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+            let (tx, rx) = mpsc::sync_channel::<Work>(QUEUE);
             std::thread::Builder::new()
                 .name("sluice-readahead".into())
                 .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        prefetch(&job);
+                    while let Ok(work) = rx.recv() {
+                        match work {
+                            Work::Read(job) => prefetch(&job),
+                            Work::Settle(done) => {
+                                let _ = done.send(());
+                            }
+                        }
                     }
                 })
                 .map(|_| tx)
@@ -235,6 +247,19 @@ impl Readahead {
     /// The settings in force.
     pub fn config(&self) -> Config {
         self.config
+    }
+
+    /// Returns once the worker has issued every read queued before the
+    /// call: a caller that then drops a file's pages from the page cache
+    /// knows no readahead of this engine's brings them back.
+    pub fn settle(&self) {
+        let Some(tx) = &self.worker else {
+            return;
+        };
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        if tx.send(Work::Settle(done_tx)).is_ok() {
+            let _ = done_rx.recv();
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -601,7 +626,7 @@ impl Readahead {
             offset,
             len,
         };
-        match tx.try_send(job) {
+        match tx.try_send(Work::Read(job)) {
             Ok(()) => {
                 self.stats.issued_bytes.fetch_add(len, Ordering::Relaxed);
             }

@@ -714,7 +714,11 @@ fn compounds_stop_before_waiting_and_finish_elsewhere() {
     assert_eq!(results.last(), Some(&(op::READ_PLUS, status::OK)));
     assert!(body.windows(4096).any(|w| w == &data[..4096]));
 
-    // Out of the page cache: stops before READ, which runs once.
+    // Out of the page cache: stops before READ, which runs once. The
+    // READs above were sequential enough for server readahead, whose
+    // worker must be done before the pages are dropped, or it may read
+    // them back in.
+    srv.read.readahead.settle();
     let f = std::fs::File::open(dir.join("f")).unwrap();
     f.sync_all().unwrap();
     // SAFETY: advice on a descriptor we own.
