@@ -221,9 +221,9 @@ def srv_boot_of(sid: bytes) -> bytes:
 def test_long_sync_copy_is_short_and_the_client_goes_on(srv):
     """Asked asynchronously, but without a back channel for CB_OFFLOAD:
     synchronous, 16 MiB at a time."""
-    c = Client(srv.port).establish()
     size = 40 * MiB + 5
     digest = random_file(srv.export / "src", size)
+    c = Client(srv.port).establish()
     src, dst = open_file(c, "src"), open_file(c, "dst")
     done, counts = 0, []
     while done < size:
@@ -237,9 +237,9 @@ def test_long_sync_copy_is_short_and_the_client_goes_on(srv):
 
 
 def test_async_copy_ends_with_cb_offload(srv):
-    c = holder(srv, minor=2)
     size = 64 * MiB + 7
     digest = random_file(srv.export / "src", size)
+    c = holder(srv, minor=2)
     src, dst = open_file(c, "src", OPEN4_SHARE_ACCESS_READ), open_file(c, "dst")
     verf = write_verifier(c, dst)
     r = copy(c, src, dst, synchronous=False)
@@ -269,9 +269,9 @@ def test_async_copy_ends_with_cb_offload(srv):
 
 
 def test_offload_status_reports_a_finished_copy_until_cb_offload_is_answered(srv):
-    c = holder(srv, minor=2)
     size = 32 * MiB
     random_file(srv.export / "src", size)
+    c = holder(srv, minor=2)
     src, dst = open_file(c, "src"), open_file(c, "dst")
     r = copy(c, src, dst, synchronous=False)
     expect_ok(r, "COPY")
@@ -290,9 +290,9 @@ def test_offload_status_reports_a_finished_copy_until_cb_offload_is_answered(srv
 
 
 def test_offload_cancel_stops_the_copy_at_a_prefix(srv):
-    c = holder(srv, minor=2)
     size = 1024 * MiB
     random_file(srv.export / "src", size)
+    c = holder(srv, minor=2)
     (srv.export / "dst").write_bytes(b"")
     src, dst = open_file(c, "src", OPEN4_SHARE_ACCESS_READ), open_file(c, "dst")
     r = copy(c, src, dst, synchronous=False)
