@@ -178,14 +178,13 @@ impl ReadPath {
         let uncached = direct_candidate && cached == Some(false);
         let lendable = may_lend && cached == Some(true);
         if mode == Mode::NoWait {
-            if uncached {
-                self.readahead.queued(file, r.stream, fd, r.offset, count64);
-                return Err(ReadError::WouldBlock);
-            }
             if cached == Some(false) {
                 // Known to need the disk: a non-blocking read would
                 // start the kernel's readahead here, and may even finish
                 // it (and the block lookups it needs) on this thread.
+                if uncached {
+                    self.readahead.queued(file, r.stream, fd, r.offset, count64);
+                }
                 return Err(ReadError::WouldBlock);
             }
             if lendable {

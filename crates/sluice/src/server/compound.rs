@@ -169,12 +169,12 @@ fn quick_args(cx: &Ctx<'_>, opnum: u32, d: &Decoder<'_>) -> bool {
 }
 
 /// Whether a sync of the current filehandle's directory is running, by
-/// the status kept of it, or else one read now (which always finds the
+/// the identity kept of it, or else one read now (which always finds the
 /// inode in memory: its descriptor holds it).
 fn syncing_cur(cx: &Ctx<'_>) -> bool {
-    let st = match (cx.cur_stat(), cx.cur()) {
+    let st = match (cx.cur_identity(), cx.cur()) {
         (Some(st), _) => st,
-        (None, Ok(fh)) => match crate::engine::fs::stat(fh.fd.as_fd()) {
+        (None, Ok(fh)) => match crate::engine::fs::identity(fh.fd.as_fd()) {
             Ok(st) => st,
             Err(_) => return false,
         },

@@ -158,7 +158,7 @@ pub(super) fn quick(srv: &Server, proc_: u32, args: &[u8]) -> bool {
 /// is not a directory of an export, which RENAME answers with an error
 /// at once.
 fn rename_here(srv: &Server, wire: &[u8]) -> bool {
-    let Ok((fd, Loc::Export(i), st)) = srv.exports.resolve_with(wire, true) else {
+    let Ok((fd, Loc::Export(i), st)) = srv.exports.resolve_with(wire, false) else {
         return true;
     };
     if !srv.exports.list()[i].rules.sync {
@@ -166,7 +166,7 @@ fn rename_here(srv: &Server, wire: &[u8]) -> bool {
     }
     let st = match st {
         Some(st) => st,
-        None => match fs::stat(fd.as_fd()) {
+        None => match fs::identity(fd.as_fd()) {
             Ok(st) => st,
             Err(_) => return true,
         },
