@@ -526,9 +526,10 @@ ALL_SIZES = "tiny:1 page:4095 mib:1048583 m64:67108864 m256:268435456"
 
 
 def guest_sizes(kernel: str, vers: str) -> str:
-    """Random data is made at ~1.3 MB/s under emulation, so the 256 MiB file
-    is written by one boot per kernel (6.1 with 4.1, 6.12 with 4.2) and the
-    other two boots stop at 64 MiB. SLUICE_VM_ALL_SIZES=1 writes it on all."""
+    """An emulated guest writes over NFS at about 6 MB/s, so the 256 MiB
+    file is written by one boot per kernel (6.1 with 4.1, 6.12 with 4.2)
+    and the other two boots stop at 64 MiB. SLUICE_VM_ALL_SIZES=1 writes
+    it on all."""
     if os.environ.get("SLUICE_VM_ALL_SIZES") == "1" or (kernel, vers) in {("6.1", "4.1"), ("6.12", "4.2")}:
         return ALL_SIZES
     return ALL_SIZES.replace(" m256:268435456", "")

@@ -34,7 +34,7 @@ mount -t nfs4 -o "vers=4.1,port=$PORT,timeo=50" "$SERVER:/" "$M" || fail "mount"
 mkdir -p "$M/fo"
 
 step "before the failover: a large file, an open file and a lock on node 1"
-dd if=/dev/urandom of=/tmp/big bs=1M count=16 2> /dev/null
+new_random_file /tmp/big $((16 << 20)) > /dev/null
 cp /tmp/big "$M/fo/big"
 sync
 echo "MD5 fo/big $(md5sum /tmp/big | cut -d' ' -f1)"

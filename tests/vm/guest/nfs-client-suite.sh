@@ -82,7 +82,7 @@ remount() {
   do_mount
 }
 new_random() { # path size: write random bytes, remember their md5
-  s=$(head -c "$2" /dev/urandom | tee "$1" | md5sum | cut -d' ' -f1)
+  s=$(new_random_file "$1" "$2")
   echo "$s  $1" >> "$SUMS"
 }
 verify_all() { # what

@@ -26,6 +26,41 @@ expect_rc() { # wanted-status command...
   [ "$got" = "$want" ] || fail "'$*' exited $got, expected $want"
 }
 
+# Test data made fast. /dev/urandom and busybox's pipes and tee ran at
+# 2-6 MB/s in an emulated guest (writing the test files was most of a
+# boot's time), so 1 MiB + 13 random bytes are drawn once and repeated,
+# by perl, from an offset chosen per file (files made so differ at the
+# same offsets). The period is odd, so no two aligned blocks of 256
+# bytes or more within the first 256 MiB hold the same bytes: a block
+# written to or read from the wrong offset still changes the md5.
+RB_PERIOD=/tmp/.random-period
+RB_LEN=1048589
+random_offset() { # a random offset into the period
+  [ -s "$RB_PERIOD" ] || head -c "$RB_LEN" /dev/urandom > "$RB_PERIOD"
+  echo $(( $(od -An -tu4 -N4 /dev/urandom | tr -d ' ') % RB_LEN ))
+}
+random_bytes() { # count offset: the same bytes for the same arguments
+  perl -e '
+    ($n, $pos, $period) = @ARGV;
+    open(P, "<", $period) or die "$period: $!";
+    binmode P; binmode STDOUT;
+    { local $/; $p = <P>; }
+    $len = length($p);
+    while ($n > 0) {
+      $k = $len - $pos;
+      $k = $n if $n < $k;
+      $w = syswrite(STDOUT, $p, $k, $pos);
+      defined($w) or die "random_bytes: write: $!";
+      $n -= $w;
+      $pos = ($pos + $w) % $len;
+    }' "$1" "$2" "$RB_PERIOD"
+}
+new_random_file() { # path count: write it, print the md5 of what was written
+  nr_off=$(random_offset)
+  random_bytes "$2" "$nr_off" > "$1"
+  random_bytes "$2" "$nr_off" | md5sum | cut -d' ' -f1
+}
+
 ctl() { # ask the host; it answers "ok"
   reply=$(echo "$*" | nc "$SERVER" "$CTL_PORT") || fail "control request '$*': nc failed"
   eq "$reply" ok "reply to control request '$*'"
