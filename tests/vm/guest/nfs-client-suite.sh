@@ -92,6 +92,22 @@ verify_all() { # what
     fail "$1: file contents differ from what was written"
   }
 }
+dirents() { # dir: "file-id type name" per entry, from getdents64 alone
+  perl -e '
+    sysopen(D, $ARGV[0], 0200000) or die "$ARGV[0]: $!";  # O_RDONLY|O_DIRECTORY
+    while (1) {
+      $buf = "\0" x 65536;
+      $n = syscall(217, fileno(D), $buf, 65536);  # getdents64
+      $n >= 0 or die "getdents64 $ARGV[0]: $!";
+      last if $n == 0;
+      for ($at = 0; $at < $n; $at += $len) {
+        ($ino, $len, $type) = unpack("Q x8 S C", substr($buf, $at, 19));
+        $len >= 20 or die "getdents64 $ARGV[0]: an entry of $len bytes";
+        $name = unpack("Z*", substr($buf, $at + 19, $len - 19));
+        print "$ino $type $name\n";
+      }
+    }' "$1"
+}
 excl_create() { # path -> 0 created, 17 EEXIST, 1 other error
   perl -e 'sysopen(F, $ARGV[0], 0301, 0644) and exit 0; exit($! + 0 == 17 ? 17 : 1);' "$1"
 }
@@ -198,13 +214,25 @@ eq "$(ls -l "$M/big" | grep -c '^-')" 20000 "regular files in ls -l big/"
 step "list big/ on a nordirplus mount (names, types and file ids only)"
 mkdir -p /mnt-nrp
 mount -t "$FSTYPE" -o "$OPTS,nordirplus,nosharecache" "$SERVER:$MNTPATH" /mnt-nrp
-ls -i /mnt-nrp/big > /tmp/biglist-i
-eq "$(wc -l < /tmp/biglist-i)" 20000 "entries in big/ without attributes"
+# What getdents gives, as "file-id type name" lines: busybox's ls and
+# find would stat every entry (20,000 LOOKUPs, most of a minute here).
+dirents /mnt-nrp/big > /tmp/biglist-i
+eq "$(awk '$3 != "." && $3 != ".."' /tmp/biglist-i | wc -l)" 20000 "entries in big/ without attributes"
+eq "$(awk '$3 ~ /^f[0-9][0-9][0-9][0-9][0-9]$/ { print $3 }' /tmp/biglist-i | sort -u | wc -l)" 20000 \
+  "distinct names in big/ without attributes"
 for f in f00000 f12345 f19999; do
-  eq "$(awk -v f="$f" '$2 == f { print $1 }' /tmp/biglist-i)" "$(stat -c %i "$M/big/$f")" \
+  eq "$(awk -v f="$f" '$3 == f { print $1 }' /tmp/biglist-i)" "$(stat -c %i "$M/big/$f")" \
     "file id of big/$f as listed and as stat'ed"
 done
-eq "$(find /mnt-nrp/big -type f -name 'f1234*' | wc -l)" 10 "find -type f -name f1234* in big/"
+# The type of each entry (8: regular file) where the client asks for it:
+# Linux 6.12's NFSv4 READDIR does, 6.1's does not without readdirplus,
+# and NFSv3's READDIR has no types, so the client says "unknown" (0).
+types=$(awk '$3 ~ /^f/ { print $2 }' /tmp/biglist-i | sort -u | tr '\n' ' ')
+case "$VERS/$(uname -r)" in
+  3/* | 4*/6.1.*) want_types="0 " ;;
+  *) want_types="8 " ;;
+esac
+eq "$types" "$want_types" "types listed in big/ without attributes"
 umount /mnt-nrp
 
 step "list a directory right after the host changed a listed file"
