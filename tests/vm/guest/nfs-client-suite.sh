@@ -85,9 +85,16 @@ new_random() { # path size: write random bytes, remember their md5
   s=$(new_random_file "$1" "$2")
   echo "$s  $1" >> "$SUMS"
 }
-verify_all() { # what
+verify_all() { # what [size]: the files of at most size bytes, or all
   drop_caches
-  md5sum -c "$SUMS" > /tmp/md5check 2>&1 || {
+  : > /tmp/sums-checked
+  while read -r sum path; do
+    # A file that is gone counts as small: md5sum -c then reports it.
+    if [ -z "${2:-}" ] || [ "$(fsize "$path" 2> /dev/null || echo 0)" -le "$2" ]; then
+      echo "$sum  $path" >> /tmp/sums-checked
+    fi
+  done < "$SUMS"
+  md5sum -c /tmp/sums-checked > /tmp/md5check 2>&1 || {
     grep -v ': OK$' /tmp/md5check
     fail "$1: file contents differ from what was written"
   }
@@ -217,8 +224,11 @@ mount -t "$FSTYPE" -o "$OPTS,nordirplus,nosharecache" "$SERVER:$MNTPATH" /mnt-nr
 # What getdents gives, as "file-id type name" lines: busybox's ls and
 # find would stat every entry (20,000 LOOKUPs, most of a minute here).
 dirents /mnt-nrp/big > /tmp/biglist-i
-eq "$(awk '$3 != "." && $3 != ".."' /tmp/biglist-i | wc -l)" 20000 "entries in big/ without attributes"
-eq "$(awk '$3 ~ /^f[0-9][0-9][0-9][0-9][0-9]$/ { print $3 }' /tmp/biglist-i | sort -u | wc -l)" 20000 \
+# Counted inside awk: busybox awk writes each line to a pipe on its own,
+# 20,000 writes that take seconds in the emulated guest.
+eq "$(awk '$3 != "." && $3 != ".." { n++ } END { print n + 0 }' /tmp/biglist-i)" 20000 \
+  "entries in big/ without attributes"
+eq "$(awk '$3 ~ /^f[0-9][0-9][0-9][0-9][0-9]$/ && !seen[$3]++ { n++ } END { print n + 0 }' /tmp/biglist-i)" 20000 \
   "distinct names in big/ without attributes"
 for f in f00000 f12345 f19999; do
   eq "$(awk -v f="$f" '$3 == f { print $1 }' /tmp/biglist-i)" "$(stat -c %i "$M/big/$f")" \
@@ -227,7 +237,7 @@ done
 # The type of each entry (8: regular file) where the client asks for it:
 # Linux 6.12's NFSv4 READDIR does, 6.1's does not without readdirplus,
 # and NFSv3's READDIR has no types, so the client says "unknown" (0).
-types=$(awk '$3 ~ /^f/ { print $2 }' /tmp/biglist-i | sort -u | tr '\n' ' ')
+types=$(awk '$3 ~ /^f/ { t[$2] = 1 } END { for (k in t) print k }' /tmp/biglist-i | sort -n | tr '\n' ' ')
 case "$VERS/$(uname -r)" in
   3/* | 4*/6.1.*) want_types="0 " ;;
   *) want_types="8 " ;;
@@ -428,7 +438,10 @@ printf 'before\n' >&5
 sync
 ctl restart
 echo "server restarted; checking files"
-verify_all "after the server restart"
+# The files of at most 64 MiB, this step's among them, read through the
+# restarted server; the 256 MiB one was read whole after the remount
+# above, and reading it again takes half a minute in the emulated guest.
+verify_all "after the server restart" 67108864
 printf 'after\n' >&5
 exec 5>&-
 drop_caches
