@@ -6,11 +6,13 @@
 //! [`server`] (COMPOUND, the op table, sessions, state and ops) and the
 //! engine crate `sluice-engine` ([`engine`]: exports, handles, readahead
 //! and file system access, free of NFS); [`metrics`] serves counters in
-//! the Prometheus text format; [`cluster`] makes several nodes one server.
+//! the Prometheus text format; `cluster` (the `cluster` feature, on by
+//! default) makes several nodes one server.
 
 #![warn(missing_docs, unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
 pub mod metrics;
