@@ -1,6 +1,9 @@
 """Shared fixtures for interop tests: build and run the real `sluice` binary."""
 
+import contextlib
+import fcntl
 import os
+import tempfile
 import time
 import signal
 import subprocess
@@ -11,6 +14,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BINARY = REPO / "target" / "release" / "sluice"
+
+
+@contextlib.contextmanager
+def port_111_held():
+    """Port 111 on 127.0.0.1 for the caller alone among the tests, waiting
+    while another test holds it. scripts/test runs two pytest processes
+    side by side, and two kinds of tests listen there: the guest tests
+    with NFSv3 locking (the server's portmapper, see GuestNsm in
+    test_linux_client.py) and the bench smoke test (bench/run's rpcbind
+    for nfs-ganesha's NFSv3)."""
+    with open(Path(tempfile.gettempdir()) / "sluice-tests-port-111.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def make_ext4(image: Path, size: int, *options: str):

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import port_111_held
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "run"
@@ -69,21 +70,23 @@ def smoke(sluice_binary, tmp_path_factory):
     """Runs the smoke benchmark once; yields (results, output directory, stderr)."""
     out = tmp_path_factory.mktemp("bench")
     before = leftovers()
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--smoke",
-            "--no-build",
-            "--experiments",
-            ",".join(SMOKE_EXPERIMENTS),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # mix-v3 and meta-v3 start rpcbind on port 111 for nfs-ganesha.
+    with port_111_held():
+        p = subprocess.run(
+            [
+                sys.executable,
+                str(BENCH),
+                "--smoke",
+                "--no-build",
+                "--experiments",
+                ",".join(SMOKE_EXPERIMENTS),
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert p.returncode == 0, f"bench/run --smoke failed ({p.returncode}):\n{p.stderr[-6000:]}"
     assert leftovers() <= before, f"bench/run left things behind: {leftovers() - before}"
     return json.loads((out / "results.json").read_text()), out, p.stderr

@@ -26,6 +26,7 @@ and the host checks that the guest's fcntl lock is on the server).
 Each boot takes a few minutes under software emulation.
 """
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -42,7 +43,7 @@ import pytest
 import nlmclient
 import rpcclient as rc
 import v3client
-from conftest import MetricsServer
+from conftest import MetricsServer, port_111_held
 from rpcclient import CLAIM_PREVIOUS, OPEN4_SHARE_ACCESS_BOTH, WRITE_LT, Client, St, expect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -583,12 +584,13 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{FAILED_OP_LOG}")
     params = request.node.callspec.params
     boot = (params["kernel"], params["vers"])
-    nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
-    # Listed attributes are kept for an hour: every step's listings then
-    # rely on the server hearing of each change, not on the time running
-    # out.
-    args = ["--delegations", DELEGATIONS.get(boot, "read"), "--listing-cache-ms", "3600000"]
-    yield from serve_for_guest(sluice_binary, tmp_path, args, nsm)
+    with port_111_held() if boot in V3_LOCK_BOOTS else contextlib.nullcontext():
+        nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
+        # Listed attributes are kept for an hour: every step's listings
+        # then rely on the server hearing of each change, not on the time
+        # running out.
+        args = ["--delegations", DELEGATIONS.get(boot, "read"), "--listing-cache-ms", "3600000"]
+        yield from serve_for_guest(sluice_binary, tmp_path, args, nsm)
 
 
 def serve_for_guest(binary, tmp_path: Path, args, nsm=None):
