@@ -584,28 +584,28 @@ def sluice_server(sluice_binary, tmp_path, monkeypatch, request):
     monkeypatch.setenv("RUST_LOG", f"{os.environ.get('RUST_LOG', 'info')},{FAILED_OP_LOG}")
     params = request.node.callspec.params
     boot = (params["kernel"], params["vers"])
-    with port_111_held() if boot in V3_LOCK_BOOTS else contextlib.nullcontext():
-        nsm = GuestNsm() if boot in V3_LOCK_BOOTS else None
-        # Listed attributes are kept for an hour: every step's listings
-        # then rely on the server hearing of each change, not on the time
-        # running out.
-        args = ["--delegations", DELEGATIONS.get(boot, "read"), "--listing-cache-ms", "3600000"]
-        yield from serve_for_guest(sluice_binary, tmp_path, args, nsm)
+    # Listed attributes are kept for an hour: every step's listings then
+    # rely on the server hearing of each change, not on the time running
+    # out.
+    args = ["--delegations", DELEGATIONS.get(boot, "read"), "--listing-cache-ms", "3600000"]
+    yield from serve_for_guest(sluice_binary, tmp_path, args, nsm=boot in V3_LOCK_BOOTS)
 
 
-def serve_for_guest(binary, tmp_path: Path, args, nsm=None):
-    """For a fixture: a started GuestServer with `args` (and `nsm`) on fresh
-    export and state directories under `tmp_path`; checked alive and
-    stopped once the test is done."""
+def serve_for_guest(binary, tmp_path: Path, args, nsm=False):
+    """For a fixture: a started GuestServer with `args` on fresh export and
+    state directories under `tmp_path`; checked alive and stopped once the
+    test is done. With `nsm`, what NFSv3 locking in the guest needs too
+    (GuestNsm), port 111 held for the whole test (port_111_held)."""
     export = tmp_path / "export"
     state = tmp_path / "state"
     export.mkdir()
     state.mkdir()
-    server = GuestServer(binary, export, state, args, nsm)
-    server.start()
-    yield server
-    assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
-    server.stop()
+    with port_111_held() if nsm else contextlib.nullcontext():
+        server = GuestServer(binary, export, state, args, GuestNsm() if nsm else None)
+        server.start()
+        yield server
+        assert server.alive(), f"sluice died during the test; log:\n{server.log_path.read_text(errors='replace')}"
+        server.stop()
 
 
 @pytest.mark.parametrize("vers", ["4.1", "4.2"], ids=lambda v: f"nfs{v}")

@@ -32,12 +32,11 @@ import pytest
 
 import nlmclient
 import rpcclient as rc
-from conftest import REPO, port_111_held
+from conftest import REPO
 from rpcclient import WRITE_LT, Client, St, expect
 from test_linux_client import (
     GUEST_EXIT,
     ControlServer,
-    GuestNsm,
     boot_guest,
     expect_nlm_held,
     failure_context,
@@ -141,8 +140,7 @@ class NlmControl(ControlServer):
 def nlm_server(sluice_binary, tmp_path):
     """A GuestServer with its portmapper on 127.0.0.1:111, the guest's NSM
     ports to call, and a short grace period."""
-    with port_111_held():
-        yield from serve_for_guest(sluice_binary, tmp_path, ["--grace-time", str(GRACE)], GuestNsm())
+    yield from serve_for_guest(sluice_binary, tmp_path, ["--grace-time", str(GRACE)], nsm=True)
 
 
 @pytest.mark.guest
