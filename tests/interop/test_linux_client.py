@@ -250,6 +250,23 @@ def expect_nlm_held(port: int, path: str, start: int, length: int, what: str):
         c.close()
 
 
+# The period of the guest's test data (RB_LEN in tests/vm/guest/lib/common.sh).
+RB_LEN = 1048589
+
+
+def pattern_md5(period: bytes, count: int, offset: int) -> str:
+    """The md5 of `count` bytes of `period` repeated, from `offset` on."""
+    if not 0 <= offset < len(period) or count < 0:
+        raise ValueError(f"offset {offset} or count {count} out of range")
+    h = hashlib.md5()
+    while count > 0:
+        piece = period[offset:offset + count]
+        h.update(piece)
+        count -= len(piece)
+        offset = 0
+    return h.hexdigest()
+
+
 class ControlServer:
     """Line-based requests from the guest, one per connection.
 
@@ -260,6 +277,11 @@ class ControlServer:
     "nlm-held PATH START LEN" -> another host's NLM TEST and an NFSv4
                      LOCKT of that range are denied by a write lock on
                      exactly it (the guest's NLM lock); "ok"
+    "period"      -> the guest's test data: RB_LEN random bytes (and no
+                     newline), drawn once per boot
+    "md5 COUNT OFFSET" -> the md5 (hex) of COUNT bytes of the period
+                     repeated, starting at OFFSET: what the guest's
+                     random_bytes writes (tests/vm/guest/lib/common.sh)
 
     Crash recovery, while the guest holds PATH open and a write lock on
     bytes [START, START+LEN) of it. Each request checks the server from
@@ -315,6 +337,7 @@ class ControlServer:
         self.errors = []
         self.boot_log = 0  # where the server log of the latest start begins
         self.holder = None  # the host client of reclaim-restart and its open
+        self.period = os.urandom(RB_LEN)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -332,10 +355,11 @@ class ControlServer:
                     reply = self._handle(line)
                 except Exception as e:  # noqa: BLE001 - reported to the guest and the test
                     reply = f"error {type(e).__name__}: {e}"
-                if reply != "ok":
+                # Data (bytes) is sent as it is; anything but "ok" is an error.
+                if isinstance(reply, str) and reply != "ok":
                     self.errors.append(f"{line!r}: {reply}")
                 try:
-                    conn.sendall(reply.encode() + b"\n")
+                    conn.sendall(reply if isinstance(reply, bytes) else reply.encode() + b"\n")
                 except OSError:
                     pass
 
@@ -345,6 +369,11 @@ class ControlServer:
             self.before_restart.append(self.server.metrics())
             self._restart()
             return "ok"
+        if cmd == "period":
+            return self.period
+        if cmd == "md5":
+            count, offset = (int(x) for x in arg.split())
+            return pattern_md5(self.period, count, offset).encode() + b"\n"
         if cmd == "mkfile":
             export = self.server.export.resolve()
             target = (export / arg).resolve()
@@ -746,3 +775,22 @@ def check_tree(export: Path, manifest, sizes_spec: str, reclaim: bool):
     assert (export / "rs" / "open-across").read_text() == "before\nafter\n"
     assert (export / "rs" / "fresh").read_text() == "fresh\n"
     assert len(os.listdir(big)) == BIG_DIR_ENTRIES
+
+
+def test_pattern_md5_is_the_md5_of_the_guests_random_bytes(tmp_path):
+    """What the host answers to "md5 COUNT OFFSET" is the md5 of what the
+    guest's random_bytes writes for them (run here by the host's sh and
+    perl), across the period's end too, and RB_LEN is the guest's."""
+    common = REPO / "tests" / "vm" / "guest" / "lib" / "common.sh"
+    m = re.search(r"^RB_LEN=(\d+)$", common.read_text(), re.M)
+    assert m and int(m.group(1)) == RB_LEN, "RB_LEN differs from the guest's"
+    period = os.urandom(RB_LEN)
+    period_path = tmp_path / "period"
+    period_path.write_bytes(period)
+    for count, offset in [(0, 0), (1, RB_LEN - 1), (4096, 12345), (3 * RB_LEN + 5, RB_LEN - 7)]:
+        out = subprocess.run(
+            ["sh", "-c", '. "$1"; RB_PERIOD="$2"; random_bytes "$3" "$4"', "sh",
+             str(common), str(period_path), str(count), str(offset)],
+            capture_output=True, check=True, timeout=60).stdout
+        assert len(out) == count
+        assert pattern_md5(period, count, offset) == hashlib.md5(out).hexdigest(), (count, offset)

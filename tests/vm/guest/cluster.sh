@@ -34,7 +34,7 @@ mount -t nfs4 -o "vers=4.1,port=$PORT,timeo=50" "$SERVER:/" "$M" || fail "mount"
 mkdir -p "$M/fo"
 
 step "before the failover: a large file, an open file and a lock on node 1"
-new_random_file /tmp/big $((16 << 20)) > /dev/null
+random_bytes $((16 << 20)) "$(random_offset)" > /tmp/big
 cp /tmp/big "$M/fo/big"
 sync
 echo "MD5 fo/big $(md5sum /tmp/big | cut -d' ' -f1)"

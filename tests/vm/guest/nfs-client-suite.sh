@@ -11,6 +11,8 @@
 #                    extended attribute user.NAME with VALUE, and give it
 #                    user.host = "from the host"; reply "ok"
 #   "no-xattr PATH NAME" -> check that the server's PATH has no user.NAME
+#   "period" and "md5 COUNT OFFSET" -> the test data (RB_HOST in
+#                    lib/common.sh)
 # (with CTL_PREFIX, the host's paths start with it)
 # and, with RECLAIM=1 (crash recovery steps), "reclaim-restart",
 # "reclaimed-denied", "restart-twice", "denied", "restart-past-grace" and
@@ -53,6 +55,7 @@ STEP=setup
 umask 022
 
 . /etc/sluice-vm/lib/common.sh
+RB_HOST=1
 
 on_exit() {
   rc=$?
