@@ -44,8 +44,9 @@ RB_LEN=1048589
 random_offset() { # a random offset into the period
   if [ ! -s "$RB_PERIOD" ]; then
     if [ "${RB_HOST:-0}" = 1 ]; then
-      echo period | nc "$SERVER" "$CTL_PORT" > "$RB_PERIOD" || fail "control request 'period': nc failed"
-      eq "$(wc -c < "$RB_PERIOD")" "$RB_LEN" "size of the period from the host"
+      # (Failures to stderr: callers capture stdout.)
+      echo period | nc "$SERVER" "$CTL_PORT" > "$RB_PERIOD" || fail "control request 'period': nc failed" >&2
+      eq "$(wc -c < "$RB_PERIOD")" "$RB_LEN" "size of the period from the host" >&2
     else
       head -c "$RB_LEN" /dev/urandom > "$RB_PERIOD"
     fi
@@ -70,19 +71,20 @@ random_bytes() { # count offset: the same bytes for the same arguments
 }
 random_md5() { # count offset: the md5 of random_bytes count offset
   if [ "${RB_HOST:-0}" = 1 ]; then
-    rm_reply=$(echo "md5 $1 $2" | nc "$SERVER" "$CTL_PORT") || fail "control request 'md5 $1 $2': nc failed"
+    rm_reply=$(echo "md5 $1 $2" | nc "$SERVER" "$CTL_PORT") || fail "control request 'md5 $1 $2': nc failed" >&2
     case $rm_reply in
-      *[!0-9a-f]* | "") fail "control request 'md5 $1 $2': the host replied '$rm_reply'" ;;
+      *[!0-9a-f]* | "") fail "control request 'md5 $1 $2': the host replied '$rm_reply'" >&2 ;;
     esac
-    eq "${#rm_reply}" 32 "length of the md5 from the host"
+    eq "${#rm_reply}" 32 "length of the md5 from the host" >&2
     echo "$rm_reply"
   else
     random_bytes "$1" "$2" | md5sum | cut -d' ' -f1
   fi
 }
 new_random_file() { # path count: write it, print the md5 of what was written
-  nr_off=$(random_offset)
-  random_bytes "$2" "$nr_off" > "$1"
+  # Callers run it in $(...), where set -e does not stop at each failure.
+  nr_off=$(random_offset) || exit 1
+  random_bytes "$2" "$nr_off" > "$1" || fail "writing $1" >&2
   random_md5 "$2" "$nr_off"
 }
 
