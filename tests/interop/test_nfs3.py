@@ -25,6 +25,23 @@ subdirectory; READDIR with a count too small for one entry returns entries
 anyway instead of NFS3ERR_TOOSMALL; FSINFO's preferred sizes exceed its
 maximums; PATHCONF says names of 1024 bytes on a file system of 255; and
 MNT of a missing path answers MNT3ERR_ACCES instead of MNT3ERR_NOENT.
+
+Run against the Linux server (knfsd of Linux 6.12 in a guest, with NFSv3
+and rpc.mountd enabled; ext4 export), two tests fail, each where knfsd
+departs from the letter of RFC 1813 and sluice does not:
+- READDIR and READDIRPLUS with count 1024 or 4096: knfsd keeps the entries
+  within count but sends the directory's attributes and the cookie verifier
+  beside them, so the READDIR3resok is up to 96 bytes longer than count
+  (RFC 1813 section 3.3.16: count is "the maximum size of the READDIR3resok
+  structure, in bytes", all XDR overhead included);
+- a WRITE of wtmax + 4096 bytes: knfsd closes the connection, because the
+  record is longer than the largest message its transport takes, where
+  RFC 1813 section 3.3.7 lets a server write a prefix and say how much.
+Two more differences are choices the RFC leaves, and the tests accept
+both: a handle with four bytes appended works on knfsd, which checks a
+handle only for its minimum length, while sluice, which seals its handles,
+answers NFS3ERR_BADHANDLE; and knfsd's FSSTAT has no attributes
+(post_op_attr), while sluice's has the object's.
 """
 
 from __future__ import annotations
@@ -132,9 +149,11 @@ def expect(res, status, what: str = ""):
     return res
 
 
-# Against another server (NFS3_TARGET), two promises sluice makes beyond
-# RFC 1813 are not required: pre-op attributes in every wcc_data, and
-# NFS3ERR_BADHANDLE (not NFS3ERR_STALE) for any altered handle.
+# Against another server (NFS3_TARGET), promises sluice makes beyond
+# RFC 1813 are not required: pre-op attributes in every wcc_data,
+# NFS3ERR_BADHANDLE (not NFS3ERR_STALE) for any altered handle, refusing a
+# handle with bytes appended (the Linux server ignores them), and the
+# object's attributes in FSSTAT (the Linux server sends none).
 EXTERNAL = v.external_target() is not None
 
 
@@ -238,6 +257,11 @@ def test_altered_handle_gets_badhandle(c, wd, how):
     bad = _altered(fh, how)
     assert bad != fh
     want = (E.BADHANDLE, E.STALE) if EXTERNAL else E.BADHANDLE
+    if EXTERNAL and how == "extended" and c.getattr(bad).status == E.OK:
+        # The Linux server reads a handle's fields and ignores what follows
+        # (fs/nfsd/nfsfh.c checks only a minimum length): the same file.
+        assert c.must(c.getattr(bad)).attr.fileid == attr(c, fh).fileid
+        return
     expect(c.getattr(bad), want, f"GETATTR of a {how} handle")
     expect(c.lookup(bad, "f"), want, f"LOOKUP in a {how} handle")
     expect(c.read(bad, 0, 10), want, f"READ of a {how} handle")
@@ -1060,7 +1084,10 @@ def test_fsstat(c, root):
     r = c.must(c.fsstat(root))
     assert r.tbytes > 0 and r.abytes <= r.fbytes <= r.tbytes, r
     assert r.afiles <= r.ffiles <= r.tfiles, r
-    assert r.attr is not None
+    # The attributes are optional (post_op_attr); the Linux server sends
+    # none, sluice sends the object's.
+    assert EXTERNAL or r.attr is not None, r
+    assert r.attr is None or r.attr.type == NF3DIR, r
 
 
 def test_fsinfo(c, root):
