@@ -608,6 +608,8 @@ fn compound_seeds() -> Vec<Seed> {
                 ),
             status::OK,
         ),
+        // An OPEN for both, then a downgrade to read alone, which no OPEN
+        // of the open asked for: NFS4ERR_INVAL (RFC 8881 section 18.18.3).
         session_seed(
             "seq-open-downgrade",
             s,
@@ -620,7 +622,7 @@ fn compound_seeds() -> Vec<Seed> {
                     share_deny: 0,
                 },
             )),
-            status::OK,
+            status::INVAL,
         ),
         session_seed(
             "seq-open-exclusive41",
@@ -1910,6 +1912,18 @@ fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     add("nlm-free-all", 36, false, &|e| {
         e.string("fuzzhost");
         e.i32(3);
+    });
+    add("nlm-lock-msg", 45, false, &|e| {
+        e.opaque(b"c");
+        e.bool(false);
+        e.bool(true);
+        nlm_lock(e);
+        e.bool(false);
+        e.i32(1);
+    });
+    add("nlm-unlock-msg", 47, false, &|e| {
+        e.opaque(b"c");
+        nlm_lock(e);
     });
     add("nsm-stat", 38, false, &|e| e.string("fuzzhost"));
     add("nsm-notify", 43, false, &|e| {

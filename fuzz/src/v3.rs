@@ -4,7 +4,8 @@
 //! The first byte picks the call: its low six bits modulo [`CALLS`] are
 //! an NFSv3 procedure (0 to 21), a MOUNT v3 procedure (22 to 27 are
 //! MOUNT's 0 to 5), an NLM v4 procedure (28 to 36 are NULL, TEST, LOCK,
-//! CANCEL, UNLOCK, SHARE, UNSHARE, NM_LOCK and FREE_ALL) or an NSM
+//! CANCEL, UNLOCK, SHARE, UNSHARE, NM_LOCK and FREE_ALL; 44 to 47 the
+//! asynchronous TEST_MSG, LOCK_MSG, CANCEL_MSG and UNLOCK_MSG) or an NSM
 //! procedure (37 to 43 are its 0 to 6); bit 0x80 calls as uid and gid
 //! 1000 (else root). For an NFSv3 procedure other than NULL a handle is
 //! put first: the export root's, or with bit 0x40 the fixture file's. The
@@ -16,15 +17,16 @@
 use crate::harness::Harness;
 use crate::wire::{self, Auth};
 use sluice::mount::{MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM};
-use sluice::nlm::{NlmArgs, NsmArgs};
 use sluice::nfs3::{Args3, VERSION};
+use sluice::nlm::{NlmArgs, NsmArgs};
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
 
 /// Values of the first byte's low 6 bits (modulo this) that pick a call.
-pub const CALLS: u8 = 44;
-/// The NLM procedures of selectors 28 to 36.
+pub const CALLS: u8 = 48;
+/// The NLM procedures of selectors 28 to 36, then of 44 to 47.
 const NLM_PROCS: [u32; 9] = [0, 1, 2, 3, 4, 20, 21, 22, 23];
+const NLM_MSG_PROCS: [u32; 4] = [6, 7, 8, 9];
 /// First byte bit: call as uid and gid 1000.
 pub const FLAG_USER: u8 = 0x80;
 /// First byte bit: the first handle is the fixture file's.
@@ -68,8 +70,12 @@ pub fn record(data: &[u8], root: &[u8], file: &[u8], xid: u32) -> Option<Vec<u8>
     } else if sel < 28 {
         wire::call_header(&mut e, xid, MOUNT_PROGRAM, 3, (sel - 22) as u32, auth);
         e.raw(rest);
-    } else if sel < 37 {
-        let proc_ = NLM_PROCS[(sel - 28) as usize];
+    } else if sel < 37 || sel >= 44 {
+        let proc_ = if sel < 37 {
+            NLM_PROCS[(sel - 28) as usize]
+        } else {
+            NLM_MSG_PROCS[(sel - 44) as usize]
+        };
         let _ = NlmArgs::decode(proc_, &mut Decoder::new(rest));
         wire::call_header(&mut e, xid, NLM_PROGRAM, 4, proc_, auth);
         e.raw(rest);
@@ -94,5 +100,8 @@ pub fn run(h: &mut Harness, data: &[u8]) {
         return;
     };
     let reply = h.run_record(&rec);
-    assert!(reply.is_some(), "no reply to an NFSv3, MOUNT, NLM or NSM call");
+    assert!(
+        reply.is_some(),
+        "no reply to an NFSv3, MOUNT, NLM or NSM call"
+    );
 }

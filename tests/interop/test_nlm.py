@@ -44,6 +44,35 @@ Run (as root):
     python3 -m pytest -q tests/interop/test_nlm.py
 
 `SLUICE_BINARY=PATH` uses a binary built elsewhere (nothing is rebuilt).
+`NLM_TARGET=HOST:NFSPORT:MOUNTPORT:EXPORTPATH:PMAPPORT:NLMPORT` runs the
+tests that need no sluice of their own against another server (the
+export must not squash root); NSM's are skipped then, since another
+server's status monitor is a program apart.
+
+Run so against the Linux server (knfsd and lockd of Linux 6.12 in a
+guest, rpc.statd running, every caller_name the tests use resolving to
+the host), 51 passed and 29 failed, each on one of these differences:
+- it tells client hosts apart by address, not by caller_name
+  (fs/lockd/host.c): the tests' hosts, all from one address, are one
+  host to it, so owners with the same svid are one owner, and FREE_ALL
+  releases the locks of every caller_name at the caller's address;
+- TEST's holder has svid 173 whoever holds the lock, and an empty
+  owner handle, where XNFS reports the holder's own;
+- an exclusive TEST over another owner's shared lock answers
+  NLM4_GRANTED, while the exclusive LOCK of the same range is denied;
+- a blocking request that would close a circle of waiters is answered
+  NLM4_BLOCKED, not NLM4_DEADLCK; a CANCEL of nothing NLM4_GRANTED (XNFS
+  allows both; sluice answers NLM4_DENIED);
+- a zeroed handle gets NLM4_FAILED and a handle with bytes appended
+  works (sluice: NLM4_STALE_FH), and a SHARE without its reclaim flag is
+  taken;
+- NLM versions 1 and 3 are served (sluice serves 4, the one NFSv3
+  clients use), and GRANTED_MSG and the _RES procedures are answered:
+  lockd is a client's lock manager too.
+Its answers to LOCK_MSG and UNLOCK_MSG over TCP, checked by hand with a
+fake portmapper and lock manager on the host, are what sluice sends: a
+void reply, a PMAP GETPORT for NLM 4 over TCP at the caller's address,
+then LOCK_RES and UNLOCK_RES with the request's cookie.
 No sleeps for synchronisation: every wait is a blocking read with a
 timeout; only the tests of a grace period and of a lease running out
 poll, since time passing is what they check.
@@ -109,15 +138,48 @@ def sluice_binary() -> Path:
     return conftest.build_binary()
 
 
+def external_target() -> tuple[v.Target, int] | None:
+    """The server named by NLM_TARGET
+    (HOST:NFSPORT:MOUNTPORT:EXPORTPATH:PMAPPORT:NLMPORT) and its NLM port,
+    or None."""
+    env = os.environ.get("NLM_TARGET")
+    if not env:
+        return None
+    host, port, mport, rest = env.split(":", 3)
+    path, pmap, nlm_port = rest.rsplit(":", 2)
+    return v.Target(host, int(port), int(mport), path, int(pmap)), int(nlm_port)
+
+
+EXTERNAL = external_target()
+
+# Tests that start, configure, restart or look inside sluice: skipped
+# against another server.
+SLUICE_FIXTURES = {"server", "sluice_server", "sluice_factory", "restartable", "sluice_binary"}
+
+
+@pytest.fixture(autouse=True)
+def _sluice_or_external(request):
+    if EXTERNAL and SLUICE_FIXTURES & set(request.fixturenames):
+        pytest.skip("needs sluice started by the fixtures (NLM_TARGET is set)")
+
+
+@pytest.fixture
+def nsm_here():
+    """NSM on the NLM port, as sluice serves it; another server's status
+    monitor is a program of its own elsewhere."""
+    if EXTERNAL:
+        pytest.skip("NSM is not served on another server's NLM port (NLM_TARGET is set)")
+
+
 class Env:
     """The export root's handle, an NFSv3 client for making files, and the
-    port, of one server."""
+    port, of one server (sluice on `port`, or `target`)."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, target: v.Target | None = None):
         self.port = port
-        self.target = v.Target("127.0.0.1", port, port, "/", port)
+        self.target = target or v.Target("127.0.0.1", port, port, "/", port)
         self.root = self.target.root_fh()
-        self.nfs = v.Nfs3(port)
+        self.nfs = self.target.nfs()
 
     def new_file(self, name: str | None = None, data: bytes = b"0123456789" * 100) -> bytes:
         """A new file in the export root (mode 0666); its NFSv3 handle."""
@@ -141,15 +203,22 @@ def server(sluice_server):
 
 
 @pytest.fixture
-def env(server):
-    e = Env(server.port)
+def env(request):
+    if EXTERNAL:
+        e = Env(EXTERNAL[0].port, EXTERNAL[0])
+    else:
+        e = Env(request.getfixturevalue("sluice_server").port)
     yield e
     e.close()
 
 
 @pytest.fixture
-def nlm(server):
-    with NlmClient(server.port) as c:
+def nlm(request):
+    if EXTERNAL:
+        port, host = EXTERNAL[1], EXTERNAL[0].host
+    else:
+        port, host = request.getfixturevalue("sluice_server").port, "127.0.0.1"
+    with NlmClient(port, host) as c:
         yield c
 
 
@@ -232,20 +301,21 @@ def test_other_nlm_versions_get_prog_mismatch_4_to_4(nlm, vers):
     assert accepted(nlm.null(), "NLM4 NULL afterwards")
 
 
-def test_other_nsm_versions_get_prog_mismatch_1_to_1(nlm):
+def test_other_nsm_versions_get_prog_mismatch_1_to_1(nlm, nsm_here):
     r = nlm.call_raw(NSM_PROGRAM, 2, 0)
     assert (r.reply_stat, r.accept_stat, r.low, r.high) == (rc.MSG_ACCEPTED, rc.PROG_MISMATCH, 1, 1), f"NSM version 2 NULL: {r!r}"
 
 
-@pytest.mark.parametrize("proc", list(range(NlmProc.TEST_MSG, NlmProc.GRANTED_RES + 1)))
-def test_async_msg_and_res_procedures_get_proc_unavail(nlm, fh, proc):
-    """The _MSG and _RES procedures (6-15) are not served: Linux clients
-    use the synchronous ones over TCP. Whatever they carry, they change
-    nothing: a LOCK_MSG takes no lock."""
-    args = n.lockargs(owner(fh), True, False, False, 1, b"msgcookie") if proc == NlmProc.LOCK_MSG else n.testargs(owner(fh), True, b"msgcookie")
+@pytest.mark.parametrize("proc", list(range(NlmProc.GRANTED_MSG, NlmProc.GRANTED_RES + 1)))
+def test_granted_msg_and_res_procedures_get_proc_unavail(nlm, fh, proc):
+    """GRANTED_MSG and the _RES procedures (10-15) go from a server to a
+    client, or answer calls a server never makes: they are not served.
+    Whatever they carry, they change nothing. (The Linux server, which
+    is a client too, answers them.)"""
+    args = n.testargs(owner(fh), True, b"msgcookie") if proc == NlmProc.GRANTED_MSG else n.encode_res(b"msgcookie", S.GRANTED)
     r = nlm.call_raw(NLM_PROGRAM, NLM_V4, proc, args)
     assert (r.reply_stat, r.accept_stat) == (rc.MSG_ACCEPTED, rc.PROC_UNAVAIL), f"NLM4 procedure {proc}: {r!r}"
-    expect(nlm.test(owner(fh, "host-b", 2)), S.GRANTED, "TEST after the refused _MSG call (no lock may have been taken)")
+    expect(nlm.test(owner(fh, "host-b", 2)), S.GRANTED, "TEST after the refused call (no lock may have been taken)")
 
 
 @pytest.mark.parametrize("proc", [17, 18, 19, 24, 1000])
@@ -254,7 +324,7 @@ def test_unassigned_procedures_get_proc_unavail(nlm, proc):
     assert (r.reply_stat, r.accept_stat) == (rc.MSG_ACCEPTED, rc.PROC_UNAVAIL), f"NLM4 procedure {proc}: {r!r}"
 
 
-def test_unassigned_nsm_procedure_gets_proc_unavail(nlm):
+def test_unassigned_nsm_procedure_gets_proc_unavail(nlm, nsm_here):
     r = nlm.call_raw(NSM_PROGRAM, NSM_V1, 99, b"")
     assert (r.reply_stat, r.accept_stat) == (rc.MSG_ACCEPTED, rc.PROC_UNAVAIL), f"NSM procedure 99: {r!r}"
 
@@ -548,8 +618,8 @@ def test_blocking_lock_is_blocked_then_granted_when_the_conflict_goes(nlm, fh):
 def test_blocking_request_that_would_deadlock_is_refused(nlm, fh):
     """A waits for B's range while holding its own; B's blocking request
     for A's range would close the circle: NLM4_DEADLCK (XNFS: "blocking
-    would cause a deadlock"; Linux: the VFS's posix_locks_deadlock on
-    lockd's blocked requests, -EDEADLK answered NLM4_DEADLCK)."""
+    would cause a deadlock"). The Linux server (6.12) answers
+    NLM4_BLOCKED here: see the module's notes."""
     a, b = owner(fh, "host-a", 1, offset=0, length=10), owner(fh, "host-b", 2, offset=10, length=10)
     expect(nlm.lock(a), S.GRANTED, "A [0, 10)")
     expect(nlm.lock(b), S.GRANTED, "B [10, 20)")
@@ -1256,7 +1326,7 @@ def test_nlm_shared_lock_leaves_a_read_delegation_alone(sluice_factory):
 # --- 7. NSM ----------------------------------------------------------------------------
 
 
-def test_sm_stat_answers_the_servers_odd_state(nlm):
+def test_sm_stat_answers_the_servers_odd_state(nlm, nsm_here):
     """SM_STAT: stat_succ or stat_fail (XNFS: many implementations always
     fail), and the local NSM state, odd while up (nfs-utils statd)."""
     r = nlm.sm_stat("localhost")
@@ -1265,7 +1335,7 @@ def test_sm_stat_answers_the_servers_odd_state(nlm):
     assert nlm.sm_stat("no-such-host.invalid").state == r.state, "the state is the server's, whatever the name"
 
 
-def test_sm_mon_unmon_from_clients_are_refused_and_harmless(nlm, fh):
+def test_sm_mon_unmon_from_clients_are_refused_and_harmless(nlm, fh, nsm_here):
     """sluice monitors no host on request: SM_MON answers stat_fail (as
     nfs-utils statd does for callers other than the local lockd);
     SM_UNMON and SM_UNMON_ALL answer the state; nothing else changes."""
@@ -1498,7 +1568,9 @@ class FakeClientHost:
     runs in a thread; the test reads the others itself, blocking with a
     timeout (`wait_call`)."""
 
-    def __init__(self):
+    def __init__(self, nlm_over: tuple[str, ...] = ("tcp", "udp")):
+        self.nlm_over = nlm_over
+
         def udp():
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             s.bind(("127.0.0.1", 0))
@@ -1530,9 +1602,9 @@ class FakeClientHost:
         tcp = prot == IPPROTO_TCP or (isinstance(prot, str) and prot.startswith("tcp"))
         if prog == NSM_PROGRAM and udp:
             return self.statd_port
-        if prog == NLM_PROGRAM and udp:
+        if prog == NLM_PROGRAM and udp and "udp" in self.nlm_over:
             return self.nlm_udp_port
-        if prog == NLM_PROGRAM and tcp:
+        if prog == NLM_PROGRAM and tcp and "tcp" in self.nlm_over:
             return self.nlm_tcp_port
         return 0
 
@@ -1773,6 +1845,136 @@ def test_granted_callback_when_a_blocked_lock_is_granted(restartable):
         host.close()
 
 
+# --- asynchronous requests (the _MSG procedures) -------------------------------
+
+
+def _wait_result(host: "FakeClientHost", proc: int, cookie: bytes, what: str, timeout: float = 20) -> rc.RpcCall:
+    """The NLM _RES call `proc` carrying `cookie`, answered with nothing
+    (as lock managers answer them)."""
+    want = lambda call: call.prog == NLM_PROGRAM and call.proc == proc and call.args[4 : 4 + len(cookie)] == cookie  # noqa: E731
+    try:
+        call = host.wait_call(want, timeout, answer=None)
+    except socket.timeout:
+        raise AssertionError(f"{what}: no NLM procedure {proc} within {timeout} s; portmapper queries: {host.queries}; other calls: {host.other_calls}") from None
+    assert call.vers == NLM_V4, f"{what}: NLM version {call.vers}"
+    return call
+
+
+def _nlm_ports_asked(host: "FakeClientHost") -> list:
+    return [q.prot for q in host.queries if q.prog == NLM_PROGRAM]
+
+
+@pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])
+def test_async_requests_send_their_results_to_the_callers_lock_manager(sluice_factory, udp):
+    """XNFS's asynchronous requests, which macOS's lock manager sends
+    (TEST_MSG, LOCK_MSG, CANCEL_MSG, UNLOCK_MSG, with a zero timeout: it
+    does not wait for the call's answer): each does what its synchronous
+    twin does, the call is answered with nothing, and the results come
+    in a call to the caller's lock manager (TEST_RES, LOCK_RES,
+    CANCEL_RES, UNLOCK_RES) with the request's cookie. The manager is
+    found through the caller's portmapper (here the fake one given with
+    `--nsm-portmap`), over the transport the request came by, as the
+    Linux server sends them (fs/lockd/svc4proc.c)."""
+    host = FakeClientHost()
+    try:
+        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False, metrics=True)
+        e = Env(srv.port)
+        fh = e.new_file()
+        e.close()
+        a = owner(fh, "host-mac", 31, offset=0, length=100)
+        with NlmClient(srv.port, udp=udp) as c:
+            r = accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(a, True, False, False, 1, b"lock-ck")), "LOCK_MSG")
+            assert r.body == b"", f"LOCK_MSG answered {r.body!r}, not nothing"
+            res = n.decode_res("LOCK_RES", _wait_result(host, NlmProc.LOCK_RES, b"lock-ck", "LOCK_MSG").args)
+            assert (res.cookie, res.stat) == (b"lock-ck", S.GRANTED), res
+            want = IPPROTO_UDP if udp else IPPROTO_TCP
+            assert _nlm_ports_asked(host)[:1] == [want], f"the portmapper was asked for NLM over {_nlm_ports_asked(host)}, the request came over {'UDP' if udp else 'TCP'}"
+            # The lock is held: another host's synchronous TEST is denied.
+            r = expect(c.test(owner(fh, "host-b", 2, offset=50, length=10)), S.DENIED, "B's TEST of the range locked by LOCK_MSG")
+            assert r.holder.svid == 31, r
+
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.TEST_MSG, n.testargs(owner(fh, "host-b", 2, offset=50, length=10), True, b"test-ck")), "TEST_MSG")
+            res = n.decode_testres(_wait_result(host, NlmProc.TEST_RES, b"test-ck", "TEST_MSG").args)
+            assert (res.cookie, res.stat) == (b"test-ck", S.DENIED), res
+            assert (res.holder.exclusive, res.holder.svid, res.holder.offset, res.holder.length) == (True, 31, 0, 100), res
+
+            # A blocking LOCK_MSG that meets the lock: BLOCKED in its
+            # LOCK_RES; CANCEL_MSG takes the request back.
+            b = owner(fh, "host-b", 2, offset=50, length=10)
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(b, True, True, False, 1, b"block-ck")), "blocking LOCK_MSG")
+            res = n.decode_res("LOCK_RES", _wait_result(host, NlmProc.LOCK_RES, b"block-ck", "blocking LOCK_MSG").args)
+            assert res.stat == S.BLOCKED, res
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.CANCEL_MSG, n.cancargs(b, True, True, b"cancel-ck")), "CANCEL_MSG")
+            res = n.decode_res("CANCEL_RES", _wait_result(host, NlmProc.CANCEL_RES, b"cancel-ck", "CANCEL_MSG").args)
+            assert (res.cookie, res.stat) == (b"cancel-ck", S.GRANTED), res
+
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.UNLOCK_MSG, n.unlockargs(a, b"unlock-ck")), "UNLOCK_MSG")
+            res = n.decode_res("UNLOCK_RES", _wait_result(host, NlmProc.UNLOCK_RES, b"unlock-ck", "UNLOCK_MSG").args)
+            assert (res.cookie, res.stat) == (b"unlock-ck", S.GRANTED), res
+            # Released, and the cancelled request was not granted meanwhile.
+            expect(c.test(owner(fh, "host-c", 3)), S.GRANTED, "C's TEST after UNLOCK_MSG (and B's request cancelled)")
+        assert srv.wait_counter("sluice_nlm_results_sent", 5), f"sluice_nlm_results_sent {srv.counter('sluice_nlm_results_sent')} after five results came"
+        assert srv.counter("sluice_nlm_results_sent") == 5
+    finally:
+        host.close()
+
+
+@pytest.mark.parametrize("nlm_over", [("tcp", "udp"), ("udp",)], ids=["tcp-and-udp", "udp-only"])
+def test_async_lock_blocked_then_granted_by_a_granted_call(sluice_factory, nlm_over):
+    """A blocking LOCK_MSG answered NLM4_BLOCKED (in its LOCK_RES) is
+    granted like a blocking LOCK: when the conflict goes the client's lock
+    manager gets NLM_GRANTED for it, over TCP, or over UDP when its
+    portmapper knows it only there. The results go over TCP, the
+    request's transport, or UDP likewise."""
+    host = FakeClientHost(nlm_over)
+    try:
+        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False)
+        e = Env(srv.port)
+        fh = e.new_file()
+        e.close()
+        b = owner(fh, "host-mac", 32, offset=10, length=20)
+        with NlmClient(srv.port) as c:
+            expect(c.lock(owner(fh, "host-a", 1)), S.GRANTED, "A's LOCK")
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(b, True, True, False, 1, b"wait-ck")), "blocking LOCK_MSG")
+            res = n.decode_res("LOCK_RES", _wait_result(host, NlmProc.LOCK_RES, b"wait-ck", "blocking LOCK_MSG").args)
+            assert res.stat == S.BLOCKED, res
+            assert _nlm_ports_asked(host)[:1] == [IPPROTO_TCP], f"the portmapper was asked for NLM over {_nlm_ports_asked(host)} for the LOCK_RES of a request over TCP"
+            expect(c.unlock(owner(fh, "host-a", 1)), S.GRANTED, "A's UNLOCK")
+            _wait_granted(host, b, True, "the LOCK_MSG's lock once A's went")
+            if nlm_over == ("udp",):
+                # Both the LOCK_RES and the GRANTED found the lock manager over UDP.
+                over_udp = [q for q in host.queries if q.prog == NLM_PROGRAM and q.prot == IPPROTO_UDP and q.answered]
+                assert len(over_udp) == 2, f"NLM over UDP asked of the portmapper: {host.queries}"
+            r = expect(c.test(owner(fh, "host-c", 3, offset=15, length=1)), S.DENIED, "C's TEST: the LOCK_MSG's owner holds the granted lock")
+            assert r.holder.svid == 32, r
+    finally:
+        host.close()
+
+
+def test_malformed_async_request_gets_garbage_args_and_no_results(sluice_factory):
+    """A LOCK_MSG whose arguments do not decode gets GARBAGE_ARGS, takes
+    no lock and sends no LOCK_RES; the next well-formed one is served."""
+    host = FakeClientHost()
+    try:
+        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False, metrics=True)
+        e = Env(srv.port)
+        fh = e.new_file()
+        e.close()
+        a = owner(fh, "host-mac", 33)
+        with NlmClient(srv.port) as c:
+            garbage(c, NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(a, True, False, False, 1, b"bad-ck")[:-4], "LOCK_MSG without its state")
+            expect(c.test(owner(fh, "host-b", 2)), S.GRANTED, "B's TEST: the malformed LOCK_MSG took no lock")
+            accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(a, True, False, False, 1, b"good-ck")), "LOCK_MSG")
+            call = _wait_result(host, NlmProc.LOCK_RES, b"good-ck", "the well-formed LOCK_MSG")
+            assert n.decode_res("LOCK_RES", call.args).stat == S.GRANTED
+            stray = [x for x in host.other_calls if x.prog == NLM_PROGRAM and x.proc == NlmProc.LOCK_RES]
+            assert not stray, f"LOCK_RES calls for the malformed request: {stray}"
+        assert srv.wait_counter("sluice_nlm_results_sent", 1)
+        assert srv.counter("sluice_nlm_results_sent") == 1
+    finally:
+        host.close()
+
+
 def _wait_granted(host: "FakeClientHost", lk: Lock, exclusive: bool, what: str, timeout: float = 20, probe=None):
     """The NLM GRANTED call for `lk`, answered NLM4_GRANTED. When none
     comes, probe() (if given) says in the failure what the server answers
@@ -2007,7 +2209,7 @@ def test_oversized_nlm_fields_get_garbage_args(nlm, fh):
     expect(nlm.lock(owner(fh)), S.DENIED, "a well-formed LOCK of another owner afterwards")
 
 
-def test_malformed_nsm_arguments_get_garbage_args(nlm, fh):
+def test_malformed_nsm_arguments_get_garbage_args(nlm, fh, nsm_here):
     cases = [
         (SmProc.STAT, b"", "SM_STAT without a name"),
         (SmProc.STAT, n.sm_name("h" * 1025), "SM_STAT with a name of 1025 bytes"),

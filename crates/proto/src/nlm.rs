@@ -23,6 +23,16 @@ pub mod nlmproc {
     pub const CANCEL: u32 = 3;
     pub const UNLOCK: u32 = 4;
     pub const GRANTED: u32 = 5;
+    pub const TEST_MSG: u32 = 6;
+    pub const LOCK_MSG: u32 = 7;
+    pub const CANCEL_MSG: u32 = 8;
+    pub const UNLOCK_MSG: u32 = 9;
+    pub const GRANTED_MSG: u32 = 10;
+    pub const TEST_RES: u32 = 11;
+    pub const LOCK_RES: u32 = 12;
+    pub const CANCEL_RES: u32 = 13;
+    pub const UNLOCK_RES: u32 = 14;
+    pub const GRANTED_RES: u32 = 15;
     pub const SHARE: u32 = 20;
     pub const UNSHARE: u32 = 21;
     pub const NM_LOCK: u32 = 22;
@@ -130,12 +140,30 @@ pub enum NlmArgs<'a> {
     FreeAll(&'a [u8], i32),
 }
 
+/// The synchronous procedure whose work an asynchronous request does
+/// (TEST_MSG, LOCK_MSG, CANCEL_MSG and UNLOCK_MSG: TEST, LOCK, CANCEL and
+/// UNLOCK), and the procedure that carries its results back to the
+/// caller's lock manager (TEST_RES, LOCK_RES, CANCEL_RES, UNLOCK_RES).
+/// None for every other procedure.
+pub fn async_request(proc_: u32) -> Option<(u32, u32)> {
+    use nlmproc::*;
+    match proc_ {
+        TEST_MSG | LOCK_MSG | CANCEL_MSG | UNLOCK_MSG => {
+            Some((proc_ - TEST_MSG + TEST, proc_ - TEST_MSG + TEST_RES))
+        }
+        _ => None,
+    }
+}
+
 impl<'a> NlmArgs<'a> {
-    /// Decodes the arguments of NLM version 4 procedure `proc_`; None for
-    /// a procedure not served (the asynchronous _MSG and _RES ones, and
-    /// GRANTED, which servers send).
+    /// Decodes the arguments of NLM version 4 procedure `proc_` (an
+    /// asynchronous request's are its synchronous twin's, see
+    /// [`async_request`]); None for a procedure not served (GRANTED and
+    /// GRANTED_MSG, which servers send, and the _RES ones, which carry a
+    /// server's answers to a client).
     pub fn decode(proc_: u32, d: &mut Decoder<'a>) -> Option<XdrResult<Self>> {
         use nlmproc::*;
+        let proc_ = async_request(proc_).map_or(proc_, |(sync, _)| sync);
         let r = (|| -> XdrResult<Self> {
             Ok(match proc_ {
                 NULL => NlmArgs::Null,
@@ -284,7 +312,35 @@ mod tests {
             .unwrap()
             .is_err());
         assert!(NlmArgs::decode(nlmproc::GRANTED, &mut Decoder::new(&buf)).is_none());
-        assert!(NlmArgs::decode(7, &mut Decoder::new(&buf)).is_none());
+        // LOCK_MSG carries LOCK's arguments.
+        assert_eq!(
+            NlmArgs::decode(nlmproc::LOCK_MSG, &mut Decoder::new(&buf)),
+            NlmArgs::decode(nlmproc::LOCK, &mut Decoder::new(&buf))
+        );
+        for p in nlmproc::GRANTED_MSG..=nlmproc::GRANTED_RES {
+            assert!(NlmArgs::decode(p, &mut Decoder::new(&buf)).is_none(), "{p}");
+        }
+    }
+
+    #[test]
+    fn async_requests_pair_with_their_twin_and_result() {
+        use nlmproc::*;
+        assert_eq!(async_request(TEST_MSG), Some((TEST, TEST_RES)));
+        assert_eq!(async_request(LOCK_MSG), Some((LOCK, LOCK_RES)));
+        assert_eq!(async_request(CANCEL_MSG), Some((CANCEL, CANCEL_RES)));
+        assert_eq!(async_request(UNLOCK_MSG), Some((UNLOCK, UNLOCK_RES)));
+        for p in [
+            NULL,
+            TEST,
+            LOCK,
+            GRANTED,
+            GRANTED_MSG,
+            TEST_RES,
+            GRANTED_RES,
+            SHARE,
+        ] {
+            assert_eq!(async_request(p), None, "{p}");
+        }
     }
 
     #[test]

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 35] = [
+        let counters: [(&str, &str, u64); 36] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -230,6 +230,11 @@ impl Collector for Collect {
                 "sluice_nlm_granted_callbacks",
                 "NLM4_GRANTED calls accepted by NFSv3 clients' lock managers (a blocked lock granted).",
                 load(&srv.nlm.granted_sent),
+            ),
+            (
+                "sluice_nlm_results_sent",
+                "Results of asynchronous NLM requests (TEST_RES, LOCK_RES, CANCEL_RES, UNLOCK_RES) sent to clients' lock managers.",
+                load(&srv.nlm.results_sent),
             ),
             (
                 "sluice_sm_notify_sent",

@@ -539,7 +539,7 @@ impl Server {
         conn: Option<&Arc<callback::CbConn>>,
     ) -> Call {
         let local = conn.and_then(|c| c.local());
-        self.try_call_with(record, peer, conn, local)
+        self.try_call_with(record, peer, conn, local, false)
     }
 
     /// Answers one call that came in a UDP datagram from `peer` to this
@@ -559,7 +559,7 @@ impl Server {
         if ![MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM].contains(&call.prog) {
             return Some(rpc::accepted_reply(call.xid, AcceptStat::ProgUnavail).into_inner());
         }
-        let reply = match self.try_call_with(record.to_vec(), peer, None, local) {
+        let reply = match self.try_call_with(record.to_vec(), peer, None, local, true) {
             Call::Done(r) => r,
             Call::Paused(p) => p.resume(self),
         };
@@ -572,6 +572,7 @@ impl Server {
         peer: Option<IpAddr>,
         conn: Option<&Arc<callback::CbConn>>,
         local: Option<IpAddr>,
+        udp: bool,
     ) -> Call {
         let call = match rpc::parse_call(&record) {
             Ok(c) => c,
@@ -623,7 +624,7 @@ impl Server {
                 return Call::Paused(Paused {
                     xid,
                     rest: Rest::Lock(
-                        record, call.prog, call.proc_, args_at, call.cred, peer, local,
+                        record, call.prog, call.proc_, args_at, call.cred, peer, local, udp,
                     ),
                 });
             }
@@ -726,8 +727,8 @@ enum Rest {
     /// start, and the caller's address.
     Mount(Vec<u8>, u32, u32, usize, Option<IpAddr>),
     /// An NLM or NSM call: the record, program, procedure, where the
-    /// arguments start, the caller, its address and the server's it
-    /// reached.
+    /// arguments start, the caller, its address, the server's it
+    /// reached, and whether it came over UDP.
     Lock(
         Vec<u8>,
         u32,
@@ -736,6 +737,7 @@ enum Rest {
         Cred,
         Option<IpAddr>,
         Option<IpAddr>,
+        bool,
     ),
 }
 
@@ -830,9 +832,9 @@ impl Paused {
                 let r = ops_fs::sync_deferred(srv, &pending);
                 v3_reply(xid, nfs3_synced(body, r))
             }
-            Rest::Lock(record, prog, proc_, at, cred, peer, local) => {
+            Rest::Lock(record, prog, proc_, at, cred, peer, local, udp) => {
                 let done = if prog == crate::mount::NLM_PROGRAM {
-                    nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local)
+                    nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local, udp)
                 } else {
                     nlm::call_nsm(srv, proc_, &record[at..], peer)
                 };

@@ -20,6 +20,13 @@
 //!   all its locks.
 //! - SHARE and UNSHARE keep DOS share reservations, which conflict only
 //!   with each other.
+//! - The asynchronous requests (TEST_MSG, LOCK_MSG, CANCEL_MSG,
+//!   UNLOCK_MSG), which macOS's lock manager sends, do what their
+//!   synchronous twins do. The call itself is answered with nothing; the
+//!   results go to the caller's lock manager in a call of their own
+//!   (TEST_RES, LOCK_RES, CANCEL_RES, UNLOCK_RES), found through the
+//!   caller's portmapper, over the transport the request came by, as
+//!   the Linux server sends them.
 
 use super::state::nlm::{nlm_holder, owner_key, NlmHost, NlmRefusal};
 use super::state::FileKey;
@@ -28,13 +35,15 @@ use crate::engine::cred;
 use crate::engine::fs;
 use crate::engine::handle::HandleError;
 use crate::mount::{pmapproc, IPPROTO_TCP, IPPROTO_UDP, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM};
-use crate::nlm::{nlmproc, nlmstat, smproc, Nlm4Lock, NlmArgs, NsmArgs, NLM_VERSION, NSM_VERSION};
+use crate::nlm::{
+    async_request, nlmproc, nlmstat, smproc, Nlm4Lock, NlmArgs, NsmArgs, NLM_VERSION, NSM_VERSION,
+};
 use crate::rpc::{self, Cred};
 use crate::xdr::{Decoder, Encoder};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +65,9 @@ const BLOCKED_MAX: usize = 4096;
 /// Time allowed for each call to a client (portmapper, lock manager,
 /// status monitor).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most results of asynchronous requests being sent at once; past it a
+/// result is dropped (the client sends its request again).
+const RESULTS_MAX: usize = 64;
 
 /// A LOCK waiting for its conflict to go.
 #[derive(Debug, Clone)]
@@ -89,6 +101,11 @@ pub struct NlmServer {
     pub granted_sent: AtomicU64,
     /// SM_NOTIFY calls a client's status monitor answered.
     pub notify_sent: AtomicU64,
+    /// Results of asynchronous requests (the _RES calls) sent to a
+    /// client's lock manager.
+    pub results_sent: AtomicU64,
+    /// Those being sent now.
+    results_sending: AtomicUsize,
 }
 
 impl NlmServer {
@@ -101,6 +118,8 @@ impl NlmServer {
             portmap,
             granted_sent: AtomicU64::new(0),
             notify_sent: AtomicU64::new(0),
+            results_sent: AtomicU64::new(0),
+            results_sending: AtomicUsize::new(0),
         }
     }
 
@@ -210,7 +229,9 @@ fn host_of(l: &Nlm4Lock<'_>, peer: Option<IpAddr>, local: Option<IpAddr>) -> Nlm
 }
 
 /// Runs NLM version 4 procedure `proc_` for a client at `peer` that
-/// reached this server at `local`.
+/// reached this server at `local` (over UDP when `udp`). An asynchronous
+/// request is answered with nothing, and its results are sent to the
+/// client (see [`send_result`]).
 pub(super) fn call_nlm(
     srv: &Server,
     proc_: u32,
@@ -218,6 +239,7 @@ pub(super) fn call_nlm(
     cred: &Cred,
     peer: Option<IpAddr>,
     local: Option<IpAddr>,
+    udp: bool,
 ) -> DoneNlm {
     let mut d = Decoder::new(args);
     let a = match NlmArgs::decode(proc_, &mut d) {
@@ -225,6 +247,30 @@ pub(super) fn call_nlm(
         Some(Err(_)) => return DoneNlm::Garbage,
         Some(Ok(a)) => a,
     };
+    let Some((sync, result)) = async_request(proc_) else {
+        return DoneNlm::Reply(run_nlm(srv, proc_, a, cred, peer, local));
+    };
+    let results = run_nlm(srv, sync, a, cred, peer, local);
+    match peer {
+        Some(addr) => send_result(srv, addr, udp, result, results.into_inner()),
+        None => tracing::debug!(
+            proc_,
+            "asynchronous NLM request from no address: no results sent"
+        ),
+    }
+    DoneNlm::Reply(Encoder::new())
+}
+
+/// The results of NLM procedure `proc_` (a synchronous one) with
+/// arguments `a`.
+fn run_nlm(
+    srv: &Server,
+    proc_: u32,
+    a: NlmArgs<'_>,
+    cred: &Cred,
+    peer: Option<IpAddr>,
+    local: Option<IpAddr>,
+) -> Encoder {
     let mut e = Encoder::with_capacity(128);
     let in_grace = || srv.state.nlm_in_grace();
     match a {
@@ -331,7 +377,7 @@ pub(super) fn call_nlm(
             forget_host(srv, name, None);
         }
     }
-    DoneNlm::Reply(e)
+    e
 }
 
 /// A DOS share reservation: the file, its owner (host name and owner
@@ -641,15 +687,8 @@ pub(super) fn call_nsm(srv: &Server, proc_: u32, args: &[u8], peer: Option<IpAdd
     DoneNlm::Reply(e)
 }
 
-/// One call over a connected stream or datagram socket: the result body.
-fn rpc_call(
-    target: SocketAddr,
-    udp: bool,
-    prog: u32,
-    vers: u32,
-    proc_: u32,
-    args: &[u8],
-) -> std::io::Result<Vec<u8>> {
+/// A call record (without record mark) and its xid.
+fn call_record(prog: u32, vers: u32, proc_: u32, args: &[u8]) -> std::io::Result<(u32, Vec<u8>)> {
     let mut e = Encoder::with_capacity(args.len() + 64);
     let mut x = [0u8; 4];
     getrandom::getrandom(&mut x).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -664,7 +703,19 @@ fn rpc_call(
     };
     rpc::call_header(&mut e, xid, prog, vers, proc_, &cred);
     e.raw(args);
-    let call = e.into_inner();
+    Ok((xid, e.into_inner()))
+}
+
+/// One call over a connected stream or datagram socket: the result body.
+fn rpc_call(
+    target: SocketAddr,
+    udp: bool,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    args: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let (xid, call) = call_record(prog, vers, proc_, args)?;
     let reply = if udp {
         let s = UdpSocket::bind(if target.is_ipv4() {
             SocketAddr::from(([0, 0, 0, 0], 0))
@@ -712,6 +763,107 @@ fn rpc_call(
     }
 }
 
+/// One call whose answer, if any, is not waited for: the _RES calls,
+/// which lock managers answer with nothing (their results are the call).
+/// Over UDP one datagram; over TCP the record, then the connection is
+/// closed for writing and read until the client closes it (at most
+/// [`CALL_TIMEOUT`]), so that it has read the call.
+fn rpc_send(
+    target: SocketAddr,
+    udp: bool,
+    prog: u32,
+    vers: u32,
+    proc_: u32,
+    args: &[u8],
+) -> std::io::Result<()> {
+    let (_, call) = call_record(prog, vers, proc_, args)?;
+    if udp {
+        let s = UdpSocket::bind(if target.is_ipv4() {
+            SocketAddr::from(([0, 0, 0, 0], 0))
+        } else {
+            SocketAddr::from(([0u16; 8], 0))
+        })?;
+        s.send_to(&call, target)?;
+        return Ok(());
+    }
+    let mut s = TcpStream::connect_timeout(&target, CALL_TIMEOUT)?;
+    s.set_read_timeout(Some(CALL_TIMEOUT))?;
+    s.set_write_timeout(Some(CALL_TIMEOUT))?;
+    s.write_all(&rpc::record_mark(call.len()))?;
+    s.write_all(&call)?;
+    s.shutdown(std::net::Shutdown::Write)?;
+    let mut sink = [0u8; 512];
+    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    Ok(())
+}
+
+/// Sends the results `args` of an asynchronous request (procedure
+/// `proc_`: TEST_RES, LOCK_RES, CANCEL_RES or UNLOCK_RES) to the lock
+/// manager of the host at `addr`, on a thread of its own: over UDP when
+/// the request came by UDP, else over TCP, or over the other when the
+/// host's portmapper knows only that one. A client that does not get
+/// them sends its request again.
+fn send_result(srv: &Server, addr: IpAddr, udp: bool, proc_: u32, args: Vec<u8>) {
+    // In-process servers (tests, fuzzing) send nothing.
+    let Some(srv) = srv.me() else {
+        return;
+    };
+    if srv.nlm.results_sending.fetch_add(1, Ordering::AcqRel) >= RESULTS_MAX {
+        srv.nlm.results_sending.fetch_sub(1, Ordering::AcqRel);
+        tracing::info!(%addr, proc_, "too many NLM results being sent; this one is dropped");
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("nlm-result".into())
+        .spawn({
+            let srv = srv.clone();
+            move || {
+                let prots = if udp {
+                    [(IPPROTO_UDP, true), (IPPROTO_TCP, false)]
+                } else {
+                    [(IPPROTO_TCP, false), (IPPROTO_UDP, true)]
+                };
+                let sent = (|| {
+                    let mut first_err = None;
+                    for (prot, over_udp) in prots {
+                        match getport(&srv, addr, NLM_PROGRAM, NLM_VERSION, prot) {
+                            Ok(target) => {
+                                return rpc_send(
+                                    target,
+                                    over_udp,
+                                    NLM_PROGRAM,
+                                    NLM_VERSION,
+                                    proc_,
+                                    &args,
+                                )
+                            }
+                            Err(e) => {
+                                first_err.get_or_insert(e);
+                            }
+                        }
+                    }
+                    Err(first_err.unwrap_or_else(|| std::io::Error::other("no transport")))
+                })();
+                match sent {
+                    Ok(()) => {
+                        srv.nlm.results_sent.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(%addr, proc_, "NLM results sent");
+                    }
+                    Err(e) => tracing::info!(
+                        %addr,
+                        proc_,
+                        error = %e,
+                        "NLM results not delivered; the client sends its request again"
+                    ),
+                }
+                srv.nlm.results_sending.fetch_sub(1, Ordering::AcqRel);
+            }
+        });
+    if spawned.is_err() {
+        srv.nlm.results_sending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The port of `prog`/`vers` over `prot` at the portmapper of `host`
 /// (or the test's).
 fn getport(
@@ -738,9 +890,17 @@ fn getport(
     Ok(SocketAddr::new(pm.ip(), port as u16))
 }
 
-/// Sends NLM4_GRANTED for a lock granted after it blocked.
+/// Sends NLM4_GRANTED for a lock granted after it blocked: over TCP, or
+/// over UDP when the client's portmapper knows its lock manager only
+/// there.
 fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
-    let target = getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_TCP)?;
+    let (target, udp) = match getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_TCP) {
+        Ok(t) => (t, false),
+        Err(e) => match getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_UDP) {
+            Ok(t) => (t, true),
+            Err(_) => return Err(e),
+        },
+    };
     let mut a = Encoder::new();
     a.opaque(&b.cookie);
     a.bool(b.write);
@@ -755,7 +915,7 @@ fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
     .encode(&mut a);
     let res = rpc_call(
         target,
-        false,
+        udp,
         NLM_PROGRAM,
         NLM_VERSION,
         nlmproc::GRANTED,
