@@ -9,6 +9,16 @@ be checked against another implementation:
 
     python3 -m pytest -q tests/interop/test_mount.py
 
+Against the Linux server (rpc.mountd of nfs-utils 2.6.2 and rpcbind in a
+Linux 6.12 guest, reached through forwarded ports) 14 passed and 6
+failed. Four fail only because the ports are forwarded: the portmapper
+names the guest's own ports and address. The two others are
+differences: rpc.mountd serves MOUNT version 2 too (sluice serves 1 and
+3, and answers 2 with PROG_MISMATCH), and its UMNTALL left the caller
+listed in DUMP (it removes the entries listed under the caller's
+canonical host name, utils/mountd/rmtab.c, and the caller had a name in
+the guest's /etc/hosts).
+
 No sleeps: every wait is a blocking read with a timeout.
 """
 
