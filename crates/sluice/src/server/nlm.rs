@@ -766,8 +766,8 @@ fn rpc_call(
 /// One call whose answer, if any, is not waited for: the _RES calls,
 /// which lock managers answer with nothing (their results are the call).
 /// Over UDP one datagram; over TCP the record, then the connection is
-/// closed for writing and read until the client closes it (at most
-/// [`CALL_TIMEOUT`]), so that it has read the call.
+/// closed for writing and read until the client closes it (waiting at
+/// most [`CALL_TIMEOUT`] for each read), so that it has read the call.
 fn rpc_send(
     target: SocketAddr,
     udp: bool,
@@ -792,8 +792,15 @@ fn rpc_send(
     s.write_all(&rpc::record_mark(call.len()))?;
     s.write_all(&call)?;
     s.shutdown(std::net::Shutdown::Write)?;
+    // A reply, if any, is a few dozen bytes: read at most 64 KiB of it.
     let mut sink = [0u8; 512];
-    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    let mut left = 64 * 1024usize;
+    while left > 0 {
+        match s.read(&mut sink) {
+            Ok(n) if n > 0 => left = left.saturating_sub(n),
+            _ => break,
+        }
+    }
     Ok(())
 }
 
