@@ -41,7 +41,18 @@ Two more differences are choices the RFC leaves, and the tests accept
 both: a handle with four bytes appended works on knfsd, which checks a
 handle only for its minimum length, while sluice, which seals its handles,
 answers NFS3ERR_BADHANDLE; and knfsd's FSSTAT has no attributes
-(post_op_attr), while sluice's has the object's.
+(post_op_attr), while sluice's has the object's. Compared by hand beyond
+the tests (57 edge cases sent to both): knfsd's decoder refuses empty
+names, names over 255 bytes and names with "/" or NUL (GARBAGE_ARGS),
+where sluice answers NFS3ERR_NOENT (LOOKUP), NFS3ERR_NAMETOOLONG and
+NFS3ERR_ACCES; knfsd answers RMDIR and RENAME of "." and ".." with
+NFS3ERR_ACCES and NFS3ERR_PERM, sluice as rmdir(2) and rename(2) do
+(NFS3ERR_INVAL, NFS3ERR_NOTEMPTY, NFS3ERR_EXIST); READLINK of a directory
+gets NFS3ERR_ISDIR from knfsd, NFS3ERR_INVAL (RFC 1813's) from sluice; and
+knfsd's READDIRPLUS ignores dircount. Three answers of sluice's changed to
+knfsd's, each the RFC's too: REMOVE of "." and ".." (NFS3ERR_ACCES), a
+time with a second of nanoseconds or more (NFS3ERR_INVAL), and COMMIT of
+a range past 2^64 (committed).
 """
 
 from __future__ import annotations
@@ -604,6 +615,17 @@ def test_write_stability_and_commit_verifier(c, wd):
     assert cm2.verf == w1.verf
 
 
+def test_commit_of_a_range_past_the_largest_offset_commits(c, wd):
+    """COMMIT's offset + count may pass 2^64: the file is committed (to
+    its end), as the Linux server does; RFC 1813 section 3.3.21 has no
+    NFS3ERR_INVAL for COMMIT."""
+    fh = make_file(c, wd, "f")
+    w = c.must(c.write(fh, 0, b"data", UNSTABLE))
+    for offset, count in (((1 << 64) - 1, 10), (1 << 63, 0), ((1 << 64) - 4096, 8192)):
+        cm = c.must(c.commit(fh, offset, count), f"COMMIT offset {offset} count {count}")
+        assert cm.verf == w.verf, f"COMMIT at {offset}: verifier {cm.verf!r}, the WRITE's {w.verf!r}"
+
+
 def test_write_verifier_changes_after_restart(sluice_only, target):
     root = target.root_fh()
     with target.nfs() as c:
@@ -710,6 +732,27 @@ def test_setattr_mode_owner_and_times(c, wd):
     assert a.atime == (1_000_000_000, 5), a
     c.must(c.setattr(fh, sattr3(mtime="server")))
     assert attr(c, fh).mtime[0] > 1_600_000_000, "SET_TO_SERVER_TIME did not set the time to now"
+
+
+def test_times_of_a_second_of_nanoseconds_or_more_are_inval(c, wd):
+    """nfstime3's nseconds count within a second: SETATTR, CREATE and MKDIR
+    setting a time with 10^9 nanoseconds or more get NFS3ERR_INVAL and
+    change or make nothing, as on the Linux server (NFSv4's SETATTR says
+    NFS4ERR_INVAL likewise). 2^30 - 1 and 2^30 - 2 are what utimensat(2)
+    would read as "now" and "leave alone"."""
+    fh = make_file(c, wd, "f")
+    before = attr(c, fh)
+    for nsec in (1_000_000_000, (1 << 30) - 2, (1 << 30) - 1, 0xFFFFFFFF):
+        expect(c.setattr(fh, sattr3(mode=0o600, mtime=(5, nsec))), E.INVAL, f"SETATTR mtime nseconds {nsec}")
+        expect(c.setattr(fh, sattr3(atime=(5, nsec))), E.INVAL, f"SETATTR atime nseconds {nsec}")
+    after = attr(c, fh)
+    assert (after.mode & 0o7777, after.mtime, after.atime) == (before.mode & 0o7777, before.mtime, before.atime), f"a refused SETATTR changed {before!r} into {after!r}"
+    expect(c.create(wd, "c", UNCHECKED, sattr3(mode=0o644, mtime=(5, 1_000_000_000))), E.INVAL, "CREATE with mtime nseconds 10^9")
+    expect(c.mkdir(wd, "m", sattr3(mode=0o755, atime=(5, (1 << 30) - 2))), E.INVAL, "MKDIR with atime nseconds 2^30 - 2")
+    for name in ("c", "m"):
+        expect(c.lookup(wd, name), E.NOENT, f"{name!r} after its refused creation")
+    r = c.must(c.setattr(fh, sattr3(mtime=(5, 999_999_999))), "SETATTR mtime nseconds 999999999")
+    assert attr(c, fh).mtime == (5, 999_999_999), r
 
 
 def test_setattr_by_non_owner_is_refused(c, wd):
@@ -853,6 +896,16 @@ def test_remove_of_a_directory_fails(c, wd):
     r = c.remove(wd, "d")
     assert r.status != E.OK, f"REMOVE removed a directory: {r!r}"
     c.must(c.lookup(wd, "d"), "the directory is still there")
+
+
+def test_remove_of_dot_names_is_acces(c, wd):
+    """REMOVE of "." or ".." removes nothing: NFS3ERR_ACCES, as from the
+    Linux server (fs/nfsd/vfs.c refuses them in nfsd_unlink); RFC 1813
+    section 3.3.12 lists no NFS3ERR_EXIST or NFS3ERR_ISDIR for REMOVE."""
+    make_file(c, wd, "keep")
+    for dot in (".", ".."):
+        expect(c.remove(wd, dot), E.ACCES, f"REMOVE {dot!r}")
+    c.must(c.lookup(wd, "keep"), "the directory's entry is still there")
 
 
 def test_rmdir(c, wd):

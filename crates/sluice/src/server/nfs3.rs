@@ -294,24 +294,27 @@ fn name(n: &[u8]) -> R<CString> {
     })
 }
 
-fn settable(a: &Sattr3) -> SetAttrs {
+/// What a sattr3 sets. A time with nanoseconds of a second or more is
+/// NFS3ERR_INVAL, as from the Linux server (and NFSv4's SETATTR).
+fn settable(a: &Sattr3) -> R<SetAttrs> {
     let t = |t: SetTime3| match t {
-        SetTime3::Keep => SetTime::Keep,
-        SetTime3::Server => SetTime::Now,
-        SetTime3::Client(t) => SetTime::At(Time {
+        SetTime3::Keep => Ok(SetTime::Keep),
+        SetTime3::Server => Ok(SetTime::Now),
+        SetTime3::Client(t) if t.nsec >= 1_000_000_000 => Err(status::INVAL),
+        SetTime3::Client(t) => Ok(SetTime::At(Time {
             sec: t.sec as i64,
-            nsec: t.nsec.min(999_999_999),
-        }),
+            nsec: t.nsec,
+        })),
     };
-    SetAttrs {
+    Ok(SetAttrs {
         size: a.size,
         mode: a.mode.map(|m| m & 0o7777),
         uid: a.uid,
         gid: a.gid,
-        atime: t(a.atime),
-        mtime: t(a.mtime),
+        atime: t(a.atime)?,
+        mtime: t(a.mtime)?,
         mask: [0; 3],
-    }
+    })
 }
 
 /// Descriptors NFSv3 READ and WRITE opened (and CREATE made), kept for
@@ -560,7 +563,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     }
                 }
                 read_only(cx, &fh)?;
-                let set = settable(&sa);
+                let set = settable(&sa)?;
                 deleg_conflicts(
                     cx,
                     (st.dev, st.ino),
@@ -729,7 +732,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
                 let _as = cred::assume(&cx.id);
                 let n = name(w.name)?;
-                let set = settable(&sa);
+                let set = settable(&sa)?;
                 io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
                 let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
                 made(cx, e, &dir, &before, &fh, &st)
@@ -742,12 +745,12 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     return Err(status::INVAL.into());
                 }
                 let t = CString::new(target).map_err(|_| status::INVAL)?;
-                io3(fs::symlink_at(dir.fd.as_fd(), &n, &t))?;
                 let set = SetAttrs {
                     mode: None,
                     size: None,
-                    ..settable(&sa)
+                    ..settable(&sa)?
                 };
+                io3(fs::symlink_at(dir.fd.as_fd(), &n, &t))?;
                 let (fh, st) = made_attrs(cx, &dir, &n, &set)?;
                 made(cx, e, &dir, &before, &fh, &st)
             }
@@ -774,7 +777,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     }
                     MknodData3::Other(_) => return Err(status::BADTYPE.into()),
                 };
-                let set = settable(&sa);
+                let set = settable(&sa)?;
                 io3(fs::mknod_at(
                     dir.fd.as_fd(),
                     &n,
@@ -788,9 +791,13 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 let rmdir = shape == Shape::Rmdir;
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
                 let _as = cred::assume(&cx.id);
+                // "." and "..": as rmdir(2) answers for RMDIR; NFS3ERR_ACCES
+                // for REMOVE, as from the Linux server (NFS3ERR_EXIST is not
+                // one of REMOVE's errors in RFC 1813 section 3.3.12).
                 let n = match name(w.name) {
                     Err(status::EXIST) if rmdir && w.name == b"." => Err(status::INVAL),
                     Err(status::EXIST) if rmdir => Err(status::NOTEMPTY),
+                    Err(status::EXIST) => Err(status::ACCES),
                     r => r,
                 }?;
                 let st = io3(fs::stat_at(dir.fd.as_fd(), &n))?;
@@ -951,14 +958,15 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 e.bool(true); // case_preserving
                 Ok(())
             }
-            Args3::Commit(fh, offset, count) => {
+            Args3::Commit(fh, _offset, _count) => {
                 let (fh, st) = resolve_stat(cx, fh)?;
                 let before = wcc_of(cx, &fh, &st);
                 fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                 file(&st)?;
-                if offset.checked_add(count as u64).is_none() {
-                    return Err(status::INVAL.into());
-                }
+                // The whole file is flushed whatever the range, so one
+                // that runs past 2^64 is taken too (RFC 1813 has no
+                // NFS3ERR_INVAL for COMMIT; the Linux server commits to
+                // the end of the file).
                 let key = (st.dev, st.ino);
                 // Through a descriptor the WRITEs had, open since before
                 // them: NFSv3's kept one, or an NFSv4 open's (opening
@@ -1177,8 +1185,8 @@ fn lookup(cx: &Ctx<'_>, dir: &Fh, dst: &Stat, n: &[u8]) -> Result<(Fh, Stat), St
 /// CREATE as `how` asks.
 fn create(cx: &Ctx<'_>, dir: &Fh, n: &CString, how: &CreateHow3) -> R<(Fh, Stat)> {
     let (set, exclusive) = match how {
-        CreateHow3::Unchecked(sa) => (settable(sa), false),
-        CreateHow3::Guarded(sa) => (settable(sa), true),
+        CreateHow3::Unchecked(sa) => (settable(sa)?, false),
+        CreateHow3::Guarded(sa) => (settable(sa)?, true),
         CreateHow3::Exclusive(_) => (SetAttrs::default(), true),
     };
     let mode = set.mode.unwrap_or(0o644);
