@@ -73,6 +73,7 @@ Its answers to LOCK_MSG and UNLOCK_MSG over TCP, checked by hand with a
 fake portmapper and lock manager on the host, are what sluice sends: a
 void reply, a PMAP GETPORT for NLM 4 over TCP at the caller's address,
 then LOCK_RES and UNLOCK_RES with the request's cookie.
+
 No sleeps for synchronisation: every wait is a blocking read with a
 timeout; only the tests of a grace period and of a lease running out
 poll, since time passing is what they check.
