@@ -817,7 +817,9 @@ fn send_result(srv: &Server, addr: IpAddr, udp: bool, proc_: u32, args: Vec<u8>)
     };
     if srv.nlm.results_sending.fetch_add(1, Ordering::AcqRel) >= RESULTS_MAX {
         srv.nlm.results_sending.fetch_sub(1, Ordering::AcqRel);
-        tracing::info!(%addr, proc_, "too many NLM results being sent; this one is dropped");
+        // Each of those waits for an unanswering client at most a few
+        // seconds; a flood of requests is not logged line by line.
+        tracing::debug!(%addr, proc_, "too many NLM results being sent; this one is dropped");
         return;
     }
     let spawned = std::thread::Builder::new()
