@@ -1865,6 +1865,16 @@ def _nlm_ports_asked(host: "FakeClientHost") -> list:
     return [q.prot for q in host.queries if q.prog == NLM_PROGRAM]
 
 
+def _msg_server(sluice_factory, host: "FakeClientHost") -> tuple:
+    """A sluice (metrics on, no grace) that finds client hosts' services
+    through `host`'s portmapper, and a new file of its export."""
+    srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False, metrics=True)
+    e = Env(srv.port)
+    fh = e.new_file()
+    e.close()
+    return srv, fh
+
+
 @pytest.mark.parametrize("udp", [False, True], ids=["tcp", "udp"])
 def test_async_requests_send_their_results_to_the_callers_lock_manager(sluice_factory, udp):
     """XNFS's asynchronous requests, which macOS's lock manager sends
@@ -1878,10 +1888,7 @@ def test_async_requests_send_their_results_to_the_callers_lock_manager(sluice_fa
     Linux server sends them (fs/lockd/svc4proc.c)."""
     host = FakeClientHost()
     try:
-        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False, metrics=True)
-        e = Env(srv.port)
-        fh = e.new_file()
-        e.close()
+        srv, fh = _msg_server(sluice_factory, host)
         a = owner(fh, "host-mac", 31, offset=0, length=100)
         with NlmClient(srv.port, udp=udp) as c:
             r = accepted(c.call_raw(NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(a, True, False, False, 1, b"lock-ck")), "LOCK_MSG")
@@ -1929,10 +1936,7 @@ def test_async_lock_blocked_then_granted_by_a_granted_call(sluice_factory, nlm_o
     request's transport, or UDP likewise."""
     host = FakeClientHost(nlm_over)
     try:
-        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False)
-        e = Env(srv.port)
-        fh = e.new_file()
-        e.close()
+        srv, fh = _msg_server(sluice_factory, host)
         b = owner(fh, "host-mac", 32, offset=10, length=20)
         with NlmClient(srv.port) as c:
             expect(c.lock(owner(fh, "host-a", 1)), S.GRANTED, "A's LOCK")
@@ -1957,10 +1961,7 @@ def test_malformed_async_request_gets_garbage_args_and_no_results(sluice_factory
     no lock and sends no LOCK_RES; the next well-formed one is served."""
     host = FakeClientHost()
     try:
-        srv = sluice_factory("--grace-time", 0, "--nsm-portmap", f"127.0.0.1:{host.pmap_port}", root_squash=False, metrics=True)
-        e = Env(srv.port)
-        fh = e.new_file()
-        e.close()
+        srv, fh = _msg_server(sluice_factory, host)
         a = owner(fh, "host-mac", 33)
         with NlmClient(srv.port) as c:
             garbage(c, NLM_PROGRAM, NLM_V4, NlmProc.LOCK_MSG, n.lockargs(a, True, False, False, 1, b"bad-ck")[:-4], "LOCK_MSG without its state")

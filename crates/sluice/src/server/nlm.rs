@@ -706,6 +706,15 @@ fn call_record(prog: u32, vers: u32, proc_: u32, args: &[u8]) -> std::io::Result
     Ok((xid, e.into_inner()))
 }
 
+/// A datagram socket on an ephemeral port of `target`'s address family.
+fn udp_socket_for(target: SocketAddr) -> std::io::Result<UdpSocket> {
+    UdpSocket::bind(if target.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    })
+}
+
 /// One call over a connected stream or datagram socket: the result body.
 fn rpc_call(
     target: SocketAddr,
@@ -717,11 +726,7 @@ fn rpc_call(
 ) -> std::io::Result<Vec<u8>> {
     let (xid, call) = call_record(prog, vers, proc_, args)?;
     let reply = if udp {
-        let s = UdpSocket::bind(if target.is_ipv4() {
-            SocketAddr::from(([0, 0, 0, 0], 0))
-        } else {
-            SocketAddr::from(([0u16; 8], 0))
-        })?;
+        let s = udp_socket_for(target)?;
         s.set_read_timeout(Some(CALL_TIMEOUT))?;
         s.connect(target)?;
         let mut buf = vec![0u8; 8192];
@@ -778,12 +783,7 @@ fn rpc_send(
 ) -> std::io::Result<()> {
     let (_, call) = call_record(prog, vers, proc_, args)?;
     if udp {
-        let s = UdpSocket::bind(if target.is_ipv4() {
-            SocketAddr::from(([0, 0, 0, 0], 0))
-        } else {
-            SocketAddr::from(([0u16; 8], 0))
-        })?;
-        s.send_to(&call, target)?;
+        udp_socket_for(target)?.send_to(&call, target)?;
         return Ok(());
     }
     let mut s = TcpStream::connect_timeout(&target, CALL_TIMEOUT)?;
