@@ -827,32 +827,9 @@ fn send_result(srv: &Server, addr: IpAddr, udp: bool, proc_: u32, args: Vec<u8>)
         .spawn({
             let srv = srv.clone();
             move || {
-                let prots = if udp {
-                    [(IPPROTO_UDP, true), (IPPROTO_TCP, false)]
-                } else {
-                    [(IPPROTO_TCP, false), (IPPROTO_UDP, true)]
-                };
-                let sent = (|| {
-                    let mut first_err = None;
-                    for (prot, over_udp) in prots {
-                        match getport(&srv, addr, NLM_PROGRAM, NLM_VERSION, prot) {
-                            Ok(target) => {
-                                return rpc_send(
-                                    target,
-                                    over_udp,
-                                    NLM_PROGRAM,
-                                    NLM_VERSION,
-                                    proc_,
-                                    &args,
-                                )
-                            }
-                            Err(e) => {
-                                first_err.get_or_insert(e);
-                            }
-                        }
-                    }
-                    Err(first_err.unwrap_or_else(|| std::io::Error::other("no transport")))
-                })();
+                let sent = lock_manager(&srv, addr, udp).and_then(|(target, over_udp)| {
+                    rpc_send(target, over_udp, NLM_PROGRAM, NLM_VERSION, proc_, &args)
+                });
                 match sent {
                     Ok(()) => {
                         srv.nlm.results_sent.fetch_add(1, Ordering::Relaxed);
@@ -870,6 +847,24 @@ fn send_result(srv: &Server, addr: IpAddr, udp: bool, proc_: u32, args: Vec<u8>)
         });
     if spawned.is_err() {
         srv.nlm.results_sending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Where the lock manager (NLM 4) of `host` listens, and whether over
+/// UDP: over the transport `udp` names, or over the other when the host's
+/// portmapper knows it only there (the first transport's error when
+/// neither).
+fn lock_manager(srv: &Server, host: IpAddr, udp: bool) -> std::io::Result<(SocketAddr, bool)> {
+    let (first, second) = if udp {
+        (IPPROTO_UDP, IPPROTO_TCP)
+    } else {
+        (IPPROTO_TCP, IPPROTO_UDP)
+    };
+    match getport(srv, host, NLM_PROGRAM, NLM_VERSION, first) {
+        Ok(t) => Ok((t, udp)),
+        Err(e) => getport(srv, host, NLM_PROGRAM, NLM_VERSION, second)
+            .map(|t| (t, !udp))
+            .map_err(|_| e),
     }
 }
 
@@ -903,13 +898,7 @@ fn getport(
 /// over UDP when the client's portmapper knows its lock manager only
 /// there.
 fn send_granted(srv: &Server, b: &Blocked) -> std::io::Result<()> {
-    let (target, udp) = match getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_TCP) {
-        Ok(t) => (t, false),
-        Err(e) => match getport(srv, b.host.addr, NLM_PROGRAM, NLM_VERSION, IPPROTO_UDP) {
-            Ok(t) => (t, true),
-            Err(_) => return Err(e),
-        },
-    };
+    let (target, udp) = lock_manager(srv, b.host.addr, false)?;
     let mut a = Encoder::new();
     a.opaque(&b.cookie);
     a.bool(b.write);
