@@ -679,7 +679,7 @@ SECTIONS = [
         "The phases of `meta` over NFSv3: each client mounts the export with MOUNT v3 and keeps the "
         "directory's handle. `create` is CREATE (UNCHECKED, mode 0644) and a 4 KiB UNSTABLE WRITE, two "
         "calls (NFSv3 has no CLOSE); `stat` a LOOKUP, whose reply carries the attributes; `readdir` "
-        "READDIRPLUS with 256 KiB replies (dircount an eighth of that, as the Linux client asks), "
+        "READDIRPLUS with 256 KiB replies (dircount an eighth of that, as Linux clients before 5.18 ask), "
         "counted in entries without `.` and `..`; `names` READDIR (names and file ids) with 256 KiB "
         "replies; `rename` RENAME; `remove` REMOVE. The local limits (`local synced`, `local`) are "
         "measured as for `meta`, in the same rounds.",

@@ -51,12 +51,13 @@ names, names over 255 bytes and names with "/" or NUL (GARBAGE_ARGS),
 where sluice answers NFS3ERR_NOENT (LOOKUP), NFS3ERR_NAMETOOLONG and
 NFS3ERR_ACCES; knfsd answers RMDIR and RENAME of "." and ".." with
 NFS3ERR_ACCES and NFS3ERR_PERM, sluice as rmdir(2) and rename(2) do
-(NFS3ERR_INVAL, NFS3ERR_NOTEMPTY, NFS3ERR_EXIST); READLINK of a directory
-gets NFS3ERR_ISDIR from knfsd, NFS3ERR_INVAL (RFC 1813's) from sluice; and
-knfsd's READDIRPLUS ignores dircount. Three answers of sluice's changed to
-knfsd's, each the RFC's too: REMOVE of "." and ".." (NFS3ERR_ACCES), a
-time with a second of nanoseconds or more (NFS3ERR_INVAL), and COMMIT of
-a range past 2^64 (committed).
+(NFS3ERR_INVAL, NFS3ERR_NOTEMPTY, NFS3ERR_EXIST); and READLINK of a
+directory gets NFS3ERR_ISDIR from knfsd, NFS3ERR_INVAL (RFC 1813's) from
+sluice. Three answers of sluice's changed to knfsd's, each the RFC's too:
+REMOVE of "." and ".." (NFS3ERR_ACCES), a time with a second of nanoseconds
+or more (NFS3ERR_INVAL), and COMMIT of a range past 2^64 (committed). And
+READDIRPLUS fills maxcount whatever dircount says, as knfsd and nfs-ganesha
+do (sluice kept its entries within dircount before).
 """
 
 from __future__ import annotations
@@ -1063,6 +1064,26 @@ def test_readdirplus_of_many_entries_lists_each_once_with_handles(c, big_dir):
         assert a.fileid == fileid and a.size == size and a.type == NF3REG, a
         assert attr(c, fh).fileid == fileid
         assert c.must(c.lookup(big_dir, name)).fh == fh, f"READDIRPLUS and LOOKUP give different handles for {name}"
+
+
+def test_readdirplus_fills_maxcount_whatever_dircount_says(c, big_dir):
+    """READDIRPLUS's dircount bounds the names and cookies of a reply (RFC
+    1813 section 3.3.17), there so that a server need not read more of the
+    directory than the client uses. The Linux server and nfs-ganesha leave
+    it aside and fill maxcount; so does sluice: Linux clients before 5.18
+    ask for an eighth of maxcount, which with short names would stop each
+    reply at about two thirds of what maxcount holds. 512 bytes of names
+    and cookies hold at most 18 of these entries (fileid, "eNNNN" and
+    cookie: 28 bytes each); 32 KiB of reply hold over 100 with their
+    attributes and handles."""
+    maxcount = 32768
+    r = c.must(c.readdirplus(big_dir, 0, v.ZERO_VERF, 512, maxcount))
+    assert len(r.entries) > 100, f"dircount 512, maxcount {maxcount}: {len(r.entries)} entries in {r.body_len - 4} bytes"
+    assert r.body_len - 4 <= maxcount
+    assert all(e[3] is not None and e[4] is not None for e in r.entries if e[1] not in (".", ".."))
+    entries, calls = c.readdir_all(big_dir, count=512, plus=True, maxcount=maxcount)
+    assert {e[1] for e in entries} - {".", ".."} == {f"e{i:04d}" for i in range(MANY)}
+    assert calls < 20, f"{MANY} entries took {calls} READDIRPLUS calls of maxcount {maxcount}"
 
 
 @pytest.mark.parametrize("count", [1024, 4096])

@@ -351,9 +351,10 @@ pub struct DirPage {
 
 impl Client3 {
     /// READDIRPLUS of `dir` from `cookie` (0 and a zero verifier at the
-    /// start), replies of at most `maxcount` bytes, as the Linux client
-    /// asks: `dircount` an eighth of `maxcount`. Each entry must carry
-    /// its attributes, as `ls -l` needs them.
+    /// start), replies of at most `maxcount` bytes, as Linux clients
+    /// before 5.18 ask: `dircount` an eighth of `maxcount` (5.18 and later
+    /// send maxcount for both). Each entry must carry its attributes, as
+    /// `ls -l` needs them.
     pub async fn readdirplus(
         &self,
         dir: &[u8],
