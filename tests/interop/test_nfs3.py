@@ -1072,7 +1072,7 @@ def test_readdirplus_fills_maxcount_whatever_dircount_says(c, big_dir):
     directory than the client uses. The Linux server and nfs-ganesha leave
     it aside and fill maxcount; so does sluice: Linux clients before 5.18
     ask for an eighth of maxcount, which with short names would stop each
-    reply at about two thirds of what maxcount holds. 512 bytes of names
+    reply at about three fifths of what maxcount holds. 512 bytes of names
     and cookies hold at most 18 of these entries (fileid, "eNNNN" and
     cookie: 28 bytes each); 32 KiB of reply hold over 100 with their
     attributes and handles."""

@@ -1336,9 +1336,9 @@ fn read(
 /// the directory than the client will use; a reply that holds more
 /// entries within maxcount costs the client nothing. Linux clients before
 /// 5.18 ask for an eighth of maxcount ("big enough", their comment says),
-/// which with short names stops a reply at about two thirds of the
-/// entries maxcount holds, and costs `ls -l` of a large directory a third
-/// more calls.
+/// which with short names stopped a reply at about three fifths of the
+/// entries maxcount holds: 177 calls instead of 104 for 20,000 entries in
+/// 32 KiB replies.
 fn readdir(
     cx: &mut Ctx<'_>,
     dir: &[u8],
