@@ -1754,7 +1754,8 @@ fn main() -> std::io::Result<()> {
 }
 
 /// `nfs3` seeds: one or more calls of every NFSv3 and MOUNT procedure,
-/// and of NLM's and NSM's (see `src/v3.rs` for the layout).
+/// of NLM's and NSM's, and of the portmapper's (see `src/v3.rs` for the
+/// layout).
 fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     use sluice_fuzz::v3::input;
     fn sattr(e: &mut Encoder, mode: Option<u32>, size: Option<u64>) {
@@ -1930,6 +1931,30 @@ fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
         e.string("fuzzhost");
         e.i32(5);
     });
+    // Portmapper calls on the NFS port (selectors 48 to 57).
+    fn rpcb(e: &mut Encoder, netid: &str) {
+        e.u32(100003);
+        e.u32(3);
+        e.string(netid);
+        e.string("127.0.0.1.8.1");
+        e.string("fuzz");
+    }
+    add("pmap-null", 48, false, &|_| {});
+    add("pmap-set", 49, false, &|e| {
+        for x in [100005, 3, 6, 2049] {
+            e.u32(x);
+        }
+    });
+    add("pmap-getport", 51, false, &|e| {
+        for x in [100003, 3, 6, 0] {
+            e.u32(x);
+        }
+    });
+    add("pmap-dump", 52, false, &|_| {});
+    add("rpcb3-getaddr", 54, false, &|e| rpcb(e, "tcp"));
+    add("rpcb4-set", 55, false, &|e| rpcb(e, "udp"));
+    add("rpcb4-getaddr-tcp6", 56, false, &|e| rpcb(e, "tcp6"));
+    add("rpcb4-dump", 57, false, &|_| {});
     v.into_iter()
         .map(|(n, d)| (format!("seed-{n}"), d))
         .collect()

@@ -1,13 +1,14 @@
-//! The layout of `nfs3` inputs: NFSv3, MOUNT, NLM and NSM calls to the
-//! harness's server.
+//! The layout of `nfs3` inputs: NFSv3, MOUNT, NLM, NSM and portmapper
+//! calls to the harness's server.
 //!
 //! The first byte picks the call: its low six bits modulo [`CALLS`] are
 //! an NFSv3 procedure (0 to 21), a MOUNT v3 procedure (22 to 27 are
 //! MOUNT's 0 to 5), an NLM v4 procedure (28 to 36 are NULL, TEST, LOCK,
 //! CANCEL, UNLOCK, SHARE, UNSHARE, NM_LOCK and FREE_ALL; 44 to 47 the
 //! asynchronous TEST_MSG, LOCK_MSG, CANCEL_MSG and UNLOCK_MSG) or an NSM
-//! procedure (37 to 43 are its 0 to 6); bit 0x80 calls as uid and gid
-//! 1000 (else root). For an NFSv3 procedure other than NULL a handle is
+//! procedure (37 to 43 are its 0 to 6), or a portmapper procedure that
+//! sluice answers on the NFS port (48 to 57, see [`PMAP_CALLS`]); bit 0x80
+//! calls as uid and gid 1000 (else root). For an NFSv3 procedure other than NULL a handle is
 //! put first: the export root's, or with bit 0x40 the fixture file's. The
 //! rest of the input is what follows the first handle in the procedure's
 //! arguments (a name, offsets, attributes, data, a second handle), or the
@@ -16,14 +17,29 @@
 
 use crate::harness::Harness;
 use crate::wire::{self, Auth};
-use sluice::mount::{MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM};
+use sluice::mount::{Mapping, Rpcb, MOUNT_PROGRAM, NLM_PROGRAM, NSM_PROGRAM, PMAP_PROGRAM};
 use sluice::nfs3::{Args3, VERSION};
 use sluice::nlm::{NlmArgs, NsmArgs};
 use sluice::rpc;
 use sluice::xdr::{Decoder, Encoder};
 
 /// Values of the first byte's low 6 bits (modulo this) that pick a call.
-pub const CALLS: u8 = 48;
+pub const CALLS: u8 = 58;
+/// The portmapper calls of selectors 48 to 57: (version, procedure).
+/// PMAP version 2's NULL, SET, UNSET, GETPORT and DUMP; rpcbind version
+/// 3's UNSET and GETADDR; version 4's SET, GETADDR and DUMP.
+pub const PMAP_CALLS: [(u32, u32); 10] = [
+    (2, 0),
+    (2, 1),
+    (2, 2),
+    (2, 3),
+    (2, 4),
+    (3, 2),
+    (3, 3),
+    (4, 1),
+    (4, 3),
+    (4, 4),
+];
 /// The NLM procedures of selectors 28 to 36, then of 44 to 47.
 const NLM_PROCS: [u32; 9] = [0, 1, 2, 3, 4, 20, 21, 22, 23];
 const NLM_MSG_PROCS: [u32; 4] = [6, 7, 8, 9];
@@ -70,7 +86,7 @@ pub fn record(data: &[u8], root: &[u8], file: &[u8], xid: u32) -> Option<Vec<u8>
     } else if sel < 28 {
         wire::call_header(&mut e, xid, MOUNT_PROGRAM, 3, (sel - 22) as u32, auth);
         e.raw(rest);
-    } else if sel < 37 || sel >= 44 {
+    } else if sel < 37 || (44..48).contains(&sel) {
         let proc_ = if sel < 37 {
             NLM_PROCS[(sel - 28) as usize]
         } else {
@@ -78,6 +94,13 @@ pub fn record(data: &[u8], root: &[u8], file: &[u8], xid: u32) -> Option<Vec<u8>
         };
         let _ = NlmArgs::decode(proc_, &mut Decoder::new(rest));
         wire::call_header(&mut e, xid, NLM_PROGRAM, 4, proc_, auth);
+        e.raw(rest);
+    } else if sel >= 48 {
+        let (vers, proc_) = PMAP_CALLS[(sel - 48) as usize];
+        // The decoders alone must not panic either.
+        let _ = Mapping::decode(&mut Decoder::new(rest));
+        let _ = Rpcb::decode(&mut Decoder::new(rest));
+        wire::call_header(&mut e, xid, PMAP_PROGRAM, vers, proc_, auth);
         e.raw(rest);
     } else {
         let proc_ = (sel - 37) as u32;
@@ -102,6 +125,6 @@ pub fn run(h: &mut Harness, data: &[u8]) {
     let reply = h.run_record(&rec);
     assert!(
         reply.is_some(),
-        "no reply to an NFSv3, MOUNT, NLM or NSM call"
+        "no reply to an NFSv3, MOUNT, NLM, NSM or portmapper call"
     );
 }
