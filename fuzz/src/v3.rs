@@ -7,12 +7,13 @@
 //! CANCEL, UNLOCK, SHARE, UNSHARE, NM_LOCK and FREE_ALL; 44 to 47 the
 //! asynchronous TEST_MSG, LOCK_MSG, CANCEL_MSG and UNLOCK_MSG) or an NSM
 //! procedure (37 to 43 are its 0 to 6), or a portmapper procedure that
-//! sluice answers on the NFS port (48 to 57, see [`PMAP_CALLS`]); bit 0x80
-//! calls as uid and gid 1000 (else root). For an NFSv3 procedure other than NULL a handle is
-//! put first: the export root's, or with bit 0x40 the fixture file's. The
-//! rest of the input is what follows the first handle in the procedure's
-//! arguments (a name, offsets, attributes, data, a second handle), or the
-//! whole arguments of the other programs.
+//! sluice answers on the NFS port (48 to 57, see [`PMAP_CALLS`]); bit
+//! 0x80 calls as uid and gid 1000 (else root). For an NFSv3 procedure
+//! other than NULL a handle is put first: the export root's, or with bit
+//! 0x40 the fixture file's. The rest of the input is what follows the
+//! first handle in the procedure's arguments (a name, offsets,
+//! attributes, data, a second handle), or the whole arguments of the
+//! other programs.
 //! Every call must get a reply, and the server must go on serving.
 
 use crate::harness::Harness;
