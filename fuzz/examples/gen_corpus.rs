@@ -1757,6 +1757,7 @@ fn main() -> std::io::Result<()> {
 /// of NLM's and NSM's, and of the portmapper's (see `src/v3.rs` for the
 /// layout).
 fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
+    use sluice::mount::{IPPROTO_TCP, MOUNT_PROGRAM};
     use sluice_fuzz::v3::input;
     fn sattr(e: &mut Encoder, mode: Option<u32>, size: Option<u64>) {
         match mode {
@@ -1933,7 +1934,7 @@ fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     });
     // Portmapper calls on the NFS port (selectors 48 to 57).
     fn rpcb(e: &mut Encoder, netid: &str) {
-        e.u32(100003);
+        e.u32(rpc::NFS_PROGRAM);
         e.u32(3);
         e.string(netid);
         e.string("127.0.0.1.8.1");
@@ -1941,12 +1942,12 @@ fn nfs3_seeds() -> Vec<(String, Vec<u8>)> {
     }
     add("pmap-null", 48, false, &|_| {});
     add("pmap-set", 49, false, &|e| {
-        for x in [100005, 3, 6, 2049] {
+        for x in [MOUNT_PROGRAM, 3, IPPROTO_TCP, 2049] {
             e.u32(x);
         }
     });
     add("pmap-getport", 51, false, &|e| {
-        for x in [100003, 3, 6, 0] {
+        for x in [rpc::NFS_PROGRAM, 3, IPPROTO_TCP, 0] {
             e.u32(x);
         }
     });
