@@ -14,8 +14,10 @@
 //! An op that ran on a connection's task ([`DirSyncs::sync_async`])
 //! waits without holding a thread: the sync it starts, if any, runs on a
 //! blocking thread, and the task is woken when a sync that started after
-//! its change has ended. Threads ([`DirSyncs::sync`]) and tasks share the
-//! same syncs.
+//! its change has ended. Threads ([`DirSyncs::sync_job`]) and tasks
+//! share the same syncs. The callers that come while a sync runs need
+//! the next one: its runner starts that at once when it ends, and the
+//! end of a sync wakes only the callers it served.
 
 use std::collections::HashMap;
 use std::io;
@@ -35,17 +37,35 @@ struct Gen {
     failed: Option<i32>,
     /// Callers (threads and tasks) waiting for a sync to end.
     waiting: usize,
-    /// The last sync a task waits for that had not started when it came
-    /// (see [`DirSyncs::sync_async`]).
+    /// The last sync a caller waits for that had not started when it
+    /// came, while one ran that started before its change: the runner of
+    /// that one starts it as soon as it ends (see [`run_chain`]).
     wanted: u64,
+    /// Times a waiting thread was woken (by the end of a sync or
+    /// spuriously), for the tests.
+    #[cfg(test)]
+    woken: u64,
 }
 
+/// A directory's syncs and their waiters. At most two syncs matter to
+/// the callers waiting at any time: the one running and the next; a
+/// caller waits on the condition (and, a task, the [`Notify`]) of its
+/// sync's parity, so that the end of one sync wakes only the callers it
+/// serves, not those who came during it and need the next.
+///
+/// [`Notify`]: tokio::sync::Notify
 #[derive(Default)]
 struct Dir {
     gen: Mutex<Gen>,
-    ended: Condvar,
-    /// Wakes the tasks waiting (see [`DirSyncs::sync_async`]).
-    ended_tasks: tokio::sync::Notify,
+    /// Wakes the threads waiting, by the parity of the sync they need.
+    ended: [Condvar; 2],
+    /// Wakes the tasks waiting (see [`DirSyncs::sync_async`]), the same.
+    ended_tasks: [tokio::sync::Notify; 2],
+}
+
+/// The parity of sync number `n`: which condition its waiters wait on.
+fn parity(n: u64) -> usize {
+    (n % 2) as usize
 }
 
 /// A directory sync that an op, which ran where it must not wait, left
@@ -147,7 +167,7 @@ impl DirSyncs {
         loop {
             // Listening before looking: an end between the look and the
             // wait is not missed.
-            let woken = d.ended_tasks.notified();
+            let woken = d.ended_tasks[parity(need)].notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             {
@@ -211,8 +231,9 @@ fn run_chain(d: &Dir, sync: &Job, mut mine: u64) {
 }
 
 /// Records the end of sync number `mine` of `d`, with its result, and
-/// wakes the threads and tasks waiting; with `again`, the caller starts
-/// the next sync at once.
+/// wakes the threads and tasks waiting for it; with `again`, the caller
+/// starts the next sync at once, and those waiting for that one sleep
+/// on. Without, they are woken too, and one of them starts it.
 fn ended(d: &Dir, g: &mut Gen, mine: u64, r: &io::Result<()>, again: bool) {
     g.running = again;
     g.done = mine;
@@ -220,8 +241,16 @@ fn ended(d: &Dir, g: &mut Gen, mine: u64, r: &io::Result<()>, again: bool) {
         .as_ref()
         .err()
         .map(|e| e.raw_os_error().unwrap_or(libc::EIO));
-    d.ended.notify_all();
-    d.ended_tasks.notify_waiters();
+    if g.waiting == 0 {
+        // No one to wake (a lone caller's sync): no futex calls. A task
+        // counts itself under the lock held here before it waits.
+        return;
+    }
+    let parities: &[u64] = if again { &[mine] } else { &[mine, mine + 1] };
+    for &n in parities {
+        d.ended[parity(n)].notify_all();
+        d.ended_tasks[parity(n)].notify_waiters();
+    }
 }
 
 fn wait_or_run(
@@ -264,9 +293,21 @@ fn wait_or_run(
             }
             return (r, true);
         }
+        if chain.is_some() && g.started < need {
+            // The sync running started before this caller's change: its
+            // runner starts the next one as soon as it ends, which wakes
+            // this caller only when that one has ended too.
+            g.wanted = g.wanted.max(need);
+        }
         g.waiting += 1;
-        g = d.ended.wait(g).unwrap_or_else(|e| e.into_inner());
+        g = d.ended[parity(need)]
+            .wait(g)
+            .unwrap_or_else(|e| e.into_inner());
         g.waiting -= 1;
+        #[cfg(test)]
+        {
+            g.woken += 1;
+        }
     }
 }
 
@@ -368,6 +409,78 @@ mod tests {
         assert_eq!(entry.gen.lock().unwrap().waiting, 0);
         let (r, ran) = rt.block_on(s.sync_async((2, 2), Arc::new(|| Ok(()))));
         assert!(r.is_ok() && ran);
+        assert!(s.dirs.lock().unwrap().is_empty());
+    }
+
+    /// Threads (`sync_job`: workers whose op changed the directory) that
+    /// come while a sync runs wait for the next one as tasks do: the end
+    /// of the running sync leaves them asleep, its runner starts the
+    /// next one (here on its own thread, outside a runtime), and only
+    /// that one's end wakes them; none of them runs it.
+    #[test]
+    fn threads_during_a_sync_sleep_through_its_end_and_share_the_next() {
+        let s = Arc::new(DirSyncs::default());
+        let syncs = Arc::new(AtomicUsize::new(0));
+        // For each of the two syncs: one barrier it waits at once inside,
+        // one before it ends.
+        let gates: Arc<Vec<(Barrier, Barrier)>> =
+            Arc::new((0..2).map(|_| (Barrier::new(2), Barrier::new(2))).collect());
+        let job: Job = {
+            let (syncs, gates) = (syncs.clone(), gates.clone());
+            Arc::new(move || {
+                let n = syncs.fetch_add(1, Ordering::SeqCst);
+                if let Some((inside, release)) = gates.get(n) {
+                    inside.wait();
+                    release.wait();
+                }
+                match n {
+                    0 => Ok(()),
+                    _ => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+                }
+            })
+        };
+        let on_thread = |s: &Arc<DirSyncs>| {
+            let (s, job) = (s.clone(), job.clone());
+            std::thread::spawn(move || s.sync_job((1, 1), job))
+        };
+        let first = on_thread(&s);
+        gates[0].0.wait();
+        let later: Vec<_> = (0..8).map(|_| on_thread(&s)).collect();
+        let entry = loop {
+            if let Some(e) = s.dirs.lock().unwrap().get(&(1, 1)) {
+                if e.0.gen.lock().unwrap().waiting == 8 {
+                    break e.0.clone();
+                }
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(entry.gen.lock().unwrap().wanted, 2);
+        gates[0].1.wait();
+        // The second sync runs: the 8 still wait, none woken by the end
+        // of the first.
+        gates[1].0.wait();
+        let g = entry.gen.lock().unwrap();
+        assert_eq!(
+            (g.waiting, g.woken),
+            (8, 0),
+            "the end of the first sync woke callers that need the second"
+        );
+        drop(g);
+        gates[1].1.wait();
+        let (r, ran) = first.join().unwrap();
+        assert!(
+            r.is_ok() && ran,
+            "the first caller gets its own sync's result"
+        );
+        for t in later {
+            let (r, ran) = t.join().unwrap();
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+            assert!(!ran, "a waiting thread ran the sync its runner should have");
+        }
+        assert_eq!(syncs.load(Ordering::SeqCst), 2, "one sync for the 8");
+        let g = entry.gen.lock().unwrap();
+        assert_eq!((g.waiting, g.woken), (0, 8), "each waiter woken once");
+        drop(g);
         assert!(s.dirs.lock().unwrap().is_empty());
     }
 
