@@ -9,6 +9,9 @@
   not amplified beyond the readahead window either, a reader that comes
   after the readahead finds its data cached (every READ a hit), and
   `--readahead-max 0` issues nothing.
+* `--zero-copy always`: data of the server's read cache sent by reference
+  (vmsplice) reads exactly, before and after the file changes (nfs-rs,
+  raw NFSv3 READs, and the 6.12 guest above for a cached file).
 
 Every server here is started with `--metrics 127.0.0.1:0` and scraped over
 HTTP before and after the workload; assertions are on the deltas.
@@ -315,6 +318,8 @@ md5sum /mnt/big > /tmp/sum || fail "md5sum /mnt/big"
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "GUEST_MD5 $(cut -d' ' -f1 /tmp/sum)"
 echo "GUEST_SECONDS $t0 $t1"
+md5sum /mnt/warm > /tmp/sum || fail "md5sum /mnt/warm"
+echo "GUEST_WARM_MD5 $(cut -d' ' -f1 /tmp/sum)"
 echo "== mountstats"
 grep -E '^[[:space:]]+(READ|READ_PLUS):' /proc/self/mountstats
 umount /mnt || fail umount
@@ -322,13 +327,24 @@ echo "== done"
 """
 
 
+WARM = 64 * MiB
+
+
 @pytest.mark.guest
 def test_linux_612_reads_1gib_cold_with_readahead(start_server, tmp_path):
-    s = start_server()  # default --readahead-max (16 MiB)
+    """Also: a file in the server's read cache, whose data goes to the
+    guest's socket by reference (`--zero-copy always`: the guest's
+    connection comes from a loopback address), reads exactly."""
+    s = start_server("--zero-copy", "always")  # default --readahead-max (16 MiB)
     t = time.monotonic()
     want = make_cold(s.export / "big", BIG, seed=612)
     print(f"host: wrote and evicted 1 GiB in {time.monotonic() - t:.1f} s, md5 {want}, "
           f"file system {fs_type(s.export)}")
+    want_warm = make_cold(s.export / "warm", WARM, seed=613)
+    wait_settled(s.export / "warm")
+    r = run_load(s, "warm", "--pattern", "seq", "--bs", str(MiB), "--inflight", "8", "--streams", "1",
+                 "--duration", "120")
+    assert r["bytes"] == WARM
 
     events = cache_events()
     before = s.scrape()
@@ -360,10 +376,14 @@ def test_linux_612_reads_1gib_cold_with_readahead(start_server, tmp_path):
           f"disk/sent {d['sluice_disk_read_bytes_total'] / max(d['sluice_read_bytes_sent_total'], 1):.3f}")
 
     assert got.group(1) == want, f"checksum: guest {got.group(1)}, host {want}"
+    warm = re.search(r"^GUEST_WARM_MD5 ([0-9a-f]{32})", out, re.M)
+    assert warm and warm.group(1) == want_warm, f"checksum of the cached file: guest {warm}, host {want_warm}"
+    print(f"cached file: {d['sluice_read_spliced_bytes_total']:.0f} bytes by reference")
+    assert d["sluice_read_spliced_bytes_total"] >= WARM // 2
     # 6.12 with vers=4.2 reads with READ_PLUS; the server counts both kinds.
     assert int(stats.get("READ_PLUS", 0)) > 0, f"READ_PLUS not used: {stats}"
     assert reads >= int(stats.get("READ_PLUS", 0)) + int(stats.get("READ", 0))
-    assert d["sluice_read_bytes_sent_total"] >= BIG
+    assert d["sluice_read_bytes_sent_total"] >= BIG + WARM
     disturbed = check_sequential_disk(d, BIG, READAHEAD_MAX, events)
     # Readahead was active and served reads from the page cache.
     assert d["sluice_readahead_issued_bytes_total"] > 0
@@ -649,6 +669,9 @@ def test_cold_stream_reads_direct_then_from_the_servers_cache(start_server):
     # have gone through the page cache), no disk, next to no readahead.
     for d in (warm, again):
         assert d["sluice_read_cache_hits_total"] >= 0.95 * d["sluice_reads_total"]
+        # A client on this machine gets copies, not references (the
+        # default `--zero-copy remote`).
+        assert d["sluice_read_spliced_bytes_total"] == 0
         # The first two READs of the cold pass were served before the reader
         # turned sequential and are not in the server's cache: at most they
         # are read again (measured: 2,101,248 bytes once, 0 otherwise).
@@ -661,6 +684,64 @@ def test_cold_stream_reads_direct_then_from_the_servers_cache(start_server):
     while s.scrape()["sluice_read_cache_bytes"] > 0:
         assert time.monotonic() < deadline, "SIGUSR1 did not empty the read cache"
         time.sleep(0.01)
+    # Nothing went by reference, so the cache's memory is kept for reuse.
+    assert s.scrape()["sluice_read_cache_regions_unmapped_total"] == 0
+    assert s.alive()
+
+
+def v3_md5(server, name: str) -> tuple[str, int]:
+    """MD5 and size of /NAME read with NFSv3 READs of 1 MiB at 1 MiB
+    boundaries, one at a time (raw RPC, see v3client)."""
+    from v3client import E, Mount, Nfs3
+
+    with Mount(server.port) as m:
+        r = m.mnt("/")
+    assert r.ok, r
+    h, total = hashlib.md5(), 0
+    with Nfs3(server.port) as c:
+        found = c.lookup(r.fh, name)
+        assert found.status == E.OK, found
+        while True:
+            got = c.read(found.fh, total, MiB)
+            assert got.status == E.OK, got
+            h.update(got.data)
+            total += len(got.data)
+            if got.eof or not got.data:
+                return h.hexdigest(), total
+
+
+def test_cached_data_sent_by_reference_reads_exactly(start_server):
+    """`--zero-copy always`: READs served from the server's cache hand its
+    pages to the socket by reference. Every byte arrives as the file has
+    it; once the file changes, the next pass reads the new bytes (the old
+    pages are dropped from the cache and their regions unmapped, never
+    filled with new data while a socket may still hold them)."""
+    s = start_server("--readahead-max", str(READAHEAD_MAX), "--zero-copy", "always")
+    path = s.export / "byref"
+    want = make_cold(path, SEQ_FILE, seed=259)
+    wait_settled(path)
+    # The cold pass cuts the cache into the pieces its READs ask for.
+    r = run_load(s, "byref", "--pattern", "seq", "--bs", str(MiB), "--inflight", "8", "--streams", "1",
+                 "--duration", "120")
+    assert r["bytes"] == SEQ_FILE
+    before = s.scrape()
+    got = v3_md5(s, "byref")
+    d = delta(before, s.scrape())
+    print(f"warm pass: {d['sluice_read_spliced_bytes_total']:.0f} bytes by reference, "
+          f"{d['sluice_read_cache_hits_total']:.0f} cache hits of {d['sluice_reads_total']:.0f} READs")
+    assert got == (want, SEQ_FILE), "warm pass: the data sent by reference differs from the file's"
+    assert d["sluice_read_cache_hits_total"] >= 0.95 * d["sluice_reads_total"]
+    assert d["sluice_read_spliced_bytes_total"] >= SEQ_FILE - 2 * MiB
+    # New content, as a local writer makes it: the cached pages are stale.
+    want = make_cold(path, SEQ_FILE, seed=260)
+    wait_settled(path)
+    unmapped = s.scrape()["sluice_read_cache_regions_unmapped_total"]
+    for n, read in enumerate((nfsrs_md5, v3_md5)):
+        got = read(s, "byref")
+        assert got == (want, SEQ_FILE), f"pass {n + 1} after the change read stale or mixed data"
+    after = s.scrape()
+    print(f"after the change: {after['sluice_read_cache_regions_unmapped_total'] - unmapped:.0f} regions unmapped")
+    assert after["sluice_read_cache_regions_unmapped_total"] > unmapped, "the stale regions were not unmapped"
     assert s.alive()
 
 

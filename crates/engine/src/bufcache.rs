@@ -116,6 +116,9 @@ impl BufCache {
                 .data
                 .slice((offset - start) as usize..(want_end - start) as usize);
             f.entries.get_mut(&start)?.used = true;
+            // Served again, unchanged: its pages may go to a socket by
+            // reference (see `hugebuf::fix`).
+            crate::hugebuf::cached(&data);
             data
         } else {
             // Buffers end to end hold it (another client cut the file

@@ -180,6 +180,17 @@ struct Region {
 }
 
 impl Region {
+    /// A region of `map`, counted among the [`LIVE`] ones.
+    fn new(map: Mapping) -> Region {
+        let live = Live {
+            len: map.len,
+            cached: false,
+            fixed: false,
+        };
+        lock(&LIVE).insert(map.ptr.as_ptr() as usize, live);
+        Region { map: Some(map) }
+    }
+
     fn ptr(&self) -> *mut u8 {
         self.map
             .as_ref()
@@ -187,9 +198,78 @@ impl Region {
     }
 }
 
+/// A region alive, as [`LIVE`] knows it.
+struct Live {
+    len: usize,
+    /// The read cache serves data from it (see [`cached`]).
+    cached: bool,
+    /// Its pages went to the kernel by reference (see [`fix`]).
+    fixed: bool,
+}
+
+/// The regions alive, by start address.
+static LIVE: Mutex<std::collections::BTreeMap<usize, Live>> =
+    Mutex::new(std::collections::BTreeMap::new());
+
+/// The region all of the `len` bytes at address `at` lie in, if any.
+fn live_of(
+    live: &mut std::collections::BTreeMap<usize, Live>,
+    at: usize,
+    len: usize,
+) -> Option<&mut Live> {
+    live.range_mut(..=at)
+        .next_back()
+        .filter(|(&start, r)| at + len <= start + r.len)
+        .map(|(_, r)| r)
+}
+
+/// Notes that the read cache serves `data` (when it lies in a region of
+/// these buffers): from then on [`fix`] may hand its region's pages to
+/// the kernel by reference.
+pub fn cached(data: &[u8]) {
+    if let Some(r) = live_of(&mut lock(&LIVE), data.as_ptr() as usize, data.len()) {
+        r.cached = true;
+    }
+}
+
+/// Marks the memory of `data`, when it lies in a region whose data the
+/// read cache serves ([`cached`]), as memory the kernel may keep
+/// referring to after the last buffer of its region is gone: the region
+/// is then unmapped, never used again for new data. True when it is so,
+/// and `data` may go to a socket by reference; false for any other
+/// memory, which stays as it was.
+///
+/// A reply that hands pages to a socket by reference (`vmsplice`)
+/// instead of copying them leaves them to the kernel until the client
+/// has read them, long after the reply has left the server's hands; a
+/// region used again meanwhile would change what the client reads.
+/// Buffers are filled once and never written after, and the cache holds
+/// data of one version of a file (a change drops it, never writes into
+/// it). Only cached regions are fixed, so that regions whose data is
+/// sent once (a cold stream larger than the cache) are used again, as
+/// ever.
+pub fn fix(data: &[u8]) -> bool {
+    match live_of(&mut lock(&LIVE), data.as_ptr() as usize, data.len()) {
+        Some(r) if r.cached => {
+            r.fixed = true;
+            true
+        }
+        _ => false,
+    }
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         if let Some(m) = self.map.take() {
+            let fixed = lock(&LIVE)
+                .remove(&(m.ptr.as_ptr() as usize))
+                .is_some_and(|r| r.fixed);
+            if fixed {
+                // Its pages may still be referred to by a socket: they go
+                // with the mapping, and new data gets new memory.
+                FIXED_UNMAPPED.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             if m.len == REGION {
                 let mut free = lock(&FREE);
                 if free.huge.len() + free.plain.len() < KEEP_FREE.load(Ordering::Relaxed) {
@@ -220,6 +300,13 @@ static STOCK: Mutex<Vec<Mapping>> = Mutex::new(Vec::new());
 const STOCK_MAX: usize = 16;
 /// Huge regions alive, in use or not.
 static HUGE_ALIVE: AtomicUsize = AtomicUsize::new(0);
+/// Fixed regions unmapped when their last buffer went (see [`fix`]).
+static FIXED_UNMAPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Regions that [`fix`] kept from being used again, unmapped so far.
+pub fn fixed_unmapped() -> u64 {
+    FIXED_UNMAPPED.load(Ordering::Relaxed)
+}
 /// Set when a read wanted a huge region that was not there; the filler
 /// waits for it.
 static WANTED: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
@@ -406,7 +493,7 @@ impl Buf {
         let cap = len.max(1).next_multiple_of(ALIGN);
         if cap > REGION {
             let map = Mapping::new(cap.next_multiple_of(REGION), HUGE.load(Ordering::Relaxed))?;
-            let region = Arc::new(Region { map: Some(map) });
+            let region = Arc::new(Region::new(map));
             return Ok(Buf {
                 region,
                 off: 0,
@@ -426,7 +513,7 @@ impl Buf {
             }
         }
         let map = new_region()?;
-        let region = Arc::new(Region { map: Some(map) });
+        let region = Arc::new(Region::new(map));
         *cur = Some((region.clone(), cap));
         Ok(Buf {
             region,
@@ -536,9 +623,7 @@ mod tests {
         assert_eq!(stocked[0].ptr.as_ptr() as usize % REGION, 0);
         assert!(HUGE_ALIVE.load(Ordering::Relaxed) >= stocked.len());
         // Written and read back through a buffer of its region.
-        let region = Arc::new(Region {
-            map: stocked.into_iter().next(),
-        });
+        let region = Arc::new(Region::new(stocked.into_iter().next().unwrap()));
         let mut b = Buf {
             region,
             off: 0,
@@ -548,6 +633,49 @@ mod tests {
         unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 9, REGION) };
         let bytes = b.freeze(REGION);
         assert!(bytes.iter().all(|&x| x == 9));
+    }
+
+    /// A region that [`fix`] marked is unmapped when its last buffer goes,
+    /// never kept for new data: the kernel may still hold its pages.
+    /// Only memory of a live region that the cache serves can be fixed,
+    /// and only within it.
+    #[test]
+    fn fixed_regions_are_never_used_again() {
+        let region = Arc::new(Region::new(Mapping::new(REGION, false).unwrap()));
+        let start = region.ptr() as usize;
+        let mut b = Buf {
+            region,
+            off: 0,
+            cap: REGION,
+        };
+        // SAFETY: within the buffer's capacity.
+        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 5, REGION) };
+        let bytes = b.freeze(REGION);
+        let half = bytes.slice(REGION / 2..);
+        assert!(!fix(&half), "fixed before the cache served it");
+        cached(&half);
+        assert!(fix(&half) && fix(&bytes.slice(..4096)));
+        // Memory that is no region's, or not all of it: never fixed.
+        let heap = vec![1u8; 1 << 20];
+        cached(&heap);
+        assert!(!fix(&heap));
+        assert!(live_of(&mut lock(&LIVE), start + REGION - 1, 2).is_none());
+        let unmapped = fixed_unmapped();
+        drop(half);
+        drop(bytes);
+        assert!(fixed_unmapped() > unmapped, "the region was not unmapped");
+        assert!(
+            !lock(&LIVE).contains_key(&start),
+            "a dropped region is still counted alive"
+        );
+        let free = lock(&FREE);
+        assert!(
+            free.plain
+                .iter()
+                .chain(&free.huge)
+                .all(|m| m.ptr.as_ptr() as usize != start),
+            "a fixed region was kept for new data"
+        );
     }
 
     #[test]

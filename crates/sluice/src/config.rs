@@ -19,6 +19,7 @@
 //! read_plus_min_hole = "32K"
 //! listing_cache_ms = 1000    # listed attributes kept this long; 0 = never
 //! tcp_congestion = "cubic"   # for NFS connections (default: the system's)
+//! zero_copy = "remote"       # cached data by reference: "remote", "always", "never"
 //! require_privileged_port = false
 //! max_connections = 1024
 //! portmap = false            # true: sluice's own portmapper on port 111
@@ -106,6 +107,9 @@ pub struct ServerSection {
     pub listing_cache_ms: Option<u64>,
     /// TCP congestion control algorithm of NFS connections.
     pub tcp_congestion: Option<String>,
+    /// Which connections get cached data by reference: "remote",
+    /// "always" or "never".
+    pub zero_copy: Option<String>,
     /// Refuse connections from source ports of 1024 and above.
     pub require_privileged_port: Option<bool>,
     /// Connections served at once; more are closed on arrival.
@@ -281,6 +285,10 @@ pub fn parse(text: &str, name: &str) -> Result<ConfigFile, String> {
         check_busy_poll(us)
             .map_err(|m| format!("{name}{}: server.{m}", line_of("busy_poll_us")))?;
     }
+    if let Some(z) = &cfg.server.zero_copy {
+        z.parse::<crate::server::ZeroCopy>()
+            .map_err(|m| format!("{name}{}: server.{m}", line_of("zero_copy")))?;
+    }
     if let Some(cc) = &cfg.server.tcp_congestion {
         // Only the kernel knows which algorithms it has.
         crate::net::check_congestion(cc).map_err(|m| {
@@ -345,6 +353,7 @@ write_behind_min = "1M"
 read_cache = "512M"
 busy_poll_us = 20
 tcp_congestion = "reno"
+zero_copy = "always"
 require_privileged_port = true
 max_connections = 10
 
@@ -368,6 +377,7 @@ max_write = "512K"
         assert_eq!(c.server.read_cache, Some(Size(512 << 20)));
         assert_eq!(c.server.busy_poll_us, Some(20));
         assert_eq!(c.server.tcp_congestion.as_deref(), Some("reno"));
+        assert_eq!(c.server.zero_copy.as_deref(), Some("always"));
         assert_eq!(c.server.max_connections, Some(10));
         let e = &c.exports[0];
         assert!(e.read_only);
@@ -405,6 +415,15 @@ max_write = "512K"
         assert!(e.starts_with("x.toml:3:") && e.contains("max_read"), "{e}");
         let e = parse("[server]\n", "x.toml").unwrap_err();
         assert!(e.contains("no [[export]]"), "{e}");
+        let e = parse(
+            "[server]\nzero_copy = \"sometimes\"\n[[export]]\npath = \"/a\"\n",
+            "x.toml",
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("x.toml:2: server.zero_copy:") && e.contains("remote"),
+            "{e}"
+        );
         let e = parse(
             "[[export]]\npath = \"/a\"\n[[export]]\npath = \"/b\"\n",
             "x.toml",

@@ -132,6 +132,16 @@ struct ServeCli {
     /// [default: the system's].
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
+    /// Which connections get data of the read cache handed to the socket
+    /// by reference, without the copy into it: "remote" (clients on other
+    /// machines, whose network card then does the copy), "always" or
+    /// "never". A client on this machine copies such data itself, from
+    /// memory the CPU has not just touched, which costs more than the
+    /// copy saved; over loopback a warm stream's server spent 117-195 us
+    /// per 1 MiB READ instead of 273-293 us, its client 264-342 instead
+    /// of 186-215 (docs/benchmarks.md) [default: remote].
+    #[arg(long, value_name = "WHEN")]
+    zero_copy: Option<String>,
     /// How long, in milliseconds, listings keep the attributes of the
     /// files they stat'ed, for the next listings of the directory. Every
     /// change made through a system call is seen at once (fanotify on
@@ -327,6 +337,9 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     }
     if let Some(secs) = cli.grace_time.or(srv.grace_time) {
         config.grace = Some(Duration::from_secs(secs));
+    }
+    if let Some(z) = cli.zero_copy.or(srv.zero_copy.clone()) {
+        config.zero_copy = z.parse()?;
     }
     match cli.delegations.or(srv.delegations) {
         Some(d) => config.delegations = d.parse()?,

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 36] = [
+        let counters: [(&str, &str, u64); 38] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -182,6 +182,16 @@ impl Collector for Collect {
                 "sluice_read_cache_hits",
                 "READs served from the server's cache of data read with O_DIRECT.",
                 load(&srv.read.bufcache.stats.hits),
+            ),
+            (
+                "sluice_read_spliced_bytes",
+                "Bytes of the server's cache of data read with O_DIRECT handed to sockets by reference, without a copy (see --zero-copy).",
+                crate::net::spliced_bytes(),
+            ),
+            (
+                "sluice_read_cache_regions_unmapped",
+                "Regions of that cache whose pages went to sockets by reference, unmapped instead of used again once dropped.",
+                crate::engine::hugebuf::fixed_unmapped(),
             ),
             (
                 "sluice_inline_requests",

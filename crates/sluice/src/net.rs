@@ -3,7 +3,9 @@
 //!
 //! Replies go out with vectored writes: file data read for READ and
 //! READ_PLUS stays in the buffer it was read into and is handed to the
-//! socket as it is, next to the small encoded headers.
+//! socket as it is, next to the small encoded headers. For clients on
+//! other machines, data of the read cache goes by reference further
+//! still: its pages, not a copy, go into the socket ([`Kind::Fixed`]).
 
 use crate::rpc::{self, FragmentHeader, RecordAssembler};
 use crate::rules::IpRange;
@@ -428,7 +430,11 @@ async fn connection(
     // Small records (most requests) come in with their record mark in
     // one read; large WRITE bodies are read straight into their buffer.
     let mut rd = tokio::io::BufReader::with_capacity(READ_BUFFER, rd);
-    let outbox = Arc::new(Outbox::new(wr));
+    let zero_copy = match (peer, local) {
+        (Some(p), Some(l)) => srv.config.zero_copy.applies(p.ip(), l),
+        _ => false,
+    };
+    let outbox = Arc::new(Outbox::new(wr).zero_copy(zero_copy));
     let writer = tokio::spawn(outbox.clone().run());
     let backlog = outbox.backlog.clone();
     // Calls to the client over this connection (the back channel of the
@@ -938,11 +944,104 @@ struct Held(
     #[allow(dead_code)] OwnedSemaphorePermit,
 );
 
+/// What a buffer of a reply is, for the way it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Memory of the server's own: copied into the socket.
+    Own,
+    /// File data lent from a mapping of the file (see [`Queued::settle`]).
+    Lent,
+    /// Data of the server's read cache, in memory that is never written
+    /// again (`hugebuf::fix`, which makes sure of that when it says so):
+    /// its pages go to the socket by reference, through the connection's
+    /// pipe ([`Pipe`]).
+    Fixed,
+}
+
+/// Buffers at least this long that are [`Kind::Fixed`] are handed to the
+/// socket by reference; shorter ones are copied, which costs less than
+/// the two extra system calls.
+const SPLICE_MIN: usize = 64 * 1024;
+
+impl Kind {
+    /// The kind of a buffer of a reply; [`Kind::Fixed`] only `by_ref`.
+    fn of(b: &Bytes, lent: bool, by_ref: bool) -> Kind {
+        if lent {
+            Kind::Lent
+        } else if by_ref && b.len() >= SPLICE_MIN && crate::engine::hugebuf::fix(b) {
+            Kind::Fixed
+        } else {
+            Kind::Own
+        }
+    }
+}
+
+/// A connection's pipe, through which [`Kind::Fixed`] data goes to the
+/// socket without a copy: `vmsplice` puts references to its pages into
+/// the pipe, `splice` moves them on into the socket, where they stay
+/// until the client has read them (which is why only memory that is
+/// never written again may go this way).
+struct Pipe {
+    r: std::os::fd::OwnedFd,
+    w: std::os::fd::OwnedFd,
+}
+
+impl Pipe {
+    /// A pipe that holds a whole 1 MiB READ's data (the default holds 64
+    /// KiB: it still works, in more calls).
+    fn new() -> std::io::Result<Pipe> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array on success.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just made and are owned here only.
+        let (r, w) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // SAFETY: fcntl on the pipe just made.
+        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int) };
+        Ok(Pipe { r, w })
+    }
+
+    /// Puts references to the pages of `b` (or its first part, as much
+    /// as the empty pipe takes) into the pipe; the bytes taken.
+    fn take(&self, b: &[u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let iov = libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        };
+        // SAFETY: the iovec describes memory that lives (the caller holds
+        // it) and that nothing writes any more (`Kind::Fixed`).
+        let n = unsafe { libc::vmsplice(self.w.as_raw_fd(), &iov, 1, libc::SPLICE_F_NONBLOCK) };
+        match n {
+            n if n > 0 => Ok(n as usize),
+            0 => Err(std::io::ErrorKind::WriteZero.into()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+}
+
+/// The size asked for each connection's pipe.
+const PIPE_SIZE: usize = 1 << 20;
+
+/// Bytes of replies handed to sockets by reference (see [`Kind::Fixed`]).
+static SPLICED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of file data sent by reference so far, for the metrics.
+pub fn spliced_bytes() -> u64 {
+    SPLICED_BYTES.load(Ordering::Relaxed)
+}
+
 /// One reply waiting to be written: its buffers, the first of them
-/// possibly partly written, each marked true while it is lent file data
-/// (see [`Queued::settle`]), and what it holds.
+/// possibly partly written, each with its [`Kind`], and what it holds.
 struct Queued {
-    parts: std::collections::VecDeque<(Bytes, bool)>,
+    parts: std::collections::VecDeque<(Bytes, Kind)>,
     /// None for calls the server makes (callbacks).
     _held: Option<Held>,
 }
@@ -958,6 +1057,26 @@ struct Queue {
     failed: bool,
     /// No more replies will come; the writer task ends once done.
     closed: bool,
+    /// The connection's pipe for [`Kind::Fixed`] data, made when first
+    /// needed; `Err` once making one failed (such data is then copied).
+    pipe: Option<Result<Pipe, ()>>,
+    /// Bytes in the pipe not yet moved into the socket: they go before
+    /// anything else.
+    in_pipe: usize,
+}
+
+impl Queue {
+    /// The connection's pipe, made now if need be.
+    fn pipe(&mut self) -> Option<&Pipe> {
+        self.pipe
+            .get_or_insert_with(|| {
+                Pipe::new().map_err(|e| {
+                    tracing::debug!(error = %e, "no pipe for this connection; cached data is copied");
+                })
+            })
+            .as_ref()
+            .ok()
+    }
 }
 
 /// The sending side of a connection. Workers write replies themselves
@@ -973,6 +1092,9 @@ struct Outbox {
     /// `draining`, for readers outside its lock: READs lend no file data
     /// meanwhile, see `Server::may_lend`).
     backlog: Arc<std::sync::atomic::AtomicBool>,
+    /// Data of the read cache goes to the socket by reference
+    /// ([`Kind::Fixed`]; see `server::ZeroCopy`).
+    by_ref: bool,
 }
 
 impl Outbox {
@@ -982,7 +1104,15 @@ impl Outbox {
             queue: Default::default(),
             wake: tokio::sync::Notify::new(),
             backlog: Default::default(),
+            by_ref: false,
         }
+    }
+
+    /// With `by_ref`, data of the read cache goes to the socket by
+    /// reference.
+    fn zero_copy(mut self, by_ref: bool) -> Self {
+        self.by_ref = by_ref;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -1026,9 +1156,12 @@ impl Outbox {
         let mut parts = std::collections::VecDeque::with_capacity(4);
         parts.push_back((
             Bytes::copy_from_slice(&rpc::record_mark(reply.len())),
-            false,
+            Kind::Own,
         ));
-        parts.extend(reply.into_marked_parts());
+        parts.extend(reply.into_marked_parts().into_iter().map(|(b, lent)| {
+            let kind = Kind::of(&b, lent, self.by_ref);
+            (b, kind)
+        }));
         let mut reply = Queued { parts, _held: held };
         let mut q = self.lock();
         if q.failed {
@@ -1059,32 +1192,137 @@ impl Outbox {
 
     /// Writes queued replies, several per writev, until the queue is
     /// empty (Ok) or the socket is full (WouldBlock) or broken.
+    /// [`Kind::Fixed`] data goes through the connection's pipe instead.
     fn drain(&self, q: &mut Queue) -> std::io::Result<()> {
-        while !q.replies.is_empty() {
+        loop {
+            if q.in_pipe > 0 {
+                let n = self.splice_out(q)?;
+                q.in_pipe -= n;
+                continue;
+            }
+            let Some(r) = q.replies.front() else {
+                return Ok(());
+            };
+            let front = r.parts.front().expect("queued replies have parts");
+            if front.1 == Kind::Fixed {
+                let data = front.0.clone();
+                let taken = q.pipe().map(|p| p.take(&data));
+                match taken {
+                    Some(Ok(n)) => {
+                        SPLICED_BYTES.fetch_add(n as u64, Ordering::Relaxed);
+                        q.in_pipe = n;
+                        self.written(q, n);
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "vmsplice failed; cached data is copied");
+                    }
+                    None => {}
+                }
+                // Copied instead, like memory of the server's own.
+                let r = q.replies.front_mut().expect("looked at above");
+                r.parts.front_mut().expect("looked at above").1 = Kind::Own;
+            }
             let n = {
-                let slices: Vec<IoSlice<'_>> = q
-                    .replies
-                    .iter()
-                    .flat_map(|r| r.parts.iter())
-                    .take(IOV_PER_WRITE)
-                    .map(|(b, _)| IoSlice::new(b))
-                    .collect();
-                self.wr.try_write_vectored(&slices)?
+                // Fixed data goes through the pipe unless there is none.
+                let piped = !matches!(q.pipe, Some(Err(())));
+                let mut slices: Vec<IoSlice<'_>> = Vec::new();
+                let mut before_fixed = false;
+                for (b, kind) in q.replies.iter().flat_map(|r| r.parts.iter()) {
+                    if slices.len() == IOV_PER_WRITE {
+                        break;
+                    }
+                    if *kind == Kind::Fixed && piped {
+                        before_fixed = true;
+                        break;
+                    }
+                    slices.push(IoSlice::new(b));
+                }
+                // Right before data that follows through the pipe: the
+                // socket waits for it instead of sending the headers
+                // alone (it follows at once, without the flag).
+                self.write_parts(&slices, before_fixed)?
             };
             if n == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
-            let mut left = n;
-            while left > 0 {
-                let r = q.replies.front_mut().expect("written bytes were queued");
-                left = advance(&mut r.parts, left);
-                if r.parts.is_empty() {
-                    // Written: its memory and slot are free again.
-                    q.replies.pop_front();
-                }
+            self.written(q, n);
+        }
+    }
+
+    /// Counts `n` bytes of the queued replies as written (or in the
+    /// pipe), dropping the replies wholly written.
+    fn written(&self, q: &mut Queue, n: usize) {
+        let mut left = n;
+        while left > 0 {
+            let r = q.replies.front_mut().expect("written bytes were queued");
+            left = advance(&mut r.parts, left);
+            if r.parts.is_empty() {
+                // Written: its memory and slot are free again.
+                q.replies.pop_front();
             }
         }
-        Ok(())
+    }
+
+    /// One vectored write of `slices`; with `more`, telling the socket
+    /// that more data follows at once (`MSG_MORE`).
+    fn write_parts(&self, slices: &[IoSlice<'_>], more: bool) -> std::io::Result<usize> {
+        if !more {
+            return self.wr.try_write_vectored(slices);
+        }
+        use std::os::fd::AsRawFd;
+        let sock = self.wr.as_ref();
+        sock.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: a msghdr that points at the caller's live slices
+            // (IoSlice is an iovec) and nothing else.
+            let n = unsafe {
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = slices.len() as _;
+                libc::sendmsg(
+                    sock.as_raw_fd(),
+                    &msg,
+                    libc::MSG_MORE | libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        })
+    }
+
+    /// Moves what the pipe holds on into the socket, as much as it
+    /// takes; the bytes moved.
+    fn splice_out(&self, q: &Queue) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let Some(Ok(pipe)) = &q.pipe else {
+            unreachable!("bytes in a pipe that is not there");
+        };
+        let sock = self.wr.as_ref();
+        let n = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            // SAFETY: splice between two descriptors this connection owns.
+            let n = unsafe {
+                libc::splice(
+                    pipe.r.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    sock.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    q.in_pipe,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                )
+            };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        })?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        Ok(n)
     }
 
     /// No more replies will be sent; the writer task ends once the queue
@@ -1131,6 +1369,7 @@ impl Outbox {
     fn fail(&self, q: &mut Queue, e: std::io::Error) {
         tracing::debug!(error = %e, "replies not sent; connection broken");
         q.failed = true;
+        q.in_pipe = 0;
         q.draining = false;
         q.replies.clear();
         let fd = std::os::fd::AsRawFd::as_raw_fd(self.wr.as_ref());
@@ -1144,10 +1383,10 @@ impl Queued {
     /// of its range lock: a reply that waits for the client to make room
     /// must not hold up the server's WRITEs to that range meanwhile.
     fn settle(&mut self) {
-        for (b, lent) in &mut self.parts {
-            if *lent {
+        for (b, kind) in &mut self.parts {
+            if *kind == Kind::Lent {
                 *b = crate::engine::mapped::settle(b);
-                *lent = false;
+                *kind = Kind::Own;
             }
         }
     }
@@ -1155,7 +1394,7 @@ impl Queued {
 
 /// Drops `n` written bytes from the front of `parts` (or as many as it
 /// holds); returns how many of the `n` were beyond its end.
-fn advance(parts: &mut std::collections::VecDeque<(Bytes, bool)>, mut n: usize) -> usize {
+fn advance(parts: &mut std::collections::VecDeque<(Bytes, Kind)>, mut n: usize) -> usize {
     while n > 0 {
         let Some((first, _)) = parts.front_mut() else {
             return n;
@@ -1486,6 +1725,134 @@ mod tests {
         assert!(!outbox.failed());
     }
 
+    /// Data of the read cache goes to the socket by reference, through
+    /// the connection's pipe, and arrives whole and in order between the
+    /// bytes around it and the replies around it, also when the socket
+    /// is full and the writer task moves what the pipe holds later.
+    #[tokio::test]
+    async fn cached_data_sent_by_reference_arrives_whole() {
+        let (client, server) = socket_pair().await;
+        let (_rd, wr) = server.into_split();
+        let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
+        let writer = tokio::spawn(outbox.clone().run());
+        let spliced = spliced_bytes();
+        const THREADS: usize = 4;
+        const EACH: usize = 24;
+        let mut fixed_total = 0;
+        let mut replies = Vec::new();
+        for t in 0..THREADS {
+            let mut mine = Vec::new();
+            for i in 0..EACH {
+                let id = t * EACH + i;
+                // 1 byte to 1 MiB; every other reply in a fixed region.
+                let len = (id * 104_729) % (1 << 20) + 1;
+                let fixed = id.is_multiple_of(2);
+                let data = if fixed {
+                    let mut b = crate::engine::hugebuf::Buf::new(len).unwrap();
+                    // SAFETY: within the buffer's capacity.
+                    unsafe { std::ptr::write_bytes(b.as_mut_ptr(), id as u8, len) };
+                    let data = b.freeze(len);
+                    crate::engine::hugebuf::cached(&data);
+                    if len >= SPLICE_MIN {
+                        fixed_total += len;
+                    }
+                    data
+                } else {
+                    Bytes::from(vec![id as u8; len])
+                };
+                mine.push((id, data));
+            }
+            replies.push(mine);
+        }
+        let slots = Arc::new(Semaphore::new(THREADS * EACH));
+        let memory = Arc::new(Semaphore::new(THREADS * EACH));
+        let senders: Vec<_> = replies
+            .into_iter()
+            .map(|mine| {
+                let (outbox, slots, memory) = (outbox.clone(), slots.clone(), memory.clone());
+                std::thread::spawn(move || {
+                    for (id, data) in mine {
+                        let mut e = Encoder::new();
+                        e.u32(id as u32);
+                        e.opaque_shared(data);
+                        e.u32(!(id as u32));
+                        let held = Held(
+                            memory.clone().try_acquire_owned().unwrap(),
+                            slots.clone().try_acquire_owned().unwrap(),
+                        );
+                        outbox.send(e, Some(held));
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().unwrap();
+        }
+        // The client has read nothing: the socket is full, replies wait.
+        assert!(outbox.backlog.load(std::sync::atomic::Ordering::Relaxed));
+        let mut seen = [false; THREADS * EACH];
+        let mut rd = client;
+        for _ in 0..THREADS * EACH {
+            let mut mark = [0u8; 4];
+            rd.read_exact(&mut mark).await.unwrap();
+            let h = FragmentHeader::parse(mark);
+            let mut body = vec![0u8; h.len];
+            rd.read_exact(&mut body).await.unwrap();
+            let id = u32::from_be_bytes(body[0..4].try_into().unwrap()) as usize;
+            let len = u32::from_be_bytes(body[4..8].try_into().unwrap()) as usize;
+            assert!(!seen[id], "reply {id} twice");
+            seen[id] = true;
+            let padded = len.div_ceil(4) * 4;
+            assert_eq!(h.len, 12 + padded, "reply {id} framed wrongly");
+            assert!(
+                body[8..8 + len].iter().all(|&b| b == id as u8),
+                "reply {id} mixed with another"
+            );
+            let tail = u32::from_be_bytes(body[8 + padded..].try_into().unwrap());
+            assert_eq!(tail, !(id as u32), "reply {id}: bytes after its data");
+        }
+        assert!(
+            spliced_bytes() >= spliced + fixed_total as u64,
+            "cached data was copied, not sent by reference"
+        );
+        outbox.close();
+        writer.await.unwrap();
+        assert_eq!(slots.available_permits(), THREADS * EACH);
+        assert!(!outbox.failed());
+    }
+
+    #[test]
+    fn zero_copy_goes_to_clients_on_other_machines_by_default() {
+        use crate::server::ZeroCopy;
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let here = ip("192.0.2.2");
+        for local in [
+            "127.0.0.1",
+            "::1",
+            "::ffff:127.0.0.1",
+            "192.0.2.2",
+            "::ffff:192.0.2.2",
+        ] {
+            assert!(
+                !ZeroCopy::Remote.applies(ip(local), here),
+                "{local} taken for remote"
+            );
+            assert!(ZeroCopy::Always.applies(ip(local), here));
+        }
+        for remote in ["192.0.2.7", "2001:db8::7", "::ffff:10.1.2.3"] {
+            assert!(
+                ZeroCopy::Remote.applies(ip(remote), here),
+                "{remote} taken for local"
+            );
+            assert!(!ZeroCopy::Never.applies(ip(remote), here));
+        }
+        assert_eq!("remote".parse::<ZeroCopy>(), Ok(ZeroCopy::Remote));
+        assert!("sometimes"
+            .parse::<ZeroCopy>()
+            .unwrap_err()
+            .contains("\"never\""));
+    }
+
     /// A peer that has gone makes sends fail quietly: replies are
     /// dropped with what they hold, and the writer task ends.
     #[tokio::test]
@@ -1518,11 +1885,11 @@ mod tests {
 
     #[test]
     fn advance_drops_written_bytes() {
-        let mut parts: std::collections::VecDeque<(Bytes, bool)> = [&b"abc"[..], b"de", b"fghij"]
+        let mut parts: std::collections::VecDeque<(Bytes, Kind)> = [&b"abc"[..], b"de", b"fghij"]
             .into_iter()
-            .map(|b| (Bytes::from_static(b), false))
+            .map(|b| (Bytes::from_static(b), Kind::Own))
             .collect();
-        let bytes = |p: &std::collections::VecDeque<(Bytes, bool)>| {
+        let bytes = |p: &std::collections::VecDeque<(Bytes, Kind)>| {
             p.iter().map(|(b, _)| b.clone()).collect::<Vec<_>>()
         };
         assert_eq!(advance(&mut parts, 4), 0);

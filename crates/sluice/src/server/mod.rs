@@ -103,6 +103,58 @@ pub struct Config {
     /// polls its socket for the next one before it sleeps (see
     /// `net::Poller`); zero: never.
     pub busy_poll: Duration,
+    /// Which connections get cached data by reference (see
+    /// [`ZeroCopy`]).
+    pub zero_copy: ZeroCopy,
+}
+
+/// Which connections get data of the server's read cache handed to the
+/// socket by reference (`vmsplice`), without the copy into the socket
+/// (see `net::Kind::Fixed`). The copy is then made where the data is
+/// received: by the network card of a client on another machine, for
+/// free; by the client itself when it runs on this machine, which then
+/// copies from memory the CPU has not just touched, and so costs the
+/// machine as a whole more time than the copy it saves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ZeroCopy {
+    /// Clients on other machines: not from a loopback address or from
+    /// the address the connection came in on.
+    #[default]
+    Remote,
+    /// Every connection.
+    Always,
+    /// None.
+    Never,
+}
+
+impl std::str::FromStr for ZeroCopy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "remote" => Ok(ZeroCopy::Remote),
+            "always" => Ok(ZeroCopy::Always),
+            "never" => Ok(ZeroCopy::Never),
+            _ => Err(format!(
+                "zero_copy: {s:?} is not one of \"remote\", \"always\", \"never\""
+            )),
+        }
+    }
+}
+
+impl ZeroCopy {
+    /// Whether a connection from `peer`, which came in on `local`, gets
+    /// data by reference.
+    pub fn applies(self, peer: std::net::IpAddr, local: std::net::IpAddr) -> bool {
+        let canonical = |ip: std::net::IpAddr| ip.to_canonical();
+        match self {
+            ZeroCopy::Always => true,
+            ZeroCopy::Never => false,
+            ZeroCopy::Remote => {
+                let peer = canonical(peer);
+                !peer.is_loopback() && peer != canonical(local)
+            }
+        }
+    }
 }
 
 /// Which delegations the server grants.
@@ -154,6 +206,7 @@ impl Default for Config {
             write_behind_min: 256 * 1024,
             quick_inline: 0,
             busy_poll: Duration::ZERO,
+            zero_copy: ZeroCopy::default(),
         }
     }
 }
