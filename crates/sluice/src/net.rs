@@ -1004,7 +1004,18 @@ impl Pipe {
             )
         };
         // SAFETY: fcntl on the pipe just made.
-        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int) };
+        let size = unsafe {
+            libc::fcntl(fds[1], libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int);
+            libc::fcntl(fds[1], libc::F_GETPIPE_SZ)
+        };
+        // A user past its pipe memory (pipe-user-pages-soft, which binds
+        // all but root) gets pipes of two pages: moving 1 MiB through
+        // such a pipe costs more calls than copying it.
+        if size < SPLICE_MIN as libc::c_int {
+            return Err(std::io::Error::other(format!(
+                "the pipe holds {size} bytes, less than {SPLICE_MIN}"
+            )));
+        }
         Ok(Pipe { r, w })
     }
 
