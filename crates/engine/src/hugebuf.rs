@@ -623,16 +623,20 @@ mod tests {
         assert_eq!(stocked[0].ptr.as_ptr() as usize % REGION, 0);
         assert!(HUGE_ALIVE.load(Ordering::Relaxed) >= stocked.len());
         // Written and read back through a buffer of its region.
-        let region = Arc::new(Region::new(stocked.into_iter().next().unwrap()));
+        let bytes = whole_region(stocked.into_iter().next().unwrap(), 9);
+        assert!(bytes.iter().all(|&x| x == 9));
+    }
+
+    /// One buffer over all of a new region of `map`, filled with `byte`.
+    fn whole_region(map: Mapping, byte: u8) -> Bytes {
         let mut b = Buf {
-            region,
+            region: Arc::new(Region::new(map)),
             off: 0,
             cap: REGION,
         };
         // SAFETY: within the buffer's capacity.
-        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 9, REGION) };
-        let bytes = b.freeze(REGION);
-        assert!(bytes.iter().all(|&x| x == 9));
+        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), byte, REGION) };
+        b.freeze(REGION)
     }
 
     /// A region that [`fix`] marked is unmapped when its last buffer goes,
@@ -641,16 +645,8 @@ mod tests {
     /// and only within it.
     #[test]
     fn fixed_regions_are_never_used_again() {
-        let region = Arc::new(Region::new(Mapping::new(REGION, false).unwrap()));
-        let start = region.ptr() as usize;
-        let mut b = Buf {
-            region,
-            off: 0,
-            cap: REGION,
-        };
-        // SAFETY: within the buffer's capacity.
-        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 5, REGION) };
-        let bytes = b.freeze(REGION);
+        let bytes = whole_region(Mapping::new(REGION, false).unwrap(), 5);
+        let start = bytes.as_ptr() as usize;
         let half = bytes.slice(REGION / 2..);
         assert!(!fix(&half), "fixed before the cache served it");
         cached(&half);

@@ -1712,17 +1712,14 @@ mod tests {
         let mut seen = vec![false; THREADS * EACH];
         let mut rd = client;
         for _ in 0..THREADS * EACH {
-            let mut mark = [0u8; 4];
-            rd.read_exact(&mut mark).await.unwrap();
-            let h = FragmentHeader::parse(mark);
-            assert!(h.last);
-            let mut body = vec![0u8; h.len];
-            rd.read_exact(&mut body).await.unwrap();
-            let id = u32::from_be_bytes(body[0..4].try_into().unwrap()) as usize;
-            let len = u32::from_be_bytes(body[4..8].try_into().unwrap()) as usize;
+            let (body, id, len) = next_reply(&mut rd).await;
             assert!(!seen[id], "reply {id} twice");
             seen[id] = true;
-            assert_eq!(h.len, 8 + len.div_ceil(4) * 4, "reply {id} framed wrongly");
+            assert_eq!(
+                body.len(),
+                8 + len.div_ceil(4) * 4,
+                "reply {id} framed wrongly"
+            );
             assert!(
                 body[8..8 + len].iter().all(|&b| b == id as u8),
                 "reply {id} mixed with another"
@@ -1734,6 +1731,20 @@ mod tests {
         assert_eq!(slots.available_permits(), THREADS * EACH);
         assert_eq!(memory.available_permits(), THREADS * EACH);
         assert!(!outbox.failed());
+    }
+
+    /// The next record from `rd` (one fragment), with the reply number and
+    /// the data length of the test replies that start it.
+    async fn next_reply(rd: &mut TcpStream) -> (Vec<u8>, usize, usize) {
+        let mut mark = [0u8; 4];
+        rd.read_exact(&mut mark).await.unwrap();
+        let h = FragmentHeader::parse(mark);
+        assert!(h.last);
+        let mut body = vec![0u8; h.len];
+        rd.read_exact(&mut body).await.unwrap();
+        let id = u32::from_be_bytes(body[0..4].try_into().unwrap()) as usize;
+        let len = u32::from_be_bytes(body[4..8].try_into().unwrap()) as usize;
+        (body, id, len)
     }
 
     /// Data of the read cache goes to the socket by reference, through
@@ -1804,17 +1815,11 @@ mod tests {
         let mut seen = [false; THREADS * EACH];
         let mut rd = client;
         for _ in 0..THREADS * EACH {
-            let mut mark = [0u8; 4];
-            rd.read_exact(&mut mark).await.unwrap();
-            let h = FragmentHeader::parse(mark);
-            let mut body = vec![0u8; h.len];
-            rd.read_exact(&mut body).await.unwrap();
-            let id = u32::from_be_bytes(body[0..4].try_into().unwrap()) as usize;
-            let len = u32::from_be_bytes(body[4..8].try_into().unwrap()) as usize;
+            let (body, id, len) = next_reply(&mut rd).await;
             assert!(!seen[id], "reply {id} twice");
             seen[id] = true;
             let padded = len.div_ceil(4) * 4;
-            assert_eq!(h.len, 12 + padded, "reply {id} framed wrongly");
+            assert_eq!(body.len(), 12 + padded, "reply {id} framed wrongly");
             assert!(
                 body[8..8 + len].iter().all(|&b| b == id as u8),
                 "reply {id} mixed with another"
