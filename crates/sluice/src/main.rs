@@ -135,11 +135,11 @@ struct ServeCli {
     /// Which connections get data of the read cache handed to the socket
     /// by reference, without the copy into it: "remote" (clients on other
     /// machines, whose network card then does the copy), "always" or
-    /// "never". A client on this machine copies such data itself, from
-    /// memory the CPU has not just touched, which costs more than the
-    /// copy saved; over loopback a warm stream's server spent 117-195 us
-    /// per 1 MiB READ instead of 273-293 us, its client 264-342 instead
-    /// of 186-215 (docs/benchmarks.md) [default: remote].
+    /// "never". A client on this machine then copies such data itself,
+    /// from memory the CPU has not just touched, and becomes the slower
+    /// side: over loopback a warm stream's server spent 98-195 us per 1
+    /// MiB READ instead of 244-303 us, its client 234-342 instead of
+    /// 176-225, at rates no better (docs/benchmarks.md) [default: remote].
     #[arg(long, value_name = "WHEN")]
     zero_copy: Option<String>,
     /// How long, in milliseconds, listings keep the attributes of the

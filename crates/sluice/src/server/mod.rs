@@ -113,8 +113,8 @@ pub struct Config {
 /// (see `net::Kind::Fixed`). The copy is then made where the data is
 /// received: by the network card of a client on another machine, for
 /// free; by the client itself when it runs on this machine, which then
-/// copies from memory the CPU has not just touched, and so costs the
-/// machine as a whole more time than the copy it saves.
+/// copies from memory the CPU has not just touched and becomes the slower
+/// side, so that the pair is no faster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ZeroCopy {
     /// Clients on other machines: not from a loopback address or from
