@@ -354,7 +354,7 @@ mod tests {
                 .get((9, 9), &st, off, MB as usize)
                 .expect("piece cached");
             let end = (off + MB).min(size) as usize;
-            assert_eq!(&got[..], &data[off as usize..end], "piece {i}");
+            assert_eq!(&got.concat()[..], &data[off as usize..end], "piece {i}");
         }
         assert_eq!(
             ahead.shared.stats.direct_bytes.load(Ordering::Relaxed),
@@ -381,7 +381,7 @@ mod tests {
         assert!(!ahead.pending((9, 9), 0, 3 * MB));
         assert!(!ahead.wait((9, 9), 0, 3 * MB));
         assert_eq!(
-            &cache.get((9, 9), &st, MB, MB as usize).unwrap()[..],
+            &cache.get((9, 9), &st, MB, MB as usize).unwrap().concat()[..],
             &data[MB as usize..2 * MB as usize]
         );
         // What the cache holds is not read again.

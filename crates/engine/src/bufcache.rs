@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::extents::Validator as Version;
 use super::fs::Stat;
@@ -91,8 +91,9 @@ impl BufCache {
     }
 
     /// Up to `len` bytes at `offset` of `file`, whose status is now `st`,
-    /// when one buffer holds them all (or all up to the end of the file).
-    pub fn get(&self, file: FileId, st: &Stat, offset: u64, len: usize) -> Option<Bytes> {
+    /// when the cache holds them all (or all up to the end of the file):
+    /// a slice of one buffer, or slices of buffers end to end, in order.
+    pub fn get(&self, file: FileId, st: &Stat, offset: u64, len: usize) -> Option<Vec<Bytes>> {
         // Every READ asks; an empty cache answers without its lock.
         if self.stats.bytes.load(Ordering::Relaxed) == 0 {
             return None;
@@ -116,29 +117,31 @@ impl BufCache {
                 .data
                 .slice((offset - start) as usize..(want_end - start) as usize);
             f.entries.get_mut(&start)?.used = true;
-            // Served again, unchanged: its pages may go to a socket by
-            // reference (see `hugebuf::fix`).
-            crate::hugebuf::cached(&data);
-            data
+            vec![data]
         } else {
-            // Buffers end to end hold it (another client cut the file
-            // into other pieces): copied together.
-            let mut out = BytesMut::with_capacity((want_end - offset) as usize);
+            // Buffers end to end hold it (a client whose requests do not
+            // fall on the buffers' boundaries): a slice of each, no copy.
+            let mut out = Vec::with_capacity(2);
             let mut at = offset;
             for (&s, e) in f.entries.range_mut(start..want_end) {
                 if s > at || s + (e.data.len() as u64) <= at {
                     return None;
                 }
                 let to = (s + e.data.len() as u64).min(want_end);
-                out.extend_from_slice(&e.data[(at - s) as usize..(to - s) as usize]);
+                out.push(e.data.slice((at - s) as usize..(to - s) as usize));
                 e.used = true;
                 at = to;
             }
             if at < want_end {
                 return None;
             }
-            out.freeze()
+            out
         };
+        for piece in &data {
+            // Served again, unchanged: its pages may go to a socket by
+            // reference (see `hugebuf::fix`).
+            crate::hugebuf::cached(piece);
+        }
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
         Some(data)
     }
@@ -336,22 +339,25 @@ mod tests {
         let s = st(100_000, 1000);
         let d = data(8192, 3);
         c.insert(F, &s, 4096, d.clone());
-        assert_eq!(c.get(F, &s, 4096, 8192).unwrap(), d);
-        assert_eq!(c.get(F, &s, 5000, 100).unwrap(), d.slice(904..1004));
+        assert_eq!(c.get(F, &s, 4096, 8192).unwrap(), vec![d.clone()]);
+        assert_eq!(c.get(F, &s, 5000, 100).unwrap(), vec![d.slice(904..1004)]);
         // Not held whole: a miss.
         assert!(c.get(F, &s, 0, 8192).is_none());
         assert!(c.get(F, &s, 8192, 8192).is_none());
-        // Held by buffers end to end: put together.
+        // Held by buffers end to end: a slice of each, in order.
         let d2 = data(4096, 9);
         c.insert(F, &s, 12_288, d2.clone());
         let both = c.get(F, &s, 8192, 8192).unwrap();
-        assert_eq!(&both[..4096], &d[4096..]);
-        assert_eq!(&both[4096..], &d2[..]);
+        assert_eq!(both, vec![d.slice(4096..), d2.clone()]);
+        assert_eq!(both[0].as_ptr(), d[4096..].as_ptr(), "copied, not sliced");
         // Up to the end of the file is whole, past it is nothing.
         let s2 = st(12_288, 1000);
         let c2 = BufCache::new(1 << 20);
         c2.insert(F, &s2, 4096, d.clone());
-        assert_eq!(c2.get(F, &s2, 8192, 1 << 20).unwrap(), d.slice(4096..));
+        assert_eq!(
+            c2.get(F, &s2, 8192, 1 << 20).unwrap(),
+            vec![d.slice(4096..)]
+        );
         assert!(c2.get(F, &s2, 12_288, 10).is_none());
         assert_eq!(c.stats.hits.load(Ordering::Relaxed), 3);
         // Asking whether it holds a range is no hit.
@@ -432,7 +438,7 @@ mod tests {
         assert_eq!(c.stats.bytes.load(Ordering::Relaxed), 16_384);
         assert_eq!(
             c.get(F, &s, 4096, 4096).unwrap(),
-            data(8192, 1).slice(4096..)
+            vec![data(8192, 1).slice(4096..)]
         );
     }
 

@@ -70,8 +70,13 @@ pub struct ReadAt<'a> {
 /// Data read for a reply.
 #[derive(Debug, Clone)]
 pub struct Data {
-    /// The bytes.
+    /// The bytes (the first of them, with [`Data::more`]).
     pub bytes: Bytes,
+    /// The bytes that follow `bytes`, when the read cache holds the data
+    /// in several buffers end to end (a reader whose requests do not fall
+    /// on the buffers' boundaries): they go out as they are, not copied
+    /// together. Empty otherwise.
+    pub more: Vec<Bytes>,
     /// Whether they are lent from a mapping of the file (see
     /// [`crate::mapped`]): they hold a shared range lock until dropped,
     /// and must be given only to the kernel (the XDR encoder's
@@ -81,7 +86,49 @@ pub struct Data {
 
 impl Data {
     fn own(bytes: Bytes) -> Self {
-        Data { bytes, lent: false }
+        Data {
+            bytes,
+            more: Vec::new(),
+            lent: false,
+        }
+    }
+
+    /// Data of the read cache, in the pieces it holds.
+    fn cached(mut pieces: Vec<Bytes>) -> Self {
+        let first = if pieces.is_empty() {
+            Bytes::new()
+        } else {
+            pieces.remove(0)
+        };
+        Data {
+            bytes: first,
+            more: pieces,
+            lent: false,
+        }
+    }
+
+    /// The number of bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.more.iter().map(Bytes::len).sum::<usize>()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same data in one buffer (copied together when in pieces), for
+    /// callers that cut it up.
+    pub fn contiguous(self) -> Self {
+        if self.more.is_empty() {
+            return self;
+        }
+        let mut out = bytes::BytesMut::with_capacity(self.len());
+        out.extend_from_slice(&self.bytes);
+        for b in &self.more {
+            out.extend_from_slice(b);
+        }
+        Data::own(out.freeze())
     }
 }
 
@@ -159,7 +206,7 @@ impl ReadPath {
                 .access_own_cache(file, r.stream, fd, r.offset, count64, st.size);
             self.read_ahead(r, &access);
             self.readahead.record(access, true);
-            return Ok(Data::own(data));
+            return Ok(Data::cached(data));
         }
         // Whether the page cache lacks some of the data, asked only for a
         // request that may go past the cache, and without touching the
@@ -229,7 +276,7 @@ impl ReadPath {
         if self.ahead.wait(file, r.offset, count64) {
             if let Some(data) = self.bufcache.get(file, st, r.offset, r.count) {
                 self.readahead.record(access, false);
-                return Ok(Data::own(data));
+                return Ok(Data::cached(data));
             }
         }
         let direct = if access.direct && r.direct {
@@ -291,7 +338,11 @@ impl ReadPath {
             .stats
             .lent_bytes
             .fetch_add(within, std::sync::atomic::Ordering::Relaxed);
-        Some(Data { bytes, lent: true })
+        Some(Data {
+            bytes,
+            more: Vec::new(),
+            lent: true,
+        })
     }
 
     /// The stream's own O_DIRECT descriptor (the open's has the page

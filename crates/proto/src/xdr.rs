@@ -372,6 +372,24 @@ impl Encoder {
         self.splice(b, true);
     }
 
+    /// Writes variable-length opaque data made of `pieces` end to end,
+    /// with their total length, splicing each large piece in by reference
+    /// (see [`SHARE_MIN`]): data that lies in several buffers goes out
+    /// without being copied together.
+    pub fn opaque_pieces(&mut self, pieces: &[Bytes]) {
+        let total: usize = pieces.iter().map(Bytes::len).sum();
+        self.u32(total as u32);
+        for p in pieces {
+            if p.len() < SHARE_MIN {
+                self.buf.extend_from_slice(p);
+            } else {
+                self.chunk_len += p.len();
+                self.chunks.push((self.buf.len(), p.clone(), false));
+            }
+        }
+        self.buf.extend_from_slice(&[0u8; 3][..pad4(total)]);
+    }
+
     fn splice(&mut self, b: Bytes, lent: bool) {
         self.u32(b.len() as u32);
         let pad = pad4(b.len());
@@ -504,6 +522,47 @@ mod tests {
         outer.truncate(8);
         assert!(!outer.has_lent());
         assert!(!Encoder::new().has_lent());
+    }
+
+    /// Opaque data in pieces encodes as the same data in one buffer, and
+    /// large pieces stay where they are.
+    #[test]
+    fn opaque_pieces_encode_as_one_opaque() {
+        let pieces: Vec<Bytes> = [5000usize, 3, 2047, 4096, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Bytes::from(vec![i as u8 + 1; n]))
+            .collect();
+        let whole = pieces.concat();
+        let mut one = Encoder::new();
+        one.u32(7);
+        one.opaque(&whole);
+        one.u32(8);
+        let mut split = Encoder::new();
+        split.u32(7);
+        split.opaque_pieces(&pieces);
+        split.u32(8);
+        assert_eq!(split.len(), one.len());
+        assert_eq!(split.to_vec(), one.into_inner());
+        let parts = split.into_parts();
+        for big in pieces.iter().filter(|p| p.len() >= SHARE_MIN) {
+            assert!(
+                parts
+                    .iter()
+                    .any(|p| p.as_ptr() == big.as_ptr() && p.len() == big.len()),
+                "a piece of {} bytes was copied",
+                big.len()
+            );
+        }
+        assert_eq!(parts.concat(), split_bytes(&pieces));
+    }
+
+    fn split_bytes(pieces: &[Bytes]) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(7);
+        e.opaque(&pieces.concat());
+        e.u32(8);
+        e.into_inner()
     }
 
     #[test]

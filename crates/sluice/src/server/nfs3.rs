@@ -1308,7 +1308,7 @@ fn read(
         lend: cx.lend,
     };
     let data = cx.srv.read.read(&at, mode).map_err(stop)?;
-    let len = data.bytes.len();
+    let len = data.len();
     let end = offset.saturating_add(len as u64);
     let after = io3(super::ops_file::status_after_read(
         &fd, &st, count, len as u64, end,

@@ -633,8 +633,13 @@ pub(super) fn read_data(
 pub(super) fn put_data(e: &mut Encoder, data: Data) {
     if data.lent {
         e.opaque_lent(data.bytes);
-    } else {
+    } else if data.more.is_empty() {
         e.opaque_shared(data.bytes);
+    } else {
+        let mut pieces = Vec::with_capacity(1 + data.more.len());
+        pieces.push(data.bytes);
+        pieces.extend(data.more);
+        e.opaque_pieces(&pieces);
     }
 }
 
@@ -706,7 +711,7 @@ pub(super) fn read(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> Ou
     timed_read(cx, || {
         let r = read_start(cx, d)?;
         let data = read_data(cx, &r.fh, &r.fd, &r.st, r.sid, r.offset, r.count as usize)?;
-        let len = data.bytes.len() as u64;
+        let len = data.len() as u64;
         let end = r.offset.saturating_add(len);
         let eof = end >= io(status_after_read(&r.fd, &r.st, r.count, len, end))?.size;
         cx.srv

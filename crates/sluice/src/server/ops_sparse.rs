@@ -71,7 +71,9 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
         // range that is all hole needs no read at all (reading holes costs
         // the file system an extent lookup per page: btrfs, cold).
         let buf = if segs.iter().any(|s| matches!(s, Segment::Data(..))) {
-            let buf = read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?;
+            // Cut into segments below: in one buffer.
+            let buf =
+                read_data(cx, &fh, &fd, &st, sid, offset, (end - offset) as usize)?.contiguous();
             let got = offset + buf.bytes.len() as u64;
             if got < end {
                 segs = extents::segments(&data, offset, got, min_hole);
@@ -80,6 +82,7 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
         } else {
             Data {
                 bytes: Bytes::new(),
+                more: Vec::new(),
                 lent: false,
             }
         };
@@ -103,6 +106,7 @@ pub(super) fn read_plus(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) 
                         &mut body,
                         Data {
                             bytes: buf.bytes.slice(from..from + l as usize),
+                            more: Vec::new(),
                             lent: buf.lent,
                         },
                     );
