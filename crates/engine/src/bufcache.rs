@@ -4,7 +4,8 @@
 //! engine), so their data never enters the kernel's page cache. This cache
 //! keeps those buffers instead, as they were read, so that the next pass
 //! over the file is served from memory, and without a copy: a hit is a
-//! slice of the buffer, which the reply carries by reference.
+//! slice of the buffer (or of each buffer it spans), which the reply
+//! carries by reference.
 //!
 //! An entry belongs to one version of its file: size, modification and
 //! change times as the read saw them. A lookup with a different version
