@@ -383,8 +383,7 @@ impl Encoder {
             if p.len() < SHARE_MIN {
                 self.buf.extend_from_slice(p);
             } else {
-                self.chunk_len += p.len();
-                self.chunks.push((self.buf.len(), p.clone(), false));
+                self.chunk(p.clone(), false);
             }
         }
         self.buf.extend_from_slice(&[0u8; 3][..pad4(total)]);
@@ -393,9 +392,14 @@ impl Encoder {
     fn splice(&mut self, b: Bytes, lent: bool) {
         self.u32(b.len() as u32);
         let pad = pad4(b.len());
+        self.chunk(b, lent);
+        self.buf.extend_from_slice(&[0u8; 3][..pad]);
+    }
+
+    /// Splices `b` in by reference at the current position.
+    fn chunk(&mut self, b: Bytes, lent: bool) {
         self.chunk_len += b.len();
         self.chunks.push((self.buf.len(), b, lent));
-        self.buf.extend_from_slice(&[0u8; 3][..pad]);
     }
 
     /// Writes a string (as opaque bytes).
@@ -543,7 +547,8 @@ mod tests {
         split.opaque_pieces(&pieces);
         split.u32(8);
         assert_eq!(split.len(), one.len());
-        assert_eq!(split.to_vec(), one.into_inner());
+        let want = one.into_inner();
+        assert_eq!(split.to_vec(), want);
         let parts = split.into_parts();
         for big in pieces.iter().filter(|p| p.len() >= SHARE_MIN) {
             assert!(
@@ -554,15 +559,7 @@ mod tests {
                 big.len()
             );
         }
-        assert_eq!(parts.concat(), split_bytes(&pieces));
-    }
-
-    fn split_bytes(pieces: &[Bytes]) -> Vec<u8> {
-        let mut e = Encoder::new();
-        e.u32(7);
-        e.opaque(&pieces.concat());
-        e.u32(8);
-        e.into_inner()
+        assert_eq!(parts.concat(), want);
     }
 
     #[test]

@@ -338,7 +338,7 @@ fn resolve(cli: ServeCli) -> Result<ServeArgs, String> {
     if let Some(secs) = cli.grace_time.or(srv.grace_time) {
         config.grace = Some(Duration::from_secs(secs));
     }
-    if let Some(z) = cli.zero_copy.or(srv.zero_copy.clone()) {
+    if let Some(z) = cli.zero_copy.or(srv.zero_copy) {
         config.zero_copy = z.parse()?;
     }
     match cli.delegations.or(srv.delegations) {

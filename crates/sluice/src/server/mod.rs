@@ -130,14 +130,15 @@ pub enum ZeroCopy {
 impl std::str::FromStr for ZeroCopy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "remote" => Ok(ZeroCopy::Remote),
-            "always" => Ok(ZeroCopy::Always),
-            "never" => Ok(ZeroCopy::Never),
-            _ => Err(format!(
-                "zero_copy: {s:?} is not one of \"remote\", \"always\", \"never\""
-            )),
-        }
+        one_of(
+            "zero_copy",
+            s,
+            &[
+                ("remote", ZeroCopy::Remote),
+                ("always", ZeroCopy::Always),
+                ("never", ZeroCopy::Never),
+            ],
+        )
     }
 }
 
@@ -157,6 +158,19 @@ impl ZeroCopy {
     }
 }
 
+/// The value named `s` among `names`, or an error that names the `key`
+/// and lists the names.
+fn one_of<T: Copy>(key: &str, s: &str, names: &[(&str, T)]) -> Result<T, String> {
+    names
+        .iter()
+        .find(|(n, _)| *n == s)
+        .map(|&(_, v)| v)
+        .ok_or_else(|| {
+            let all: Vec<String> = names.iter().map(|(n, _)| format!("{n:?}")).collect();
+            format!("{key}: {s:?} is not one of {}", all.join(", "))
+        })
+}
+
 /// Which delegations the server grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Delegations {
@@ -172,14 +186,15 @@ pub enum Delegations {
 impl std::str::FromStr for Delegations {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(Delegations::None),
-            "read" => Ok(Delegations::Read),
-            "all" => Ok(Delegations::All),
-            _ => Err(format!(
-                "delegations: {s:?} is not one of \"none\", \"read\", \"all\""
-            )),
-        }
+        one_of(
+            "delegations",
+            s,
+            &[
+                ("none", Delegations::None),
+                ("read", Delegations::Read),
+                ("all", Delegations::All),
+            ],
+        )
     }
 }
 
