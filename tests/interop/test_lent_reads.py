@@ -9,8 +9,9 @@ itself. Such data is the file, not a copy, so:
   against WRITEs, checked here with 256 KiB blocks that each WRITE fills
   with one generation number;
 * a reply that waits for a slow client is copied first, so that it does
-  not hold up WRITEs to its range for as long as the client takes (and
-  while replies wait, READs on that connection copy instead of lending).
+  not hold up WRITEs to its range for as long as the client takes; while
+  replies wait so, the connection takes no new request, so the READs
+  behind them are lent once the client has read enough.
 """
 
 from __future__ import annotations
@@ -132,10 +133,11 @@ def test_a_reply_waiting_for_a_slow_client_lets_writes_through(sluice_factory):
             slow.send_record(rc.call_header(xid, proc=rc.PROC_COMPOUND) + rc.compound_args(ops))
             xids.append(xid)
         # The socket filled while lent replies were on their way: those
-        # still waiting are copied (the READs after them copy, as the
-        # connection is backlogged).
+        # still waiting are copied (the READs after them wait unread).
         assert srv.wait_counter("sluice_read_lent_settled_bytes", 1, deadline=20), \
             "no lent reply was copied while the client did not read"
+        lent_before = srv.counter("sluice_read_lent_bytes")
+        assert lent_before < blocks * BLOCK, "every READ was answered while the client read nothing"
         # A WRITE to every block goes through while those replies wait.
         o = Session(other)
         for b in range(blocks):
@@ -152,6 +154,12 @@ def test_a_reply_waiting_for_a_slow_client_lets_writes_through(sluice_factory):
             assert torn(data, b) is None, (b, torn(data, b))
             gens.append(struct.unpack_from("<QQ", data, 0)[1])
         assert 0 in gens, gens
+        # The READs taken once there was room again were lent too, not
+        # copied from the page cache into a buffer first.
+        lent = srv.counter("sluice_read_lent_bytes")
+        assert lent == blocks * BLOCK, (lent_before, lent)
+        # Those came after the WRITEs.
+        assert 1 in gens, gens
 
 
 def test_a_file_truncated_under_lent_reads_does_not_bring_the_server_down(sluice_factory):

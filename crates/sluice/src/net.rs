@@ -516,6 +516,12 @@ async fn connection(
             cb.reply(record);
             continue;
         }
+        // While replies of lent data wait for room in the socket, so does
+        // the next request (see `Outbox::room`).
+        outbox.room().await;
+        if outbox.failed() {
+            break Ok(());
+        }
         // While the connection's budget is spent, no more requests are read.
         let Some(mem) = reserve(&memory, CONN_MEMORY, record.len()).await else {
             break Ok(());
@@ -1074,6 +1080,8 @@ struct Queue {
     /// Bytes in the pipe not yet moved into the socket: they go before
     /// anything else.
     in_pipe: usize,
+    /// Replies that carried lent file data wait (see [`Outbox::room`]).
+    lent_waits: bool,
 }
 
 impl Queue {
@@ -1101,8 +1109,10 @@ struct Outbox {
     wake: tokio::sync::Notify,
     /// Set while replies wait for room in the socket (the queue's
     /// `draining`, for readers outside its lock: READs lend no file data
-    /// meanwhile, see `Server::may_lend`).
+    /// meanwhile, see `Server::may_lend`; see also [`Outbox::room`]).
     backlog: Arc<std::sync::atomic::AtomicBool>,
+    /// Told when the queue has been written (or the connection broke).
+    drained: tokio::sync::Notify,
     /// Data of the read cache goes to the socket by reference
     /// ([`Kind::Fixed`]; see `server::ZeroCopy`).
     by_ref: bool,
@@ -1115,6 +1125,7 @@ impl Outbox {
             queue: Default::default(),
             wake: tokio::sync::Notify::new(),
             backlog: Default::default(),
+            drained: tokio::sync::Notify::new(),
             by_ref: false,
         }
     }
@@ -1132,6 +1143,35 @@ impl Outbox {
 
     fn failed(&self) -> bool {
         self.lock().failed
+    }
+
+    /// Returns once no reply that carried lent file data waits for room
+    /// in the socket, or the connection is broken. The next request waits
+    /// for this: its reply would only queue behind them, and a READ from
+    /// the page cache taken now could not lend its data (see
+    /// `Server::may_lend`) but would copy it twice. (The Linux server
+    /// takes no request at all from a socket without room for its reply;
+    /// replies of other data do not hold requests up here, so that the
+    /// disk reads of a cold stream keep going while the client catches
+    /// up.)
+    async fn room(&self) {
+        while self.backlog.load(Ordering::Acquire) {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            // Listening before looking again: a drain in between is not
+            // missed.
+            drained.as_mut().enable();
+            if !self.backlog.load(Ordering::Acquire) {
+                return;
+            }
+            {
+                let q = self.lock();
+                if q.failed || !q.lent_waits {
+                    return;
+                }
+            }
+            drained.await;
+        }
     }
 
     /// Sends the reply a handler made, if any, keeping of the request's
@@ -1181,7 +1221,7 @@ impl Outbox {
         if q.draining {
             // The writer task owns the socket and will get to it, when
             // the client makes room.
-            reply.settle();
+            q.lent_waits |= reply.settle();
             q.replies.push_back(reply);
             return;
         }
@@ -1192,9 +1232,11 @@ impl Outbox {
                 q.draining = true;
                 self.backlog
                     .store(true, std::sync::atomic::Ordering::Relaxed);
+                let mut lent = false;
                 for r in &mut q.replies {
-                    r.settle();
+                    lent |= r.settle();
                 }
+                q.lent_waits = lent;
                 self.wake.notify_one();
             }
             Err(e) => self.fail(&mut q, e),
@@ -1362,8 +1404,9 @@ impl Outbox {
             match ready.and_then(|()| self.drain(&mut q)) {
                 Ok(()) => {
                     q.draining = false;
-                    self.backlog
-                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    q.lent_waits = false;
+                    self.backlog.store(false, Ordering::Release);
+                    self.drained.notify_waiters();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => self.fail(&mut q, e),
@@ -1383,6 +1426,8 @@ impl Outbox {
         q.in_pipe = 0;
         q.draining = false;
         q.replies.clear();
+        q.lent_waits = false;
+        self.drained.notify_waiters();
         let fd = std::os::fd::AsRawFd::as_raw_fd(self.wr.as_ref());
         // SAFETY: shutdown of the connection's own socket, still open.
         unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
@@ -1393,13 +1438,17 @@ impl Queued {
     /// Copies lent file data into memory of the server's own, letting go
     /// of its range lock: a reply that waits for the client to make room
     /// must not hold up the server's WRITEs to that range meanwhile.
-    fn settle(&mut self) {
+    /// Whether it had any.
+    fn settle(&mut self) -> bool {
+        let mut any = false;
         for (b, kind) in &mut self.parts {
             if *kind == Kind::Lent {
                 *b = crate::engine::mapped::settle(b);
                 *kind = Kind::Own;
+                any = true;
             }
         }
+        any
     }
 }
 
@@ -1897,6 +1946,94 @@ mod tests {
         writer.await.unwrap();
         assert_eq!(slots.available_permits(), 1000);
         assert_eq!(memory.available_permits(), 1000);
+    }
+
+    /// The connection takes its next request only when no reply of lent
+    /// data waits for room in the socket (`Outbox::room`): at once while
+    /// replies go straight out, not while lent ones wait, then as soon as
+    /// the client has read enough for the last of them to be written;
+    /// at once while only replies of other data wait; and at once when
+    /// the connection breaks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_wait_while_replies_of_lent_data_wait_for_room() {
+        let (mut client, server) = socket_pair().await;
+        let (_rd, wr) = server.into_split();
+        let outbox = Arc::new(Outbox::new(wr));
+        let writer = tokio::spawn(outbox.clone().run());
+        assert!(!pending(outbox.room()).await, "waited with nothing queued");
+        const LEN: usize = 256 << 10;
+        // Replies until the socket is full, and `after` more, which wait
+        // whatever room the kernel makes meanwhile.
+        let fill = |outbox: &Outbox, from: usize, after: usize, lent: bool| {
+            let mut n = from;
+            let mut left = after;
+            while left > 0 {
+                assert!(n < from + 1000, "a socket nobody reads never filled");
+                let mut e = Encoder::new();
+                e.u32(n as u32);
+                let data = Bytes::from(vec![n as u8; LEN]);
+                if lent {
+                    e.opaque_lent(data);
+                } else {
+                    e.opaque_shared(data);
+                }
+                outbox.send(e, None);
+                n += 1;
+                if outbox.backlog.load(Ordering::Acquire) {
+                    left -= 1;
+                }
+            }
+            n
+        };
+        let room = |outbox: &Arc<Outbox>| {
+            let outbox = outbox.clone();
+            tokio::spawn(async move { outbox.room().await })
+        };
+        // Replies from..upto, each whole.
+        async fn read(client: &mut TcpStream, from: usize, upto: usize) {
+            for i in from..upto {
+                let (body, id, len) = next_reply(client).await;
+                assert_eq!((id, len), (i, LEN));
+                assert!(body[8..].iter().all(|&b| b == i as u8), "reply {i}");
+            }
+        }
+        let sent = fill(&outbox, 0, 16, true);
+        assert!(
+            pending(outbox.room()).await,
+            "did not wait for lent replies"
+        );
+        let waiting = room(&outbox);
+        // Every reply but the last read: the last one is still queued or
+        // on its way, and the task may not go on before it is written.
+        read(&mut client, 0, sent - 1).await;
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("the queue was written, yet the next request still waited")
+            .unwrap();
+        assert!(!outbox.backlog.load(Ordering::Acquire));
+        read(&mut client, sent - 1, sent).await;
+        // Replies of the server's own data wait: requests do not.
+        let sent = fill(&outbox, sent, 16, false);
+        assert!(outbox.backlog.load(Ordering::Acquire));
+        assert!(
+            !pending(outbox.room()).await,
+            "waited for replies of no lent data"
+        );
+        // A lent one among them: they do.
+        fill(&outbox, sent, 1, true);
+        let waiting = room(&outbox);
+        assert!(
+            pending(outbox.room()).await,
+            "did not wait for a lent reply"
+        );
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("a broken connection still held its next request")
+            .unwrap();
+        assert!(outbox.failed());
+        outbox.close();
+        writer.await.unwrap();
     }
 
     #[test]
