@@ -32,6 +32,19 @@ struct Entry {
     data: Bytes,
     /// Read since the eviction scan last passed it.
     used: bool,
+    /// Read at all since it came in.
+    served: bool,
+}
+
+impl Entry {
+    /// A slice of its data for a READ; with whether the entry had served
+    /// one before.
+    fn serve(&mut self, from: usize, to: usize) -> (Bytes, bool) {
+        let again = self.served;
+        self.used = true;
+        self.served = true;
+        (self.data.slice(from..to), again)
+    }
 }
 
 #[derive(Debug)]
@@ -111,14 +124,10 @@ impl BufCache {
         if offset >= st.size {
             return None;
         }
-        let (&start, e) = f.entries.range(..=offset).next_back()?;
+        let (&start, e) = f.entries.range_mut(..=offset).next_back()?;
         let data = if start + e.data.len() as u64 >= want_end {
             // One buffer holds it all: a slice, no copy.
-            let data = e
-                .data
-                .slice((offset - start) as usize..(want_end - start) as usize);
-            f.entries.get_mut(&start)?.used = true;
-            vec![data]
+            vec![e.serve((offset - start) as usize, (want_end - start) as usize)]
         } else {
             // Buffers end to end hold it (a client whose requests do not
             // fall on the buffers' boundaries): a slice of each, no copy.
@@ -129,8 +138,7 @@ impl BufCache {
                     return None;
                 }
                 let to = (s + e.data.len() as u64).min(want_end);
-                out.push(e.data.slice((at - s) as usize..(to - s) as usize));
-                e.used = true;
+                out.push(e.serve((at - s) as usize, (to - s) as usize));
                 at = to;
             }
             if at < want_end {
@@ -138,13 +146,17 @@ impl BufCache {
             }
             out
         };
-        for piece in &data {
+        for (piece, again) in &data {
             // Served again, unchanged: its pages may go to a socket by
-            // reference (see `hugebuf::fix`).
-            crate::hugebuf::cached(piece);
+            // reference (see `hugebuf::fix`). Not on its first READ, as
+            // for a piece read ahead of a cold stream: data sent once
+            // leaves its region to be used again.
+            if *again {
+                crate::hugebuf::cached(piece);
+            }
         }
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        Some(data)
+        Some(data.into_iter().map(|(piece, _)| piece).collect())
     }
 
     /// Whether the cache holds all of `len` bytes at `offset` of `file`
@@ -179,8 +191,18 @@ impl BufCache {
     }
 
     /// Keeps `data`, read at `offset` of `file` whose status was `st`
-    /// before the read.
+    /// before the read, ahead of the READs that will want it.
     pub fn insert(&self, file: FileId, st: &Stat, offset: u64, data: Bytes) {
+        self.keep(file, st, offset, data, false)
+    }
+
+    /// [`BufCache::insert`] for data that a READ has just served: the
+    /// next READ of it is its second.
+    pub fn insert_served(&self, file: FileId, st: &Stat, offset: u64, data: Bytes) {
+        self.keep(file, st, offset, data, true)
+    }
+
+    fn keep(&self, file: FileId, st: &Stat, offset: u64, data: Bytes, served: bool) {
         let size = data.len() as u64;
         if self.limit == 0 || size == 0 || size > self.limit / 4 || recently_changed(st) {
             return;
@@ -209,7 +231,14 @@ impl BufCache {
         if before || after {
             return;
         }
-        f.entries.insert(offset, Entry { data, used: false });
+        f.entries.insert(
+            offset,
+            Entry {
+                data,
+                used: false,
+                served,
+            },
+        );
         inner.bytes += size;
         inner.entries += 1;
         inner.order.push_back((file, offset));
@@ -453,5 +482,46 @@ mod tests {
         }
         assert!(c.lock().order.len() <= 1024 + 2);
         assert_eq!(c.lock().bytes, 0);
+    }
+
+    /// A buffer of `len` bytes in a region of the server's buffers.
+    fn region_data(len: usize) -> Bytes {
+        let mut b = crate::hugebuf::Buf::new(len).unwrap();
+        // SAFETY: within the buffer's capacity.
+        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), 1, len) };
+        b.freeze(len)
+    }
+
+    /// Data read ahead is marked as served again (which lets a socket
+    /// keep its pages, `hugebuf::fix`) on its second READ, not its first:
+    /// the pieces of a cold stream larger than the cache are read once,
+    /// and their regions used again. Data a READ read itself and left in
+    /// the cache is marked on the next READ of it.
+    #[test]
+    fn only_data_served_again_may_be_sent_by_reference() {
+        // Whole regions: marks are the region's.
+        const R: usize = crate::hugebuf::REGION;
+        let c = BufCache::new(64 << 20);
+        let s = st(4 * R as u64, 1000);
+        let ahead = region_data(R);
+        c.insert(F, &s, 0, ahead.clone());
+        let first = c.get(F, &s, 0, R).unwrap();
+        assert_eq!(first[0].as_ptr(), ahead.as_ptr());
+        assert!(
+            !crate::hugebuf::is_cached(&ahead),
+            "marked on its first READ"
+        );
+        c.get(F, &s, 0, R).unwrap();
+        assert!(
+            crate::hugebuf::is_cached(&ahead),
+            "not marked on its second READ"
+        );
+        let read = region_data(R);
+        c.insert_served(F, &s, R as u64, read.clone());
+        assert!(!crate::hugebuf::is_cached(&read));
+        // A READ over both buffers: the second one's first READ from the
+        // cache is its second in all.
+        c.get(F, &s, R as u64 / 2, R).unwrap();
+        assert!(crate::hugebuf::is_cached(&read));
     }
 }

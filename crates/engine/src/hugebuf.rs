@@ -232,6 +232,17 @@ pub fn cached(data: &[u8]) {
     }
 }
 
+/// Whether `data` lies in a region whose data the read cache serves
+/// again ([`cached`]): a candidate for [`fix`].
+pub fn is_cached(data: &[u8]) -> bool {
+    live_of(&mut lock(&LIVE), data.as_ptr() as usize, data.len()).is_some_and(|r| r.cached)
+}
+
+/// Whether `data` lies in a region that [`fix`] marked.
+pub fn is_fixed(data: &[u8]) -> bool {
+    live_of(&mut lock(&LIVE), data.as_ptr() as usize, data.len()).is_some_and(|r| r.fixed)
+}
+
 /// Marks the memory of `data`, when it lies in a region whose data the
 /// read cache serves ([`cached`]), as memory the kernel may keep
 /// referring to after the last buffer of its region is gone: the region

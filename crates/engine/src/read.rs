@@ -262,7 +262,7 @@ impl ReadPath {
             self.readahead.record(access, true);
             let buf = buf.freeze();
             if access.keep {
-                self.bufcache.insert(file, st, r.offset, buf.clone());
+                self.bufcache.insert_served(file, st, r.offset, buf.clone());
             }
             return Ok(Data::own(buf));
         }
@@ -314,7 +314,7 @@ impl ReadPath {
         if access.keep {
             // Kept for the reader's next pass: the page cache has not got
             // what was read past it.
-            self.bufcache.insert(file, st, r.offset, buf.clone());
+            self.bufcache.insert_served(file, st, r.offset, buf.clone());
         }
         Ok(Data::own(buf))
     }

@@ -957,10 +957,12 @@ enum Kind {
     Own,
     /// File data lent from a mapping of the file (see [`Queued::settle`]).
     Lent,
-    /// Data of the server's read cache, in memory that is never written
-    /// again (`hugebuf::fix`, which makes sure of that when it says so):
-    /// its pages go to the socket by reference, through the connection's
-    /// pipe ([`Pipe`]).
+    /// Data that the server's read cache serves again
+    /// (`hugebuf::is_cached`): its pages go to the socket by reference,
+    /// through the connection's pipe ([`Pipe`]), once `hugebuf::fix` has
+    /// made sure that their memory is never written again; that is done
+    /// right before, so that the region of data copied after all (no
+    /// pipe, a failed `vmsplice`) is used again as ever.
     Fixed,
 }
 
@@ -974,7 +976,7 @@ impl Kind {
     fn of(b: &Bytes, lent: bool, by_ref: bool) -> Kind {
         if lent {
             Kind::Lent
-        } else if by_ref && b.len() >= SPLICE_MIN && crate::engine::hugebuf::fix(b) {
+        } else if by_ref && b.len() >= SPLICE_MIN && crate::engine::hugebuf::is_cached(b) {
             Kind::Fixed
         } else {
             Kind::Own
@@ -1259,10 +1261,12 @@ impl Outbox {
             let front = r.parts.front().expect("queued replies have parts");
             if front.1 == Kind::Fixed {
                 let data = front.0.clone();
-                let taken = q.pipe().map(|p| p.take(&data));
+                let taken = match q.pipe() {
+                    Some(p) if crate::engine::hugebuf::fix(&data) => Some(p.take(&data)),
+                    _ => None,
+                };
                 match taken {
                     Some(Ok(n)) => {
-                        SPLICED_BYTES.fetch_add(n as u64, Ordering::Relaxed);
                         q.in_pipe = n;
                         self.written(q, n);
                         continue;
@@ -1354,6 +1358,13 @@ impl Outbox {
             unreachable!("bytes in a pipe that is not there");
         };
         let sock = self.wr.as_ref();
+        // More follows at once (the rest of the reply, or the next): the
+        // socket waits for it rather than send a short segment.
+        let more = if q.replies.is_empty() {
+            0
+        } else {
+            libc::SPLICE_F_MORE
+        };
         let n = sock.try_io(tokio::io::Interest::WRITABLE, || {
             // SAFETY: splice between two descriptors this connection owns.
             let n = unsafe {
@@ -1363,7 +1374,7 @@ impl Outbox {
                     sock.as_raw_fd(),
                     std::ptr::null_mut(),
                     q.in_pipe,
-                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+                    libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK | more,
                 )
             };
             if n < 0 {
@@ -1375,6 +1386,7 @@ impl Outbox {
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
+        SPLICED_BYTES.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 
@@ -1390,7 +1402,12 @@ impl Outbox {
         loop {
             let (done, idle) = {
                 let q = self.lock();
-                (q.closed && q.replies.is_empty(), !q.draining)
+                // A reply whose last part is in the pipe has left the
+                // queue: the pipe must be empty too.
+                (
+                    q.closed && q.replies.is_empty() && q.in_pipe == 0,
+                    !q.draining,
+                )
             };
             if done {
                 return;
@@ -1946,6 +1963,116 @@ mod tests {
         writer.await.unwrap();
         assert_eq!(slots.available_permits(), 1000);
         assert_eq!(memory.available_permits(), 1000);
+    }
+
+    /// A buffer of `len` bytes filled with `byte`, in a region the read
+    /// cache has marked as served again.
+    fn cached_buffer(len: usize, byte: u8) -> Bytes {
+        let mut b = crate::engine::hugebuf::Buf::new(len).unwrap();
+        // SAFETY: within the buffer's capacity.
+        unsafe { std::ptr::write_bytes(b.as_mut_ptr(), byte, len) };
+        let data = b.freeze(len);
+        crate::engine::hugebuf::cached(&data);
+        data
+    }
+
+    /// A reply whose data is the last of it and is still in the pipe
+    /// when the connection closes (small socket buffers, a client that
+    /// reads late) has left the queue, and given back its slot; the
+    /// writer task still moves it on before it ends, so the client gets
+    /// the whole record.
+    #[tokio::test]
+    async fn data_in_the_pipe_goes_out_before_the_connection_closes() {
+        let (client, server) = socket_pair().await;
+        let small = |s: &TcpStream, name: i32| {
+            use std::os::fd::AsRawFd;
+            let v: libc::c_int = 32 * 1024;
+            // SAFETY: setsockopt of an int on a live socket.
+            let r = unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    name,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(r, 0);
+        };
+        small(&server, libc::SO_SNDBUF);
+        small(&client, libc::SO_RCVBUF);
+        let (_rd, wr) = server.into_split();
+        let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
+        let writer = tokio::spawn(outbox.clone().run());
+        const LEN: usize = 1 << 20;
+        let mut e = Encoder::new();
+        e.u32(7);
+        // An NFSv3 READ's shape: the data ends the record.
+        e.opaque_shared(cached_buffer(LEN, 9));
+        let slots = Arc::new(Semaphore::new(1));
+        let memory = Arc::new(Semaphore::new(1));
+        let held = Held(
+            memory.clone().try_acquire_owned().unwrap(),
+            slots.clone().try_acquire_owned().unwrap(),
+        );
+        outbox.send(e, Some(held));
+        assert!(outbox.lock().in_pipe > 0, "nothing was left in the pipe");
+        // The connection waits for its slots, then closes.
+        assert_eq!(slots.available_permits(), 1);
+        outbox.close();
+        let mut rd = client;
+        let (body, id, len) = tokio::time::timeout(Duration::from_secs(30), next_reply(&mut rd))
+            .await
+            .expect("the rest of the reply never came");
+        assert_eq!((id, len, body.len()), (7, LEN, 8 + LEN));
+        assert!(body[8..].iter().all(|&b| b == 9));
+        writer.await.unwrap();
+        assert_eq!(outbox.lock().in_pipe, 0);
+    }
+
+    /// Cached data that a connection meant to send by reference but
+    /// copied (it has no usable pipe) leaves its region as it was, to be
+    /// used again for new data, and counts as nothing spliced.
+    #[tokio::test]
+    async fn cached_data_copied_after_all_leaves_its_region_free() {
+        let (client, server) = socket_pair().await;
+        let (_rd, wr) = server.into_split();
+        let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
+        // As when making the pipe failed, or it held too little.
+        outbox.lock().pipe = Some(Err(()));
+        let writer = tokio::spawn(outbox.clone().run());
+        // A region of its own: marks are the region's, and other tests
+        // fix theirs meanwhile.
+        const LEN: usize = crate::engine::hugebuf::REGION;
+        let data = cached_buffer(LEN, 3);
+        let mut e = Encoder::new();
+        e.u32(1);
+        e.opaque_shared(data.clone());
+        outbox.send(e, None);
+        let mut rd = client;
+        let (body, id, len) = next_reply(&mut rd).await;
+        assert_eq!((id, len, body.len()), (1, LEN, 8 + LEN));
+        assert!(body[8..].iter().all(|&b| b == 3));
+        assert!(
+            !crate::engine::hugebuf::is_fixed(&data),
+            "a region whose data was only copied was kept from being used again"
+        );
+        // Through a pipe, the same data is fixed.
+        let (client, server) = socket_pair().await;
+        let (_rd, wr) = server.into_split();
+        let piped = Arc::new(Outbox::new(wr).zero_copy(true));
+        let piped_writer = tokio::spawn(piped.clone().run());
+        let mut e = Encoder::new();
+        e.u32(2);
+        e.opaque_shared(data.clone());
+        piped.send(e, None);
+        let mut rd = client;
+        assert_eq!(next_reply(&mut rd).await.1, 2);
+        assert!(crate::engine::hugebuf::is_fixed(&data));
+        for (o, w) in [(outbox, writer), (piped, piped_writer)] {
+            o.close();
+            w.await.unwrap();
+        }
     }
 
     /// The connection takes its next request only when no reply of lent
