@@ -518,7 +518,7 @@ async fn connection(
         }
         // While replies of lent data wait for room in the socket, so does
         // the next request (see `Outbox::room`).
-        outbox.room().await;
+        outbox.room(|| cb.awaiting_replies()).await;
         if outbox.failed() {
             break Ok(());
         }
@@ -1113,7 +1113,8 @@ struct Outbox {
     /// `draining`, for readers outside its lock: READs lend no file data
     /// meanwhile, see `Server::may_lend`; see also [`Outbox::room`]).
     backlog: Arc<std::sync::atomic::AtomicBool>,
-    /// Told when the queue has been written (or the connection broke).
+    /// Told when the queue has been written (or the connection broke, or
+    /// a callback went out).
     drained: tokio::sync::Notify,
     /// Data of the read cache goes to the socket by reference
     /// ([`Kind::Fixed`]; see `server::ZeroCopy`).
@@ -1148,15 +1149,17 @@ impl Outbox {
     }
 
     /// Returns once no reply that carried lent file data waits for room
-    /// in the socket, or the connection is broken. The next request waits
-    /// for this: its reply would only queue behind them, and a READ from
-    /// the page cache taken now could not lend its data (see
-    /// `Server::may_lend`) but would copy it twice. (The Linux server
-    /// takes no request at all from a socket without room for its reply;
-    /// replies of other data do not hold requests up here, so that the
-    /// disk reads of a cold stream keep going while the client catches
-    /// up.)
-    async fn room(&self) {
+    /// in the socket, or the connection is broken, or `answers_due` (a
+    /// callback of the server's waits for the client's answer, which
+    /// comes in behind the requests: a callback times out). The next
+    /// request waits for this: its reply would only queue behind them,
+    /// and a READ from the page cache taken now could not lend its data
+    /// (see `Server::may_lend`) but would copy it twice. (The Linux
+    /// server takes no request at all from a socket without room for its
+    /// reply; replies of other data do not hold requests up here, so that
+    /// the disk reads of a cold stream keep going while the client
+    /// catches up.)
+    async fn room(&self, answers_due: impl Fn() -> bool) {
         while self.backlog.load(Ordering::Acquire) {
             let drained = self.drained.notified();
             tokio::pin!(drained);
@@ -1171,6 +1174,9 @@ impl Outbox {
                 if q.failed || !q.lent_waits {
                     return;
                 }
+            }
+            if answers_due() {
+                return;
             }
             drained.await;
         }
@@ -1200,6 +1206,8 @@ impl Outbox {
     /// connection is broken.
     fn send_call(&self, call: Encoder) -> bool {
         self.send(call, None);
+        // A connection waiting for room takes the answer in.
+        self.drained.notify_waiters();
         !self.failed()
     }
 
@@ -2087,14 +2095,16 @@ mod tests {
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
         let writer = tokio::spawn(outbox.clone().run());
-        assert!(!pending(outbox.room()).await, "waited with nothing queued");
+        let none = || false;
+        assert!(
+            !pending(outbox.room(none)).await,
+            "waited with nothing queued"
+        );
         const LEN: usize = 256 << 10;
-        // Replies until the socket is full, and `after` more, which wait
-        // whatever room the kernel makes meanwhile.
+        // Replies until `after` of them wait (the socket is full).
         let fill = |outbox: &Outbox, from: usize, after: usize, lent: bool| {
             let mut n = from;
-            let mut left = after;
-            while left > 0 {
+            while outbox.lock().replies.len() < after {
                 assert!(n < from + 1000, "a socket nobody reads never filled");
                 let mut e = Encoder::new();
                 e.u32(n as u32);
@@ -2106,16 +2116,14 @@ mod tests {
                 }
                 outbox.send(e, None);
                 n += 1;
-                if outbox.backlog.load(Ordering::Acquire) {
-                    left -= 1;
-                }
             }
             n
         };
-        let room = |outbox: &Arc<Outbox>| {
+        let room = |outbox: &Arc<Outbox>, due: Arc<std::sync::atomic::AtomicBool>| {
             let outbox = outbox.clone();
-            tokio::spawn(async move { outbox.room().await })
+            tokio::spawn(async move { outbox.room(|| due.load(Ordering::Acquire)).await })
         };
+        let not_due = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Replies from..upto, each whole.
         async fn read(client: &mut TcpStream, from: usize, upto: usize) {
             for i in from..upto {
@@ -2126,10 +2134,10 @@ mod tests {
         }
         let sent = fill(&outbox, 0, 16, true);
         assert!(
-            pending(outbox.room()).await,
+            pending(outbox.room(none)).await,
             "did not wait for lent replies"
         );
-        let waiting = room(&outbox);
+        let waiting = room(&outbox, not_due.clone());
         // Every reply but the last read: the last one is still queued or
         // on its way, and the task may not go on before it is written.
         read(&mut client, 0, sent - 1).await;
@@ -2143,16 +2151,29 @@ mod tests {
         let sent = fill(&outbox, sent, 16, false);
         assert!(outbox.backlog.load(Ordering::Acquire));
         assert!(
-            !pending(outbox.room()).await,
+            !pending(outbox.room(none)).await,
             "waited for replies of no lent data"
         );
         // A lent one among them: they do.
-        fill(&outbox, sent, 1, true);
-        let waiting = room(&outbox);
+        fill(&outbox, sent, 17, true);
         assert!(
-            pending(outbox.room()).await,
+            pending(outbox.room(none)).await,
             "did not wait for a lent reply"
         );
+        // Not while a callback waits for its answer, which the client
+        // sends behind its requests: a waiting connection goes on once
+        // the call is out.
+        let due = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiting = room(&outbox, due.clone());
+        due.store(true, Ordering::Release);
+        let mut call = Encoder::new();
+        call.u32(0);
+        assert!(outbox.send_call(call));
+        tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("a callback's answer waited behind a held request")
+            .unwrap();
+        let waiting = room(&outbox, not_due);
         drop(client);
         tokio::time::timeout(Duration::from_secs(30), waiting)
             .await

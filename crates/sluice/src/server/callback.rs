@@ -130,6 +130,15 @@ impl CbConn {
             .clear();
     }
 
+    /// Whether a call on this connection waits for the client's answer.
+    pub fn awaiting_replies(&self) -> bool {
+        !self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// Whether the connection is still there.
     pub fn is_open(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
