@@ -311,6 +311,7 @@ impl Server {
             e.fs.sweep_on_timer();
         }
         self.v3_files.sweep();
+        self.read.readahead.expire_idle();
     }
 
     /// A server for one export at "/" with default rules.

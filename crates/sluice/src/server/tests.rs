@@ -2540,6 +2540,24 @@ fn remove_and_rename_answer_each_directorys_change_and_let_go_of_what_they_drop(
         st
     };
     let (sa, sb, sc) = (cache("a"), cache("b"), cache("c"));
+    // A mapping that a stream of each made and let go of, kept idle for
+    // the file's next stream: it must go with the file's last name,
+    // which it would keep from freeing its blocks.
+    let ra = &srv.read.readahead;
+    let idle = |name: &str, st: &crate::engine::fs::Stat| {
+        let fd = std::sync::Arc::new(std::os::fd::OwnedFd::from(
+            std::fs::File::open(d.join(name)).unwrap(),
+        ));
+        let file = (st.dev, st.ino);
+        ra.access(file, 1, &fd, 0, 1, 1);
+        let m = ra
+            .mapping(file, 1, std::os::fd::AsFd::as_fd(&*fd), 1)
+            .unwrap();
+        ra.forget_stream(file, 1);
+        assert_eq!(std::sync::Arc::strong_count(&m), 2, "{name}'s kept idle");
+        m
+    };
+    let (ma, mb, mc) = (idle("a", &sa), idle("b", &sb), idle("c", &sc));
     let mut run = |ops| {
         let mut cinfos = Vec::new();
         let (_, results) = each_result(&call(ops), |o, dec| match o {
@@ -2576,6 +2594,11 @@ fn remove_and_rename_answer_each_directorys_change_and_let_go_of_what_they_drop(
         ex.cached_handle(&sa).is_none(),
         "a removed file's descriptor"
     );
+    assert_eq!(
+        std::sync::Arc::strong_count(&ma),
+        1,
+        "a removed file's mapping"
+    );
 
     let before = change_of(&d);
     let c = run(vec![
@@ -2590,6 +2613,16 @@ fn remove_and_rename_answer_each_directorys_change_and_let_go_of_what_they_drop(
     assert!(
         ex.cached_handle(&sc).is_none(),
         "a renamed-over file's descriptor"
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&mc),
+        1,
+        "a renamed-over file's mapping"
+    );
+    assert_eq!(
+        std::sync::Arc::strong_count(&mb),
+        2,
+        "the renamed file's mapping"
     );
     assert!(
         ex.cached_handle(&sb).is_some(),
