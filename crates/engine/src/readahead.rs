@@ -190,7 +190,8 @@ struct Table {
 /// that opens a file again (NFSv4: a stream per open) would otherwise map
 /// it anew, and fault every page of it in again as the socket copies
 /// them (one fault per 16 pages of small folios: 12,000 for a 1 GiB
-/// file, about a quarter of the server's CPU for a warm pass).
+/// file, a fifth to a quarter of the server's CPU per READ of a warm
+/// pass).
 #[derive(Debug)]
 struct Idle {
     file: FileId,
