@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 38] = [
+        let counters: [(&str, &str, u64); 39] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -207,6 +207,11 @@ impl Collector for Collect {
                 "sluice_polls_missed",
                 "Polls for a next request that ended without one; each stops that connection's polling until its client is quick again.",
                 srv.pollers.missed.load(Ordering::Relaxed),
+            ),
+            (
+                "sluice_polls_left_to_the_reader",
+                "Polls that found more than one request waiting (a client with several in flight) and left them to the connection's ordinary read, which takes them all at once.",
+                srv.pollers.behind.load(Ordering::Relaxed),
             ),
             (
                 "sluice_inline_slow",

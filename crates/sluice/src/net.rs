@@ -672,6 +672,9 @@ pub struct Pollers {
     pub polled: AtomicU64,
     /// Polls that ended without a request.
     pub missed: AtomicU64,
+    /// Polls that found several requests queued and left them to the
+    /// ordinary read.
+    pub behind: AtomicU64,
 }
 
 /// How many requests in a row one connection must have brought before it
@@ -689,6 +692,7 @@ impl Pollers {
             run: AtomicU64::new(0),
             polled: AtomicU64::new(0),
             missed: AtomicU64::new(0),
+            behind: AtomicU64::new(0),
         }
     }
 
@@ -827,10 +831,21 @@ impl Poller {
             return None;
         }
         let need = 4 + h.len;
+        let mut there = 0;
         if spin_until(start + self.budget * 2, || {
-            queued(fd).ok().map(|n| n >= need)
+            queued(fd).ok().map(|n| {
+                there = n;
+                n >= need
+            })
         }) != Some(true)
         {
+            return None;
+        }
+        if there > need {
+            // More requests wait behind this one (a client with several
+            // in flight): the ordinary path takes them all in one read,
+            // where polling would take three calls for each.
+            pollers.behind.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         // The whole record is queued: take its mark and its body at once.
@@ -2319,6 +2334,48 @@ mod tests {
                 // its next call (a CPU taken away) is not polled for.
                 assert!(polled > 0, "none of 1,000 calls in a row was polled for");
             }
+        }
+    }
+
+    /// A client with several calls in flight: after each batch is
+    /// answered the next one is queued whole, and polling leaves it to
+    /// the ordinary read, which takes the batch at once, instead of
+    /// taking its calls one by one (three system calls each); every
+    /// answer comes, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_queued_behind_one_another_are_read_together() {
+        const BATCH: u32 = 8;
+        const ROUNDS: u32 = 200;
+        let (srv, addr) = serving(Duration::from_millis(2)).await;
+        tokio::task::spawn_blocking(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_nodelay(true).unwrap();
+            for round in 0..ROUNDS {
+                let first = round * BATCH + 1;
+                let calls: Vec<u8> = (first..first + BATCH)
+                    .flat_map(|x| null_call(x, 3))
+                    .collect();
+                std::io::Write::write_all(&mut c, &calls).unwrap();
+                for xid in first..first + BATCH {
+                    read_reply(&mut c, xid);
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let polled = srv.pollers.polled.load(Ordering::Relaxed);
+        let behind = srv.pollers.behind.load(Ordering::Relaxed);
+        // Taking every call of a batch by polling polls 7 of each 8.
+        assert!(
+            polled < u64::from(ROUNDS),
+            "{polled} of {} calls taken one by one by polling ({behind} batches left to the read)",
+            ROUNDS * BATCH
+        );
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+            assert!(
+                behind > 0,
+                "no poll found a batch waiting ({polled} calls polled)"
+            );
         }
     }
 
