@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 39] = [
+        let counters: [(&str, &str, u64); 41] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -132,6 +132,16 @@ impl Collector for Collect {
                 "sluice_read_bytes_sent",
                 "File data bytes sent in READ and READ_PLUS replies.",
                 load(&m.read_bytes_sent),
+            ),
+            (
+                "sluice_records_sent",
+                "Records (replies, and calls to clients) the server sent over TCP connections.",
+                load(&m.records_sent),
+            ),
+            (
+                "sluice_record_writes",
+                "System calls (writev, sendmsg) that wrote records to TCP connections; below sluice_records_sent where small replies were gathered into one write.",
+                load(&m.record_writes),
             ),
             (
                 "sluice_disk_read_bytes",

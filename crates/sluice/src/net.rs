@@ -434,7 +434,11 @@ async fn connection(
         (Some(p), Some(l)) => srv.config.zero_copy.applies(p.ip(), l),
         _ => false,
     };
-    let outbox = Arc::new(Outbox::new(wr).zero_copy(zero_copy));
+    let outbox = Arc::new(
+        Outbox::new(wr)
+            .zero_copy(zero_copy)
+            .counting(srv.metrics.clone()),
+    );
     let writer = tokio::spawn(outbox.clone().run());
     let backlog = outbox.backlog.clone();
     // Calls to the client over this connection (the back channel of the
@@ -453,6 +457,12 @@ async fn connection(
     let mut partial = false;
     let mut poll = Poller::new(srv.config.busy_poll, srv.pollers.conn_id());
     let result = loop {
+        // Replies gathered while requests waited in the buffer go out
+        // before this thread may wait for more (see
+        // `Outbox::send_or_gather`).
+        if !whole_record(rd.buffer()) {
+            outbox.flush();
+        }
         // Right after answering on this thread, with nothing else to do
         // here or anywhere in the server: wait for the next request by
         // polling the socket (see `Poller`).
@@ -522,7 +532,14 @@ async fn connection(
         if outbox.failed() {
             break Ok(());
         }
-        // While the connection's budget is spent, no more requests are read.
+        // While the connection's budget is spent, no more requests are
+        // read; the replies gathered here must go first, for they hold
+        // part of it.
+        if slots.available_permits() == 0
+            || memory.available_permits() < reservation(CONN_MEMORY, record.len())
+        {
+            outbox.flush();
+        }
         let Some(mem) = reserve(&memory, CONN_MEMORY, record.len()).await else {
             break Ok(());
         };
@@ -546,7 +563,11 @@ async fn connection(
         let paused = match call {
             Ok(Call::Paused(p)) => p,
             Ok(Call::Done(reply)) => {
-                outbox.deliver(Ok(reply), mem, permit);
+                // While the next request waits whole in the buffer, a
+                // small reply waits to go out with its: one write, and
+                // one wake-up of the client, for all of them.
+                let more = whole_record(rd.buffer());
+                outbox.deliver_or_gather(Ok(reply), mem, permit, more);
                 start_callbacks(&cb);
                 poll.answered();
                 continue;
@@ -590,6 +611,7 @@ async fn connection(
     };
     // Requests still being processed send their replies before the
     // connection closes: wait until every slot is back.
+    outbox.flush();
     let _ = slots.acquire_many(MAX_IN_FLIGHT as u32).await;
     cb.close();
     outbox.close();
@@ -936,6 +958,16 @@ fn start_callbacks(cb: &CbConn) {
     }
 }
 
+/// Whether `buf` starts with a whole record of one fragment, which
+/// the connection can take without waiting.
+fn whole_record(buf: &[u8]) -> bool {
+    let Some(mark) = buf.first_chunk::<4>() else {
+        return false;
+    };
+    let h = FragmentHeader::parse(*mark);
+    h.last && buf.len() - 4 >= h.len
+}
+
 /// Bytes read from a connection at a time when records are small.
 const READ_BUFFER: usize = 64 * 1024;
 
@@ -1099,6 +1131,10 @@ struct Queue {
     in_pipe: usize,
     /// Replies that carried lent file data wait (see [`Outbox::room`]).
     lent_waits: bool,
+    /// Bytes of replies queued but not yet written, gathered by the
+    /// connection's thread while more requests wait in its buffer (see
+    /// [`Outbox::send_or_gather`]).
+    gathered: usize,
 }
 
 impl Queue {
@@ -1134,6 +1170,8 @@ struct Outbox {
     /// Data of the read cache goes to the socket by reference
     /// ([`Kind::Fixed`]; see `server::ZeroCopy`).
     by_ref: bool,
+    /// Where records sent and the writes that sent them are counted.
+    metrics: Arc<crate::server::counters::Metrics>,
 }
 
 impl Outbox {
@@ -1145,7 +1183,14 @@ impl Outbox {
             backlog: Default::default(),
             drained: tokio::sync::Notify::new(),
             by_ref: false,
+            metrics: Default::default(),
         }
+    }
+
+    /// Counting records sent and writes in `metrics`.
+    fn counting(mut self, metrics: Arc<crate::server::counters::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// With `by_ref`, data of the read cache goes to the socket by
@@ -1203,14 +1248,27 @@ impl Outbox {
     fn deliver(
         &self,
         reply: std::thread::Result<Option<Encoder>>,
+        mem: OwnedSemaphorePermit,
+        slot: OwnedSemaphorePermit,
+    ) {
+        self.deliver_or_gather(reply, mem, slot, false)
+    }
+
+    /// As [`Outbox::deliver`], but with `gather` a small reply of the
+    /// server's own memory is only queued, to go out with the next ones
+    /// (see [`Outbox::send_or_gather`]).
+    fn deliver_or_gather(
+        &self,
+        reply: std::thread::Result<Option<Encoder>>,
         mut mem: OwnedSemaphorePermit,
         slot: OwnedSemaphorePermit,
+        gather: bool,
     ) {
         match reply {
             Ok(Some(r)) => {
                 // The record is gone; keep what the reply takes.
                 shrink(&mut mem, r.len() + 4);
-                self.send(r, Some(Held(mem, slot)));
+                self.send_or_gather(r, Some(Held(mem, slot)), gather);
             }
             Ok(None) => {}
             Err(_) => tracing::error!("request handler panicked; no reply sent"),
@@ -1229,6 +1287,15 @@ impl Outbox {
     /// Sends one reply record: at once if the socket takes it, else
     /// after the replies queued before it.
     fn send(&self, reply: Encoder, held: Option<Held>) {
+        self.send_or_gather(reply, held, false)
+    }
+
+    /// As [`Outbox::send`]; but with `gather`, a reply that
+    /// holds no file data only joins the queue while the gathered
+    /// replies stay below [`GATHER_MAX`] bytes; the connection's thread
+    /// writes them with [`Outbox::flush`] once no request waits in its
+    /// buffer.
+    fn send_or_gather(&self, reply: Encoder, held: Option<Held>, gather: bool) {
         let mut parts = std::collections::VecDeque::with_capacity(4);
         parts.push_back((
             Bytes::copy_from_slice(&rpc::record_mark(reply.len())),
@@ -1238,9 +1305,17 @@ impl Outbox {
             let kind = Kind::of(&b, lent, self.by_ref);
             (b, kind)
         }));
+        let len: usize = parts.iter().map(|(b, _)| b.len()).sum();
+        let own = parts.iter().all(|(_, kind)| *kind == Kind::Own);
         let mut reply = Queued { parts, _held: held };
         let mut q = self.lock();
         if q.failed {
+            return;
+        }
+        self.metrics.records_sent.fetch_add(1, Ordering::Relaxed);
+        if gather && own && !q.draining && q.in_pipe == 0 && q.gathered + len <= GATHER_MAX {
+            q.gathered += len;
+            q.replies.push_back(reply);
             return;
         }
         if q.draining {
@@ -1251,7 +1326,21 @@ impl Outbox {
             return;
         }
         q.replies.push_back(reply);
-        match self.drain(&mut q) {
+        self.write_queued(&mut q);
+    }
+
+    /// Writes the replies gathered so far (see [`Outbox::send_or_gather`]).
+    fn flush(&self) {
+        let mut q = self.lock();
+        if q.gathered > 0 && !q.failed && !q.draining {
+            self.write_queued(&mut q);
+        }
+    }
+
+    /// Writes what is queued while the socket takes it; the rest goes to
+    /// the writer task.
+    fn write_queued(&self, q: &mut Queue) {
+        match self.drain(q) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 q.draining = true;
@@ -1264,7 +1353,7 @@ impl Outbox {
                 q.lent_waits = lent;
                 self.wake.notify_one();
             }
-            Err(e) => self.fail(&mut q, e),
+            Err(e) => self.fail(q, e),
         }
     }
 
@@ -1272,6 +1361,8 @@ impl Outbox {
     /// empty (Ok) or the socket is full (WouldBlock) or broken.
     /// [`Kind::Fixed`] data goes through the connection's pipe instead.
     fn drain(&self, q: &mut Queue) -> std::io::Result<()> {
+        // Whatever was gathered goes now, or with the writer task.
+        q.gathered = 0;
         loop {
             if q.in_pipe > 0 {
                 let n = self.splice_out(q)?;
@@ -1326,6 +1417,7 @@ impl Outbox {
             if n == 0 {
                 return Err(std::io::ErrorKind::WriteZero.into());
             }
+            self.metrics.record_writes.fetch_add(1, Ordering::Relaxed);
             self.written(q, n);
         }
     }
@@ -1416,7 +1508,12 @@ impl Outbox {
     /// No more replies will be sent; the writer task ends once the queue
     /// is written.
     fn close(&self) {
-        self.lock().closed = true;
+        let mut q = self.lock();
+        if q.gathered > 0 && !q.failed && !q.draining {
+            self.write_queued(&mut q);
+        }
+        q.closed = true;
+        drop(q);
         self.wake.notify_one();
     }
 
@@ -1466,6 +1563,7 @@ impl Outbox {
         q.in_pipe = 0;
         q.draining = false;
         q.replies.clear();
+        q.gathered = 0;
         q.lent_waits = false;
         self.drained.notify_waiters();
         let fd = std::os::fd::AsRawFd::as_raw_fd(self.wr.as_ref());
@@ -1520,12 +1618,17 @@ async fn reserve(
     total: usize,
     record: usize,
 ) -> Option<OwnedSemaphorePermit> {
-    let need = (record + MAX_REPLY).min(total);
+    let need = reservation(total, record);
     memory
         .clone()
         .acquire_many_owned(u32::try_from(need).ok()?)
         .await
         .ok()
+}
+
+/// What [`reserve`] takes for a request of `record` bytes.
+fn reservation(total: usize, record: usize) -> usize {
+    (record + MAX_REPLY).min(total)
 }
 
 /// Gives back all of a reservation but `keep` bytes.
@@ -1537,6 +1640,10 @@ fn shrink(mem: &mut OwnedSemaphorePermit, keep: usize) {
 
 /// Buffers handed to one writev call at most (below IOV_MAX).
 const IOV_PER_WRITE: usize = 512;
+
+/// Bytes of small replies the connection's thread gathers at most
+/// before writing them (see [`Outbox::send_or_gather`]).
+const GATHER_MAX: usize = 128 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -2377,6 +2484,64 @@ mod tests {
                 "no poll found a batch waiting ({polled} calls polled)"
             );
         }
+    }
+
+    /// Calls that arrive together are answered together: the replies
+    /// the connection's thread makes while more calls wait in its
+    /// buffer are gathered into one write, every answer comes in
+    /// order, and a lone call is answered at once (the client waits for
+    /// it before sending the next).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replies_to_calls_that_came_together_go_out_together() {
+        const BATCH: u32 = 8;
+        const ROUNDS: u32 = 100;
+        let (srv, addr) = serving(Duration::ZERO).await;
+        let client = tokio::task::spawn_blocking(move || {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_nodelay(true).unwrap();
+            for round in 0..ROUNDS {
+                let first = round * BATCH + 1;
+                let calls: Vec<u8> = (first..first + BATCH)
+                    .flat_map(|x| null_call(x, 3))
+                    .collect();
+                std::io::Write::write_all(&mut c, &calls).unwrap();
+                for xid in first..first + BATCH {
+                    read_reply(&mut c, xid);
+                }
+            }
+            let last = ROUNDS * BATCH + 1;
+            std::io::Write::write_all(&mut c, &null_call(last, 3)).unwrap();
+            read_reply(&mut c, last);
+            // A batch followed by the start of a call whose rest the
+            // client sends only once it has the batch's answers: they
+            // must not wait for it.
+            let first = last + 1;
+            let mut calls: Vec<u8> = (first..first + BATCH)
+                .flat_map(|x| null_call(x, 3))
+                .collect();
+            let next = null_call(first + BATCH, 3);
+            calls.extend(&next[..10]);
+            std::io::Write::write_all(&mut c, &calls).unwrap();
+            for xid in first..first + BATCH {
+                read_reply(&mut c, xid);
+            }
+            std::io::Write::write_all(&mut c, &next[10..]).unwrap();
+            read_reply(&mut c, first + BATCH);
+        });
+        tokio::time::timeout(Duration::from_secs(30), client)
+            .await
+            .expect("replies held back behind a call that had not come whole")
+            .unwrap();
+        let m = &srv.metrics;
+        let sent = m.records_sent.load(Ordering::Relaxed);
+        let writes = m.record_writes.load(Ordering::Relaxed);
+        assert_eq!(sent, u64::from((ROUNDS + 1) * BATCH + 2));
+        // One write per batch that arrived whole; a batch split by TCP
+        // takes one per piece.
+        assert!(
+            writes <= sent / 2,
+            "{writes} writes for {sent} replies to batches of {BATCH}"
+        );
     }
 
     /// Records that polling does not take whole (one arriving in pieces,

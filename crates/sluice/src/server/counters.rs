@@ -37,6 +37,10 @@ pub struct Metrics {
     pub reads: AtomicU64,
     /// File data bytes placed in READ and READ_PLUS replies.
     pub read_bytes_sent: AtomicU64,
+    /// Records (replies and calls to clients) queued for connections.
+    pub records_sent: AtomicU64,
+    /// System calls that wrote them (writev, sendmsg; splice not counted).
+    pub record_writes: AtomicU64,
     /// Time from decoding a READ or READ_PLUS to its encoded result.
     pub read_latency: Histogram,
     /// Calls to clients over their back channels that got an answer.
