@@ -402,7 +402,9 @@ pub async fn serve_portmap(
 }
 
 /// Serves one connection: reads records, runs each request on a blocking
-/// worker, and writes each reply as it completes.
+/// worker, and writes each reply as it completes (small replies made
+/// here while the next request waits whole in the buffer are gathered
+/// and written together, see [`Outbox::send_or_gather`]).
 ///
 /// The worker that made a reply writes it to the socket itself when
 /// nothing is queued before it and the socket takes it whole; only what
@@ -557,6 +559,11 @@ async fn connection(
         // would wait behind them and the server has a turn free (see
         // `server::inline`): a worker's wake-up costs about as much.
         if let Ok(Call::Paused(p)) = call {
+            if rd.buffer().is_empty() {
+                // Replies gathered before this request go first: they
+                // must not wait for its work, and they hold slots.
+                outbox.flush();
+            }
             let alone = slots.available_permits() == MAX_IN_FLIGHT - 1 && rd.buffer().is_empty();
             call = quick_on_turn(p, &srv, alone.then(|| srv.inline.enter()).flatten());
         }
@@ -565,10 +572,15 @@ async fn connection(
             Ok(Call::Done(reply)) => {
                 // While the next request waits whole in the buffer, a
                 // small reply waits to go out with its: one write, and
-                // one wake-up of the client, for all of them.
-                let more = whole_record(rd.buffer());
+                // one wake-up of the client, for all of them. Not one
+                // that calls to the client follow (they may go on
+                // another connection).
+                let after = cb.take_after_reply();
+                let more = whole_record(rd.buffer()) && after.is_empty();
                 outbox.deliver_or_gather(Ok(reply), mem, permit, more);
-                start_callbacks(&cb);
+                for call in after {
+                    drop(tokio::task::spawn_blocking(call));
+                }
                 poll.answered();
                 continue;
             }
