@@ -2456,6 +2456,21 @@ mod tests {
         }
     }
 
+    /// `rounds` batches of `batch` NFSv3 NULL calls, each sent in one
+    /// write once the batch before is answered; every answer checked.
+    fn in_batches(c: &mut std::net::TcpStream, rounds: u32, batch: u32) {
+        for round in 0..rounds {
+            let first = round * batch + 1;
+            let calls: Vec<u8> = (first..first + batch)
+                .flat_map(|x| null_call(x, 3))
+                .collect();
+            std::io::Write::write_all(c, &calls).unwrap();
+            for xid in first..first + batch {
+                read_reply(c, xid);
+            }
+        }
+    }
+
     /// A client with several calls in flight: after each batch is
     /// answered the next one is queued whole, and polling leaves it to
     /// the ordinary read, which takes the batch at once, instead of
@@ -2469,16 +2484,7 @@ mod tests {
         tokio::task::spawn_blocking(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
-            for round in 0..ROUNDS {
-                let first = round * BATCH + 1;
-                let calls: Vec<u8> = (first..first + BATCH)
-                    .flat_map(|x| null_call(x, 3))
-                    .collect();
-                std::io::Write::write_all(&mut c, &calls).unwrap();
-                for xid in first..first + BATCH {
-                    read_reply(&mut c, xid);
-                }
-            }
+            in_batches(&mut c, ROUNDS, BATCH);
         })
         .await
         .unwrap();
@@ -2511,16 +2517,7 @@ mod tests {
         let client = tokio::task::spawn_blocking(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
-            for round in 0..ROUNDS {
-                let first = round * BATCH + 1;
-                let calls: Vec<u8> = (first..first + BATCH)
-                    .flat_map(|x| null_call(x, 3))
-                    .collect();
-                std::io::Write::write_all(&mut c, &calls).unwrap();
-                for xid in first..first + BATCH {
-                    read_reply(&mut c, xid);
-                }
-            }
+            in_batches(&mut c, ROUNDS, BATCH);
             let last = ROUNDS * BATCH + 1;
             std::io::Write::write_all(&mut c, &null_call(last, 3)).unwrap();
             read_reply(&mut c, last);
