@@ -578,9 +578,7 @@ async fn connection(
                 let after = cb.take_after_reply();
                 let more = whole_record(rd.buffer()) && after.is_empty();
                 outbox.deliver_or_gather(Ok(reply), mem, permit, more);
-                for call in after {
-                    drop(tokio::task::spawn_blocking(call));
-                }
+                start_calls(after);
                 poll.answered();
                 continue;
             }
@@ -965,7 +963,13 @@ fn peek(fd: std::os::fd::RawFd, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Starts the callbacks a request queued to follow its reply (a CB_NULL
 /// probe after CREATE_SESSION), each on a thread that may wait.
 fn start_callbacks(cb: &CbConn) {
-    for call in cb.take_after_reply() {
+    start_calls(cb.take_after_reply());
+}
+
+/// Starts callbacks taken from a connection, each on a thread that may
+/// wait.
+fn start_calls(calls: Vec<Box<dyn FnOnce() + Send>>) {
+    for call in calls {
         drop(tokio::task::spawn_blocking(call));
     }
 }
@@ -1343,9 +1347,13 @@ impl Outbox {
 
     /// Writes the replies gathered so far (see [`Outbox::send_or_gather`]).
     fn flush(&self) {
-        let mut q = self.lock();
+        self.flush_locked(&mut self.lock());
+    }
+
+    /// [`Outbox::flush`] with the queue's lock held.
+    fn flush_locked(&self, q: &mut Queue) {
         if q.gathered > 0 && !q.failed && !q.draining {
-            self.write_queued(&mut q);
+            self.write_queued(q);
         }
     }
 
@@ -1521,9 +1529,7 @@ impl Outbox {
     /// is written.
     fn close(&self) {
         let mut q = self.lock();
-        if q.gathered > 0 && !q.failed && !q.draining {
-            self.write_queued(&mut q);
-        }
+        self.flush_locked(&mut q);
         q.closed = true;
         drop(q);
         self.wake.notify_one();
