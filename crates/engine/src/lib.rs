@@ -19,6 +19,7 @@ pub mod mapped;
 pub mod rangelock;
 pub mod read;
 pub mod readahead;
+pub mod turns;
 
 /// Keeps I/O buffers (up to 1 MiB each, one per request in flight) on the
 /// heap and reused, instead of fresh mappings that the kernel must fault in
