@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 41] = [
+        let counters: [(&str, &str, u64); 42] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -76,6 +76,11 @@ impl Collector for Collect {
                 "sluice_write_behind_bytes",
                 "Bytes of UNSTABLE WRITEs through the page cache that started their own writeback at once (--write-behind-min), so that a COMMIT has less left to wait for.",
                 load(&m.write_behind_bytes),
+            ),
+            (
+                "sluice_write_turns_waited",
+                "WRITEs of at least 512 KiB through the page cache that waited, asleep, while another WRITE of the same file copied its data, instead of spinning on the file's lock in the kernel.",
+                load(&m.write_turns_waited),
             ),
             (
                 "sluice_entries_listed_without_stat",

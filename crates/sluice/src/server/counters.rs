@@ -58,6 +58,9 @@ pub struct Metrics {
     /// Bytes of UNSTABLE WRITEs whose writeback they started themselves (see
     /// `Config::write_behind_min`).
     pub write_behind_bytes: AtomicU64,
+    /// Large buffered WRITEs that waited for another WRITE of their file
+    /// to finish copying (see `ops_file::write_data`).
+    pub write_turns_waited: AtomicU64,
     /// READDIR entries answered from the directory alone, without a stat
     /// (the client asked for names, types and file ids only).
     pub entries_listed_without_stat: AtomicU64,

@@ -273,6 +273,9 @@ pub struct Server {
     pub config: Config,
     /// Byte-range locks held around backing I/O.
     pub locks: Arc<crate::engine::rangelock::RangeLocks>,
+    /// Large buffered WRITEs of a file, one at a time (see
+    /// `ops_file::write_data`).
+    pub write_turns: crate::engine::turns::Turns,
     /// Cached data/hole maps.
     pub extents: crate::engine::extents::ExtentCache,
     /// The read path: readahead, the read cache, reads that wait or not.
@@ -361,6 +364,7 @@ impl Server {
             flushing: Default::default(),
             flush_ended: Default::default(),
             flush_ids: Default::default(),
+            write_turns: Default::default(),
             verifier_warned: Default::default(),
             started: std::time::Instant::now(),
             owner: config

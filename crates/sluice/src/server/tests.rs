@@ -2309,6 +2309,66 @@ fn write_after_putfh_writes_files_only_and_stale_handles_fail() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Large WRITEs of one file through the page cache copy one at a time,
+/// asleep while another holds the file's turn; small WRITEs, and other
+/// files, do not wait for it.
+#[test]
+fn large_writes_of_a_file_take_turns_and_small_ones_do_not_wait() {
+    use crate::nfs4::msg::WriteArgs;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::Ordering::SeqCst;
+    let (srv, dir, sid) = server_with_f("write-turns");
+    let other_sid = session(&srv);
+    let meta = std::fs::metadata(dir.join("f")).unwrap();
+    let key = (meta.dev(), meta.ino());
+    let f = handle_in_root(&srv, c"f");
+    let write = |offset: u64, data: &[u8]| {
+        let mut e = Encoder::new();
+        WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset,
+            stable: 0,
+            data,
+        }
+        .encode(&mut e);
+        vec![
+            (op::PUTFH, args(&NfsFh4(f.clone()))),
+            (op::WRITE, e.into_inner()),
+        ]
+    };
+    let last = |reply: &[u8]| *each_result(reply, |_, _| {}).1.last().unwrap();
+    let large = vec![0x4c_u8; super::ops_file::WRITE_TURN_MIN];
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (held, waited) = srv.write_turns.take(key);
+    assert!(!waited);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let r = last(&in_session(&srv, &sid)(write(4096, &large)));
+            done.store(true, SeqCst);
+            r
+        });
+        // Until the large WRITE sleeps on the file's turn, unless it got
+        // past it.
+        while srv.write_turns.waiting(key) < 1 && !done.load(SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(!done.load(SeqCst), "a large WRITE went past a held turn");
+        // A small WRITE of the same file does not take turns.
+        let small = last(&in_session(&srv, &other_sid)(write(0, b"tiny")));
+        assert_eq!(small, (op::WRITE, status::OK));
+        assert!(!done.load(SeqCst));
+        drop(held);
+        assert_eq!(writer.join().unwrap(), (op::WRITE, status::OK));
+    });
+    assert_eq!(srv.metrics.write_turns_waited.load(SeqCst), 1);
+    assert_eq!(srv.write_turns.files(), 0);
+    let data = std::fs::read(dir.join("f")).unwrap();
+    assert_eq!(&data[..4], b"tiny");
+    assert_eq!(data.len(), 4096 + large.len());
+    assert!(data[4096..].iter().all(|&b| b == 0x4c));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// READDIR of the export's root with `maxcount` and a cookie, asking for
 /// the handle and fileid: the status, and (name, cookie) of each entry
 /// with eof when OK. Nothing may follow the result.
