@@ -2310,8 +2310,8 @@ fn write_after_putfh_writes_files_only_and_stale_handles_fail() {
 }
 
 /// Large WRITEs of one file through the page cache copy one at a time,
-/// asleep while another holds the file's turn; small WRITEs, and other
-/// files, do not wait for it.
+/// asleep while another holds the file's turn; small WRITEs of the file
+/// do not wait for it (other files' turns: `engine::turns`'s tests).
 #[test]
 fn large_writes_of_a_file_take_turns_and_small_ones_do_not_wait() {
     use crate::nfs4::msg::WriteArgs;
