@@ -833,7 +833,10 @@ experiment's mixed-* files, default `--size`), `--mix-size`, `--duration`
 when `--out` is the default; hand-written text after the marker comment
 that ends the generated part is kept), `--tcp-congestion NAME` (the
 machine's TCP congestion control for the run, put back at the end; the
-environment table names the one used), `--no-build`. A run that was killed outright (SIGKILL) cannot
+environment table names the one used), `--page-reporting-ms MS` (on a
+virtual machine whose balloon gives freed pages back to the host, how long
+they stay first, for the run, put back at the end; see "Why write
+streams swing on this machine" below), `--no-build`. A run that was killed outright (SIGKILL) cannot
 tear down; `bench/run --clean-stale` removes what it left (its servers,
 network namespace, mounts, loop devices and images under
 `/var/tmp/sluice-bench-*`).
