@@ -239,6 +239,32 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// How many of a connection's requests are on request threads (or wait
+/// there for a directory's sync): while any is, the connection's quick
+/// ops go there too.
+#[derive(Debug, Default)]
+struct HandedOver(std::sync::atomic::AtomicUsize);
+
+impl HandedOver {
+    fn enter(self: &Arc<Self>) -> HandedOverGuard {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        HandedOverGuard(self.clone())
+    }
+
+    fn none(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == 0
+    }
+}
+
+/// One request on a request thread, until it has delivered its reply.
+struct HandedOverGuard(Arc<HandedOver>);
+
+impl Drop for HandedOverGuard {
+    fn drop(&mut self) {
+        self.0 .0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Accepts connections until the task is dropped.
 pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
     serve_with(listener, srv, Policy::default(), Arc::default()).await
@@ -455,6 +481,7 @@ async fn connection(
     cb.set_backlog(backlog);
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
+    let handed_over = Arc::new(HandedOver::default());
     let mut asm = RecordAssembler::new(MAX_RECORD);
     let mut partial = false;
     let mut poll = Poller::new(srv.config.busy_poll, srv.pollers.conn_id());
@@ -555,17 +582,21 @@ async fn connection(
         let mut call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             srv.try_call_on(record, ip, Some(&cb))
         }));
-        // Then its quick ops, here too, when nothing of this connection
-        // would wait behind them and the server has a turn free (see
-        // `server::inline`): a worker's wake-up costs about as much.
+        // Then its quick ops, here too, when none of this connection's
+        // requests is on a request thread and the server has a turn free
+        // (see `server::inline`): a worker's wake-up costs about as much
+        // as a quick op, and quick ops here beside the same client's on
+        // workers would contend with them for the same files' locks.
+        // Requests behind it in the buffer wait for it, as they would for
+        // a cached READ answered here.
         if let Ok(Call::Paused(p)) = call {
             if rd.buffer().is_empty() {
                 // Replies gathered before this request go first: they
                 // must not wait for its work, and they hold slots.
                 outbox.flush();
             }
-            let alone = slots.available_permits() == MAX_IN_FLIGHT - 1 && rd.buffer().is_empty();
-            call = quick_on_turn(p, &srv, alone.then(|| srv.inline.enter()).flatten());
+            let here = handed_over.none();
+            call = quick_on_turn(p, &srv, here.then(|| srv.inline.enter()).flatten());
         }
         let paused = match call {
             Ok(Call::Paused(p)) => p,
@@ -590,6 +621,7 @@ async fn connection(
         let srv = srv.clone();
         let outbox = outbox.clone();
         let cb = cb.clone();
+        let busy = (busy, handed_over.enter());
         if paused.awaits_syncs() && paused.syncs_running(&srv) {
             // An op that ran here changed a directory of a `sync` export
             // while a sync of it runs: a task waits for the next sync,

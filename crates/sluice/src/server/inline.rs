@@ -10,8 +10,16 @@
 //! nor run other connections' tasks, until the op is done. So a task runs
 //! quick ops itself only:
 //!
-//! - when its connection has no other request in flight and none waiting
-//!   to be read (nothing queues behind the op);
+//! - when none of its connection's requests is on a worker (see
+//!   `net::HandedOver`). Its other requests in flight are then answered
+//!   on this task too, before or after, so none waits for a thread while
+//!   this one runs: those buffered behind it wait for the op as they
+//!   would for a cached READ answered here, and a client that keeps
+//!   several small WRITEs in flight has all of them done here, without a
+//!   wake-up each. While one is on a worker the quick ops go there too:
+//!   beside it, they would contend for the same files' locks, the task
+//!   asleep in the kernel meanwhile (pipelined 8 KiB WRITEs ran slower
+//!   that way than all on workers);
 //! - while fewer than `max` tasks (see [`Inline::new`]) are doing so (by default one
 //!   per CPU, as many as the runtime has threads for connections);
 //! - and not for [`PAUSE`] after an op run this way waited for storage:
