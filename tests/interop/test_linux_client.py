@@ -337,6 +337,7 @@ class ControlServer:
         self.errors = []
         self.boot_log = 0  # where the server log of the latest start begins
         self.holder = None  # the host client of reclaim-restart and its open
+        self.inline_mark = 0.0  # sluice_inline_requests_total at "inline-mark"
         self.period = os.urandom(RB_LEN)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -371,6 +372,15 @@ class ControlServer:
             return "ok"
         if cmd == "period":
             return self.period
+        if cmd == "inline-mark":
+            self.inline_mark = self.server.metrics().get("sluice_inline_requests_total", 0)
+            return "ok"
+        if cmd == "inline-since-mark":
+            done = self.server.metrics().get("sluice_inline_requests_total", 0) - self.inline_mark
+            slow = self.server.metrics().get("sluice_inline_slow_total", 0)
+            if done < int(arg) and slow == 0:
+                return f"error: {done:.0f} requests answered on the connection's thread, fewer than {arg}"
+            return "ok"
         if cmd == "md5":
             count, offset = (int(x) for x in arg.split())
             return pattern_md5(self.period, count, offset).encode() + b"\n"

@@ -147,6 +147,37 @@ for spec in $SIZES; do
   eq "$(fsize "$M/data/$name")" "$n" "size of data/$name"
 done
 
+step "small writes the client sends together: quick on the connection's thread"
+# One process writes 128 separate 8 KiB pieces (64 KiB apart), then
+# fsyncs: the client's writeback sends them several at a time on its one
+# connection. Linux 6.12 sends them UNSTABLE (then COMMIT), and the server
+# answers them on the connection's thread (the host counts them in its
+# metrics). Linux 6.1 sends each FILE_SYNC, as it does when no write of
+# the file waits for a COMMIT yet: storage work, handed over.
+case $(uname -r) in
+  6.1.*) QUICK_PIECES=0 ;;
+  *) QUICK_PIECES=64 ;;
+esac
+ctl inline-mark
+perl -e '
+  open(F, "+>", $ARGV[0]) or die "open: $!";
+  for my $i (0 .. 127) {
+    sysseek(F, $i * 65536, 0) or die "seek: $!";
+    syswrite(F, chr(65 + $i % 26) x 8192) == 8192 or die "write: $!";
+  }
+  syscall(74, fileno(F)) == 0 or die "fsync: $!";  # SYS_fsync on x86_64
+  close(F) or die "close: $!";
+' "$M/data/pieces" || fail "writing 8 KiB pieces"
+ctl inline-since-mark $QUICK_PIECES
+drop_caches
+eq "$(fsize "$M/data/pieces")" $((127 * 65536 + 8192)) "size of data/pieces"
+dd if="$M/data/pieces" of=/tmp/piece bs=8192 skip=$((8 * 77)) count=1 2>/dev/null
+head -c 8192 /dev/zero | tr '\0' Z > /tmp/expect
+eq "$(md5 /tmp/piece)" "$(md5 /tmp/expect)" "piece 77 of data/pieces"
+dd if="$M/data/pieces" of=/tmp/piece bs=8192 skip=$((8 * 77 + 1)) count=1 2>/dev/null
+eq "$(md5 /tmp/piece)" "$(zeros_md5 8192)" "the hole after piece 77 of data/pieces"
+echo "$(md5 "$M/data/pieces")  $M/data/pieces" >> "$SUMS"
+
 step "read the files back after umount and mount"
 remount
 verify_all "after remount"
