@@ -194,7 +194,8 @@ pub fn check_congestion(name: &str) -> Result<(), String> {
     set_congestion(probe.as_fd(), name)
 }
 
-/// Counts requests being processed, so shutdown can wait for them.
+/// Counts requests being processed, so shutdown can wait for them; a
+/// connection also counts its own on request threads with one.
 #[derive(Debug, Default)]
 pub struct InFlight {
     count: std::sync::atomic::AtomicUsize,
@@ -236,32 +237,6 @@ impl Drop for InFlightGuard {
         {
             self.0.idle.notify_waiters();
         }
-    }
-}
-
-/// How many of a connection's requests are on request threads (or wait
-/// there for a directory's sync): while any is, the connection's quick
-/// ops go there too.
-#[derive(Debug, Default)]
-struct HandedOver(std::sync::atomic::AtomicUsize);
-
-impl HandedOver {
-    fn enter(self: &Arc<Self>) -> HandedOverGuard {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        HandedOverGuard(self.clone())
-    }
-
-    fn none(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire) == 0
-    }
-}
-
-/// One request on a request thread, until it has delivered its reply.
-struct HandedOverGuard(Arc<HandedOver>);
-
-impl Drop for HandedOverGuard {
-    fn drop(&mut self) {
-        self.0 .0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -481,7 +456,9 @@ async fn connection(
     cb.set_backlog(backlog);
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let memory = Arc::new(Semaphore::new(CONN_MEMORY));
-    let handed_over = Arc::new(HandedOver::default());
+    // This connection's requests on request threads (or waiting there
+    // for a directory's sync): while any is, its quick ops go there too.
+    let handed_over = Arc::new(InFlight::default());
     let mut asm = RecordAssembler::new(MAX_RECORD);
     let mut partial = false;
     let mut poll = Poller::new(srv.config.busy_poll, srv.pollers.conn_id());
@@ -595,7 +572,7 @@ async fn connection(
                 // must not wait for its work, and they hold slots.
                 outbox.flush();
             }
-            let here = handed_over.none();
+            let here = handed_over.count() == 0;
             call = quick_on_turn(p, &srv, here.then(|| srv.inline.enter()).flatten());
         }
         let paused = match call {

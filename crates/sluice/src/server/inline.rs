@@ -10,8 +10,8 @@
 //! nor run other connections' tasks, until the op is done. So a task runs
 //! quick ops itself only:
 //!
-//! - when none of its connection's requests is on a worker (see
-//!   `net::HandedOver`). Its other requests in flight are then answered
+//! - when none of its connection's requests is on a worker (a count
+//!   the connection keeps). Its other requests in flight are then answered
 //!   on this task too, before or after, so none waits for a thread while
 //!   this one runs: those buffered behind it wait for the op as they
 //!   would for a cached READ answered here, and a client that keeps
