@@ -337,7 +337,7 @@ class ControlServer:
         self.errors = []
         self.boot_log = 0  # where the server log of the latest start begins
         self.holder = None  # the host client of reclaim-restart and its open
-        self.inline_mark = 0.0  # sluice_inline_requests_total at "inline-mark"
+        self.inline_mark = (0.0, 0.0)  # _inline_counts() at "inline-mark"
         self.period = os.urandom(RB_LEN)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -373,11 +373,10 @@ class ControlServer:
         if cmd == "period":
             return self.period
         if cmd == "inline-mark":
-            self.inline_mark = self.server.metrics().get("sluice_inline_requests_total", 0)
+            self.inline_mark = self._inline_counts()
             return "ok"
         if cmd == "inline-since-mark":
-            done = self.server.metrics().get("sluice_inline_requests_total", 0) - self.inline_mark
-            slow = self.server.metrics().get("sluice_inline_slow_total", 0)
+            done, slow = (now - then for now, then in zip(self._inline_counts(), self.inline_mark))
             if done < int(arg) and slow == 0:
                 return f"error: {done:.0f} requests answered on the connection's thread, fewer than {arg}"
             return "ok"
@@ -434,6 +433,13 @@ class ControlServer:
             getattr(self, "_" + cmd.replace("-", "_"))(path, int(start), int(length))
             return "ok"
         return f"error: unknown request {line!r}"
+
+    def _inline_counts(self):
+        """Requests answered on the connection's thread, and slow turns
+        there (each of which sends quick work to request threads for
+        200 ms), so far."""
+        m = self.server.metrics()
+        return m.get("sluice_inline_requests_total", 0), m.get("sluice_inline_slow_total", 0)
 
     # -- the server's grace period, from its metrics and log --
 
