@@ -754,6 +754,30 @@ def test_max_connections(serve):
 # --- 8. graceful shutdown ----------------------------------------------------
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
+def test_signals_right_after_the_ready_line_are_handled(serve, sig):
+    """A signal sent as soon as the server says it is listening is the
+    server's to handle, not the default action's (which ends the process
+    at once): SIGTERM and SIGINT shut it down cleanly, SIGUSR1 empties the
+    read cache and it goes on serving. Ten starts each."""
+    for _ in range(10):
+        srv = serve()
+        proc = srv.proc
+        proc.send_signal(sig)
+        if sig == signal.SIGUSR1:
+            with Conn(srv.port) as c:
+                assert Session(c).root_fh()
+            assert proc.poll() is None, f"sluice ended ({proc.returncode}) after SIGUSR1; log:\n{srv.log()}"
+            srv.stop()
+            continue
+        try:
+            status = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"sluice still running 10 s after {sig.name}; log:\n{srv.log()}")
+        assert status == 0, f"exit status {status} after {sig.name}; log:\n{srv.log()}"
+        assert "shutting down" in srv.log(), srv.log()
+
+
 def test_sigterm_exits_cleanly(serve):
     srv = serve()
     proc = srv.proc

@@ -601,6 +601,16 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         ),
         None => None,
     };
+    // The signals are taken before anyone is told the server is ready:
+    // until then their default action ends the process at once, so a
+    // SIGTERM or SIGINT right after the line below would skip the clean
+    // shutdown, and a SIGUSR1 (a cold measurement) would kill the server.
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(|e| format!("cannot take SIGUSR1: {e}"))?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot take SIGTERM: {e}"))?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| format!("cannot take SIGINT: {e}"))?;
     // One line on stdout tells scripts the server is ready and where.
     println!("listening on {addr}");
     let metrics_task = match metrics_listener {
@@ -654,8 +664,6 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     sluice::server::nlm::notify_hosts(&srv);
     // SIGUSR1 empties the read cache, as `echo 1 > /proc/sys/vm/drop_caches`
     // does the kernel's: what a cold-cache measurement needs.
-    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
-        .map_err(|e| e.to_string())?;
     let drop_task = {
         let srv = srv.clone();
         tokio::spawn(async move {
@@ -671,11 +679,9 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             }
         })
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+        _ = int.recv() => tracing::info!("interrupted: shutting down"),
     }
     // Take no new connections or requests; let those being processed
     // finish (writes applied), then flush to disk.
