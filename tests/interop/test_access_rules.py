@@ -770,27 +770,27 @@ def test_signals_right_after_the_ready_line_are_handled(serve, sig):
             assert proc.poll() is None, f"sluice ended ({proc.returncode}) after SIGUSR1; log:\n{srv.log()}"
             srv.stop()
             continue
-        try:
-            status = proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"sluice still running 10 s after {sig.name}; log:\n{srv.log()}")
-        assert status == 0, f"exit status {status} after {sig.name}; log:\n{srv.log()}"
-        assert "shutting down" in srv.log(), srv.log()
+        exits_cleanly(srv, sig, 10)
+
+
+def exits_cleanly(srv, sig: signal.Signals, seconds: int):
+    """`srv`, sent `sig`, ends within `seconds` with status 0 after
+    logging its shutdown."""
+    try:
+        status = srv.proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"sluice still running {seconds} s after {sig.name}; log:\n{srv.log()}")
+    assert status == 0, f"exit status {status} after {sig.name}; log:\n{srv.log()}"
+    assert "shutting down" in srv.log(), srv.log()
 
 
 def test_sigterm_exits_cleanly(serve):
     srv = serve()
-    proc = srv.proc
     with Conn(srv.port) as idle:
         s = Session(idle)  # an idle client with a session does not hold shutdown up
         assert s.root_fh()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            status = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"sluice still running 5 s after SIGTERM; log:\n{srv.log()}")
-    assert status == 0, f"exit status {status} after SIGTERM; log:\n{srv.log()}"
-    assert "shutting down" in srv.log(), srv.log()
+        srv.proc.send_signal(signal.SIGTERM)
+        exits_cleanly(srv, signal.SIGTERM, 5)
     assert "panicked" not in srv.log(), srv.log()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
