@@ -168,6 +168,23 @@ def test_no_write_delegation_while_a_local_process_has_the_file_open(srv):
         assert o.deleg_type == OPEN_DELEGATE_NONE, "a write delegation while a local process has the file open"
 
 
+def test_a_write_delegation_after_another_clients_file_sync_writes(srv):
+    """Stable WRITEs keep a descriptor of the file to flush through for
+    the next ones (read-only, held after CLOSE). The kernel grants a write
+    lease only to the one open of a file, so OPEN closes it first: the next
+    client to open the file alone still gets a write delegation."""
+    make_file(srv, "f")
+    w = other(srv)
+    o, fh, _ = open_rw(w, "f")
+    for k in range(4):
+        expect_ok(w.compound([rc.op_putfh(fh), rc.op_write(k * 8192, os.urandom(8192), stable=2, stateid=o.stateid)]),
+                  "FILE_SYNC WRITE")
+    assert counter(srv, "sluice_flush_witnesses_opened") == 1, "the stable WRITEs kept no descriptor: nothing to check"
+    expect_ok(w.compound([rc.op_putfh(fh), rc.op_close(o.stateid)]), "CLOSE")
+    o, _, _ = open_rw(holder(srv), "f")
+    assert o.deleg_type == OPEN_DELEGATE_WRITE, "no write delegation after another client's FILE_SYNC WRITEs and CLOSE"
+
+
 @pytest.mark.parametrize("access", ["open-read", "read-anonymous", "write"])
 def test_any_access_by_another_client_recalls_and_sees_the_holders_data(srv, access):
     h, _, deleg, fh, _ = write_delegated(srv)

@@ -275,6 +275,82 @@ def test_file_sync_writes_at_once_are_each_clean_when_answered(disk_server):
     assert path.read_bytes() == data
 
 
+def plain_descriptors_of(pid: int, path: Path) -> int:
+    """Descriptors process `pid` has open of `path` (also once it is
+    removed) for reading only, through the page cache: not O_PATH ones,
+    which only name a file (sluice keeps those of the handles it gave
+    out), nor the ones NFSv3 WRITEs (for writing) and cold READs
+    (O_DIRECT) keep."""
+    O_PATH, O_DIRECT, O_ACCMODE = 0o10000000, 0o40000, 0o3
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            flags = next(int(line.split()[1], 8) for line in open(f"/proc/{pid}/fdinfo/{fd}")
+                         if line.startswith("flags:"))
+        except (OSError, StopIteration):
+            continue  # closed meanwhile
+        if target in (str(path), f"{path} (deleted)") and not flags & (O_PATH | O_DIRECT | O_ACCMODE):
+            n += 1
+    return n
+
+
+def test_stable_writes_of_a_file_flush_through_one_kept_descriptor(sluice_factory):
+    """Each stable WRITE flushes through a descriptor no one else flushes
+    meanwhile, opened or last flushed before it wrote (so that it learns of
+    every failed writeback of its data). One that an earlier stable WRITE
+    of the file flushed through serves: NFSv4.1 and NFSv3 FILE_SYNC WRITEs
+    one after another open one between them, where each opened its own
+    before. After CLOSE it stays open (read-only), and REMOVE closes it at
+    once, so that it keeps no removed file's blocks."""
+    import v3client as v
+
+    srv = sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
+    c = Client(srv.port).establish()
+    sid, fh = open_new(c, "f")
+    data = bytearray(os.urandom(20 * 8192))
+    for k in range(20):
+        off = (k * 7 % 20) * 8192
+        r = c.compound([rc.op_putfh(fh), rc.op_write(off, bytes(data[off:off + 8192]), FILE_SYNC, stateid=sid)])
+        expect_ok(r, "WRITE")
+        assert r[2].committed == FILE_SYNC
+    assert srv.counter("sluice_flush_witnesses_opened") == 1, \
+        "20 FILE_SYNC WRITEs one after another did not share one descriptor to flush through"
+    target = v.sluice_target(srv)
+    with target.nfs() as b:
+        vfh = b.must(b.lookup(target.root_fh(), "f"), "LOOKUP").fh
+        for k in range(20):
+            piece = os.urandom(4096)
+            data[k * 8192:k * 8192 + 4096] = piece
+            r = b.must(b.write(vfh, k * 8192, piece, v.FILE_SYNC), "NFSv3 WRITE")
+            assert r.committed == v.FILE_SYNC
+    assert srv.counter("sluice_flush_witnesses_opened") == 1, "NFSv3 FILE_SYNC WRITEs opened descriptors of their own"
+    assert read_all(c, "f", len(data)) == bytes(data)
+    expect_ok(c.compound([rc.op_putfh(fh), rc.op_close(sid)]), "CLOSE")
+    path = srv.export / "f"
+    assert plain_descriptors_of(srv.proc.pid, path) == 1, "the descriptor was not kept after CLOSE"
+    expect_ok(c.compound([rc.op_putrootfh(), rc.op_remove("f")]), "REMOVE")
+    assert plain_descriptors_of(srv.proc.pid, path) == 0, "REMOVE left a descriptor of the file open"
+
+
+def test_kept_descriptors_are_closed_when_idle(sluice_factory):
+    """A descriptor kept for stable WRITEs is closed once no stable WRITE
+    of its file used it for 2 s, also when the file was removed by someone
+    other than a client (whose blocks it would keep)."""
+    srv = sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
+    c = Client(srv.port).establish()
+    sid, fh = open_new(c, "f")
+    expect_ok(c.compound([rc.op_putfh(fh), rc.op_write(0, b"x" * 8192, FILE_SYNC, stateid=sid)]), "WRITE")
+    expect_ok(c.compound([rc.op_putfh(fh), rc.op_close(sid)]), "CLOSE")
+    path = srv.export / "f"
+    assert plain_descriptors_of(srv.proc.pid, path) == 1
+    path.unlink()
+    deadline = time.monotonic() + 10
+    while plain_descriptors_of(srv.proc.pid, path) > 0:
+        assert time.monotonic() < deadline, "the kept descriptor of a removed file is still open after 10 s"
+        time.sleep(0.1)
+
+
 def test_commit_puts_unstable_writes_on_the_device(disk_server):
     disk, srv = disk_server
     c = Client(srv.port).establish()
@@ -461,3 +537,35 @@ def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_b
             assert not (c.ok and c.verf == b_verf), \
                 "B's COMMIT answered its WRITE's verifier after the file's writeback failed"
         assert server.counter("sluice_write_verifier_changes") >= 1
+
+
+def test_a_file_sync_write_through_a_kept_descriptor_learns_of_its_failed_writeback(sluice_binary, tmp_path):
+    """A FILE_SYNC WRITE flushes through the descriptor an earlier one of
+    the file kept: when the device can no longer take its data, it must
+    fail, not answer FILE_SYNC. The device (a loop device in a small
+    tmpfs) is filled by another file's UNSTABLE WRITEs and its COMMIT."""
+    with failing_export(sluice_binary, tmp_path, 48 * MiB) as (disk, server, target):
+        c = Client(server.port).establish()
+        sid, fh = open_new(c, "synced")
+        # Blocks the file system gives the file now, where the device has
+        # none yet: a WRITE there needs no allocation, only writeback.
+        fd = os.open(disk.mnt / "export" / "synced", os.O_WRONLY)
+        try:
+            os.posix_fallocate(fd, 0, 32 * MiB)
+        finally:
+            os.close(fd)
+        expect_ok(c.compound([rc.op_putfh(fh), rc.op_write(0, os.urandom(8192), FILE_SYNC, stateid=sid)]), "WRITE")
+        assert server.counter("sluice_flush_witnesses_opened") == 1
+        filler = open_new(c, "filler")
+        chunk, written = os.urandom(CHUNK), 0
+        while written < 96 * MiB:
+            r = c.compound([rc.op_putfh(filler[1]), rc.op_write(written, chunk, UNSTABLE, stateid=filler[0])])
+            if r.status != 0:
+                break
+            written += CHUNK
+        c.compound([rc.op_putfh(filler[1]), rc.op_commit()])
+        # The device is full: data past the first piece has nowhere to go.
+        r = c.compound([rc.op_putfh(fh), rc.op_write(16 * MiB, os.urandom(CHUNK), FILE_SYNC, stateid=sid)])
+        assert r.status != 0, "a FILE_SYNC WRITE was answered after its data's writeback could not succeed"
+        assert server.counter("sluice_flush_witnesses_opened") == 1, \
+            "the WRITE did not flush through the kept descriptor: the test checked something else"

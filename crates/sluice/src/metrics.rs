@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 42] = [
+        let counters: [(&str, &str, u64); 43] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -86,6 +86,11 @@ impl Collector for Collect {
                 "sluice_entries_listed_without_stat",
                 "READDIR entries (not directories) answered from the directory alone, without a stat, because the client asked for names, types and file ids only.",
                 load(&m.entries_listed_without_stat),
+            ),
+            (
+                "sluice_flush_witnesses_opened",
+                "Descriptors opened for stable WRITEs to flush through, so that each learns of every failed writeback of its data; each is kept for the next stable WRITE of its file while used within 2 s, and only new ones are counted.",
+                load(&m.flush_witnesses_opened),
             ),
             (
                 "sluice_write_verifier_changes",

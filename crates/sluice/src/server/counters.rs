@@ -64,6 +64,9 @@ pub struct Metrics {
     /// READDIR entries answered from the directory alone, without a stat
     /// (the client asked for names, types and file ids only).
     pub entries_listed_without_stat: AtomicU64,
+    /// Descriptors opened for stable WRITEs to flush through (see
+    /// `Server::flush_witness`); kept ones used again are not counted.
+    pub flush_witnesses_opened: AtomicU64,
     /// Times the write verifier changed because a flush or write failed
     /// (see `Server::storage_failed`).
     pub write_verifier_changes: AtomicU64,

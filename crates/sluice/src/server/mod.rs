@@ -24,6 +24,7 @@ mod ops_xattr;
 mod optable;
 pub mod portmap;
 pub mod state;
+pub mod witness;
 
 use crate::engine::export::Export;
 use crate::engine::handle::HandleKey;
@@ -293,6 +294,9 @@ pub struct Server {
     /// Directory syncs shared by the ops that changed a directory
     /// meanwhile (exports with `sync`).
     pub dir_syncs: dirsync::DirSyncs,
+    /// Descriptors stable WRITEs flush through, kept for the next stable
+    /// WRITE of their file (see [`Server::flush_witness`]).
+    pub witnesses: witness::Witnesses,
     /// Which connection tasks may run quick ops themselves.
     pub inline: inline::Inline,
     /// Connections busy polling for their next request (see
@@ -314,6 +318,7 @@ impl Server {
             e.fs.sweep_on_timer();
         }
         self.v3_files.sweep();
+        self.witnesses.sweep();
         self.read.readahead.expire_idle();
     }
 
@@ -378,6 +383,7 @@ impl Server {
             nlm: nlm::NlmServer::new(config.nsm_portmap),
             v3_files: Default::default(),
             dir_syncs: Default::default(),
+            witnesses: Default::default(),
             inline: inline::Inline::new(config.quick_inline),
             pollers: crate::net::Pollers::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -550,12 +556,15 @@ impl Server {
     }
 
     /// A description of `file` of its own for a stable WRITE's flush,
-    /// opened (as root, for reading, through `path`, an O_PATH descriptor
-    /// of it) before the WRITE writes: its flush then learns of every
+    /// taken before the WRITE writes: its flush then learns of every
     /// failed writeback since, whoever else was told (see
-    /// [`Server::flush_file`]). None when the file has a write delegation,
-    /// whose kernel lease another open would break, or when it cannot be
-    /// opened.
+    /// [`Server::flush_file`]). One that an earlier stable WRITE of the
+    /// file flushed through and gave back (see [`witness`]), or else one
+    /// opened now (as root, for reading, through `path`, an O_PATH
+    /// descriptor of it); the WRITE gives it back after its flush
+    /// ([`witness::Witnesses::keep`]). None when the file has a write
+    /// delegation, whose kernel lease another open would break, or when
+    /// it cannot be opened.
     pub(crate) fn flush_witness(
         &self,
         file: (u64, u64),
@@ -564,7 +573,15 @@ impl Server {
         if self.state.write_delegated(file) {
             return None;
         }
-        crate::engine::cred::as_root(|| crate::engine::fs::reopen(path, libc::O_RDONLY)).ok()
+        if let Some(fd) = self.witnesses.take(file) {
+            return Some(fd);
+        }
+        let fd = crate::engine::cred::as_root(|| crate::engine::fs::reopen(path, libc::O_RDONLY))
+            .ok()?;
+        self.metrics
+            .flush_witnesses_opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(fd)
     }
 
     fn flushes(

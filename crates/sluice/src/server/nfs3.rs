@@ -812,6 +812,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 if st.nlink <= 1 && !st.is_dir() {
                     cx.srv.v3_files.forget((st.dev, st.ino));
                     cx.srv.read.readahead.forget_file((st.dev, st.ino));
+                    cx.srv.witnesses.forget((st.dev, st.ino));
                 }
                 if st.nlink <= 1 || st.is_dir() {
                     cx.ex(&dir).fs.forget_inode(&st);
@@ -863,6 +864,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                     if gone.is_file() && gone.nlink <= 1 {
                         cx.srv.v3_files.forget((gone.dev, gone.ino));
                         cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
+                        cx.srv.witnesses.forget((gone.dev, gone.ino));
                     }
                     cx.ex(&tdir).fs.forget_inode(&gone);
                 }

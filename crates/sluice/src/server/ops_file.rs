@@ -455,8 +455,10 @@ fn delegate(
         // The kernel grants a write lease only to the one open of the
         // file: what READs keep open of it for their streams (mappings of
         // earlier opens, O_DIRECT descriptors) goes first; streams open
-        // it again when they read next.
+        // it again when they read next. So do the descriptors stable
+        // WRITEs keep to flush through (see `witness`).
         cx.srv.read.readahead.forget_file(file_key(st));
+        cx.srv.witnesses.forget(file_key(st));
     }
     let granted = cx.srv.state.grant_deleg(DelegRequest {
         clientid,
@@ -821,7 +823,13 @@ pub(super) fn stable_flush(
     verifier: [u8; 8],
 ) -> Result<(), Nfsstat4> {
     match witness {
-        Some(w) => io(srv.flush_file(file, w.as_fd(), metadata)),
+        Some(w) => {
+            let r = srv.flush_file(file, w.as_fd(), metadata);
+            // Its flush has ended: it serves the next stable WRITE of the
+            // file as a new one would (see `witness`).
+            srv.witnesses.keep(file, w);
+            io(r)
+        }
         None => {
             let now = io(srv.flush_then_verifier(file, fd.as_fd(), metadata))?;
             if now == verifier {
