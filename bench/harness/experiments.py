@@ -536,6 +536,8 @@ def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
         "seq-4-streams-unstable": LoadSpec(stable="unstable", streams=4, **seq),
         "random-8k-unstable": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
                                        duration=cfg.duration, proto=proto),
+        "random-8k-filesync": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
+                                       duration=cfg.duration, proto=proto, stable="file-sync"),
     }  # fmt: skip
     direct = Variant(
         "local",

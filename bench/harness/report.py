@@ -245,7 +245,8 @@ STREAM_CASES = [
     "nfs-rs-seq-1-stream-heap-kept",
 ]
 MIX_CASES = [("randrw-50", SLUICE_MIX, GANESHA_MIX), ("randread-only", SLUICE_READ, GANESHA_READ)]
-WRITE_CASES = ["seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable", "random-8k-unstable"]
+WRITE_CASES = ["seq-1-stream-unstable", "seq-1-stream-filesync", "seq-4-streams-unstable", "random-8k-unstable",
+               "random-8k-filesync"]
 
 
 def _num(v: float) -> str:
@@ -593,7 +594,9 @@ SECTIONS = [
         "sequential pass of 1 MiB UNSTABLE WRITEs, 8 in flight, then COMMIT (timed with the pass); "
         "`seq-1-stream-filesync` the same with FILE_SYNC WRITEs; `seq-4-streams-unstable` four "
         "connections each writing a quarter; `random-8k-unstable` 8 KiB UNSTABLE WRITEs at random "
-        "offsets, 8 in flight, for the configured duration, then COMMIT. fio best: the best direct "
+        "offsets, 8 in flight, for the configured duration, then COMMIT; `random-8k-filesync` the same "
+        "with FILE_SYNC WRITEs (what the Linux 6.1 client sends when a program syncs pieces it wrote "
+        "apart), no COMMIT. fio best: the best direct "
         "write of a new file of the same size by fio (io_uring, 1 MiB requests from huge-page buffers, "
         "queue depths 1 to 32, fsync at the end). Direct write: `dd "
         "if=/dev/zero bs=1M oflag=direct conv=fsync` of the same size on the server's file system, in "

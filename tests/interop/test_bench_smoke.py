@@ -224,7 +224,9 @@ def test_write_reports_both_servers_and_the_device(smoke):
             assert r["bytes"] == results["config"]["size"], (case, server, r["bytes"])
             assert r["write"]["count"] > 0 and r["read"] is None
     for server in ("sluice", "ganesha"):
-        assert got[("random-8k-unstable", "cold", server, "sluice-load", "write")]["iops"] > 0
+        for case, stable in (("random-8k-unstable", "unstable"), ("random-8k-filesync", "filesync")):
+            r = got[(case, "cold", server, "sluice-load", "write")]
+            assert r["iops"] > 0 and r["stable"] == stable, (case, server)
     assert got[("seq-1-stream-unstable", "cold", "local", "fio", "direct_write_best")]["mb_per_s"] > 0
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "write"}
     assert {"sluice/ganesha", "sluice/direct write", "sluice/best device write"} <= names
