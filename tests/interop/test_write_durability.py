@@ -275,13 +275,14 @@ def test_file_sync_writes_at_once_are_each_clean_when_answered(disk_server):
     assert path.read_bytes() == data
 
 
-def plain_descriptors_of(pid: int, path: Path) -> int:
+def plain_descriptors_of(pid: int, path: Path, only_reading: bool = True) -> int:
     """Descriptors process `pid` has open of `path` (also once it is
-    removed) for reading only, through the page cache: not O_PATH ones,
-    which only name a file (sluice keeps those of the handles it gave
-    out), nor the ones NFSv3 WRITEs (for writing) and cold READs
-    (O_DIRECT) keep."""
+    removed), not O_PATH ones, which only name a file (sluice keeps those
+    of the handles it gave out); with `only_reading`, those for reading
+    only, through the page cache: not the ones NFSv3 WRITEs (for writing)
+    and cold READs (O_DIRECT) keep."""
     O_PATH, O_DIRECT, O_ACCMODE = 0o10000000, 0o40000, 0o3
+    skip = O_PATH | O_DIRECT | O_ACCMODE if only_reading else O_PATH
     n = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -290,7 +291,7 @@ def plain_descriptors_of(pid: int, path: Path) -> int:
                          if line.startswith("flags:"))
         except (OSError, StopIteration):
             continue  # closed meanwhile
-        if target in (str(path), f"{path} (deleted)") and not flags & (O_PATH | O_DIRECT | O_ACCMODE):
+        if target in (str(path), f"{path} (deleted)") and not flags & skip:
             n += 1
     return n
 
@@ -302,12 +303,18 @@ def test_stable_writes_of_a_file_flush_through_one_kept_descriptor(sluice_factor
     of the file flushed through serves: NFSv4.1 and NFSv3 FILE_SYNC WRITEs
     one after another open one between them, where each opened its own
     before. After CLOSE it stays open (read-only), and REMOVE closes it at
-    once, so that it keeps no removed file's blocks."""
+    once, so that it keeps no removed file's blocks, with the descriptor
+    the NFSv3 WRITEs kept."""
     import v3client as v
 
     srv = sluice_factory("--grace-time", 0, metrics=True, root_squash=False)
     c = Client(srv.port).establish()
     sid, fh = open_new(c, "f")
+    # Mounted first, so that the NFSv3 WRITEs follow the NFSv4.1 ones at
+    # once (a descriptor unused for 2 s is closed).
+    target = v.sluice_target(srv)
+    b = target.nfs()
+    vfh = b.must(b.lookup(target.root_fh(), "f"), "LOOKUP").fh
     data = bytearray(os.urandom(20 * 8192))
     for k in range(20):
         off = (k * 7 % 20) * 8192
@@ -316,9 +323,7 @@ def test_stable_writes_of_a_file_flush_through_one_kept_descriptor(sluice_factor
         assert r[2].committed == FILE_SYNC
     assert srv.counter("sluice_flush_witnesses_opened") == 1, \
         "20 FILE_SYNC WRITEs one after another did not share one descriptor to flush through"
-    target = v.sluice_target(srv)
-    with target.nfs() as b:
-        vfh = b.must(b.lookup(target.root_fh(), "f"), "LOOKUP").fh
+    with b:
         for k in range(20):
             piece = os.urandom(4096)
             data[k * 8192:k * 8192 + 4096] = piece
@@ -330,7 +335,8 @@ def test_stable_writes_of_a_file_flush_through_one_kept_descriptor(sluice_factor
     path = srv.export / "f"
     assert plain_descriptors_of(srv.proc.pid, path) == 1, "the descriptor was not kept after CLOSE"
     expect_ok(c.compound([rc.op_putrootfh(), rc.op_remove("f")]), "REMOVE")
-    assert plain_descriptors_of(srv.proc.pid, path) == 0, "REMOVE left a descriptor of the file open"
+    assert plain_descriptors_of(srv.proc.pid, path, only_reading=False) == 0, \
+        "REMOVE left a descriptor of the file open"
 
 
 def test_kept_descriptors_are_closed_when_idle(sluice_factory):
@@ -542,8 +548,11 @@ def test_a_commit_after_lost_writeback_does_not_answer_the_old_verifier(sluice_b
 def test_a_file_sync_write_through_a_kept_descriptor_learns_of_its_failed_writeback(sluice_binary, tmp_path):
     """A FILE_SYNC WRITE flushes through the descriptor an earlier one of
     the file kept: when the device can no longer take its data, it must
-    fail, not answer FILE_SYNC. The device (a loop device in a small
-    tmpfs) is filled by another file's UNSTABLE WRITEs and its COMMIT."""
+    fail, not answer FILE_SYNC. The device is a loop device whose image
+    lies in a small tmpfs; the test fills the tmpfs itself between the
+    two WRITEs."""
+    import errno
+
     with failing_export(sluice_binary, tmp_path, 48 * MiB) as (disk, server, target):
         c = Client(server.port).establish()
         sid, fh = open_new(c, "synced")
@@ -556,15 +565,14 @@ def test_a_file_sync_write_through_a_kept_descriptor_learns_of_its_failed_writeb
             os.close(fd)
         expect_ok(c.compound([rc.op_putfh(fh), rc.op_write(0, os.urandom(8192), FILE_SYNC, stateid=sid)]), "WRITE")
         assert server.counter("sluice_flush_witnesses_opened") == 1
-        filler = open_new(c, "filler")
-        chunk, written = os.urandom(CHUNK), 0
-        while written < 96 * MiB:
-            r = c.compound([rc.op_putfh(filler[1]), rc.op_write(written, chunk, UNSTABLE, stateid=filler[0])])
-            if r.status != 0:
-                break
-            written += CHUNK
-        c.compound([rc.op_putfh(filler[1]), rc.op_commit()])
-        # The device is full: data past the first piece has nowhere to go.
+        with open(disk.tmpfs / "ballast", "wb") as ballast:
+            chunk = b"\xff" * MiB
+            try:
+                while True:
+                    ballast.write(chunk)
+                    ballast.flush()
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
         r = c.compound([rc.op_putfh(fh), rc.op_write(16 * MiB, os.urandom(CHUNK), FILE_SYNC, stateid=sid)])
         assert r.status != 0, "a FILE_SYNC WRITE was answered after its data's writeback could not succeed"
         assert server.counter("sluice_flush_witnesses_opened") == 1, \

@@ -2,6 +2,7 @@
 //! operations, on top of the engine.
 
 pub mod attrs;
+pub mod by_file;
 pub mod callback;
 mod compound;
 mod context;
@@ -309,10 +310,11 @@ pub struct Server {
 
 impl Server {
     /// Closes the cached descriptors of files removed behind the server's
-    /// back, and the NFSv3 READ and WRITE descriptors left idle: either
-    /// would keep a removed file's blocks allocated. The server's timer
-    /// calls this every second, so that this happens on an idle server
-    /// too (not only when the next handle is opened).
+    /// back, and the NFSv3 READ and WRITE descriptors and stable WRITEs'
+    /// flush descriptors left idle: any of them would keep a removed
+    /// file's blocks allocated. The server's timer calls this every
+    /// second, so that this happens on an idle server too (not only when
+    /// the next handle is opened).
     pub fn sweep_descriptors(&self) {
         for e in self.exports.list() {
             e.fs.sweep_on_timer();
@@ -320,6 +322,17 @@ impl Server {
         self.v3_files.sweep();
         self.witnesses.sweep();
         self.read.readahead.expire_idle();
+    }
+
+    /// After a client removed the last name of `file`, not a directory (or
+    /// renamed another over it): closes what the server keeps open of it
+    /// between requests (readahead mappings and descriptors, NFSv3's READ
+    /// and WRITE descriptors, stable WRITEs' flush descriptors), so that
+    /// its blocks are freed now.
+    pub fn file_unlinked(&self, file: (u64, u64)) {
+        self.read.readahead.forget_file(file);
+        self.v3_files.forget(file);
+        self.witnesses.forget(file);
     }
 
     /// A server for one export at "/" with default rules.
@@ -482,7 +495,7 @@ impl Server {
     /// The kernel tells of a failed writeback through each open file
     /// description once: a flush through a description that no one else
     /// flushes meanwhile (see [`Server::flush_witness`]) learns of every
-    /// failure since that description was opened.
+    /// failure since that description was opened or last flushed.
     pub fn flush_file(
         &self,
         file: (u64, u64),
@@ -569,19 +582,23 @@ impl Server {
         &self,
         file: (u64, u64),
         path: std::os::fd::BorrowedFd<'_>,
-    ) -> Option<std::os::fd::OwnedFd> {
+    ) -> Option<witness::Witness> {
         if self.state.write_delegated(file) {
             return None;
         }
-        if let Some(fd) = self.witnesses.take(file) {
-            return Some(fd);
+        if let Some(w) = self.witnesses.take(file) {
+            return Some(w);
         }
-        let fd = crate::engine::cred::as_root(|| crate::engine::fs::reopen(path, libc::O_RDONLY))
+        let w = self
+            .witnesses
+            .open(|| {
+                crate::engine::cred::as_root(|| crate::engine::fs::reopen(path, libc::O_RDONLY))
+            })
             .ok()?;
         self.metrics
             .flush_witnesses_opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(fd)
+        Some(w)
     }
 
     fn flushes(

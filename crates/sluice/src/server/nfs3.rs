@@ -9,6 +9,7 @@
 //! and v3 READ and WRITE take the same range locks as v4's.
 
 use super::attrs::SetAttrs;
+use super::by_file::ByFile;
 use super::context::{Ctx, Fh, Stop};
 use super::exports::Loc;
 use super::ops_fs::{
@@ -28,7 +29,6 @@ use crate::nfs4::msg::Component4;
 use crate::nfs4::Nfsstat4;
 use crate::rpc::Cred;
 use crate::xdr::{Decoder, Encoder};
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::io;
 use std::net::IpAddr;
@@ -332,9 +332,7 @@ pub struct FileCache {
 #[derive(Debug, Default)]
 struct Files {
     /// By file, its descriptors: one per caller and access.
-    map: HashMap<(u64, u64), Vec<Kept>>,
-    /// Descriptors in `map`.
-    len: usize,
+    kept: ByFile<Kept>,
     /// When `put` last closed the idle descriptors.
     swept: Option<std::time::Instant>,
 }
@@ -356,25 +354,6 @@ fn split(key: &FileCacheKey) -> ((u64, u64), Who) {
     ((key.0, key.1), (key.2, key.3, key.4, key.5))
 }
 
-impl Files {
-    /// Keeps only the descriptors `keep` says yes to, and gives back the
-    /// others, for the caller to close once it has let go of the lock:
-    /// closing a removed file's last descriptor frees its blocks, which
-    /// can take a while for a large file.
-    #[must_use]
-    fn retain(&mut self, mut keep: impl FnMut(&Kept) -> bool) -> Vec<Kept> {
-        let mut len = 0;
-        let mut gone = Vec::new();
-        self.map.retain(|_, v| {
-            gone.extend(v.extract_if(.., |k| !keep(k)));
-            len += v.len();
-            !v.is_empty()
-        });
-        self.len = len;
-        gone
-    }
-}
-
 impl FileCache {
     /// How long an unused descriptor is kept.
     pub const IDLE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -393,8 +372,8 @@ impl FileCache {
     /// A kept descriptor of `file` open for writing, whoever opened it.
     pub(super) fn writer(&self, file: (u64, u64)) -> Option<Arc<OwnedFd>> {
         let f = self.lock();
-        f.map
-            .get(&file)?
+        f.kept
+            .of(file)
             .iter()
             .find(|k| k.who.3)
             .map(|k| k.fd.clone())
@@ -403,7 +382,7 @@ impl FileCache {
     fn get(&self, key: &FileCacheKey) -> Option<Arc<OwnedFd>> {
         let (file, who) = split(key);
         let mut f = self.lock();
-        let k = f.map.get_mut(&file)?.iter_mut().find(|k| k.who == who)?;
+        let k = f.kept.of_mut(file).iter_mut().find(|k| k.who == who)?;
         k.used = std::time::Instant::now();
         Some(k.fd.clone())
     }
@@ -411,45 +390,37 @@ impl FileCache {
     fn put(&self, key: FileCacheKey, fd: Arc<OwnedFd>) {
         let now = std::time::Instant::now();
         // Declared before the lock's guard, so dropped after it: what is
-        // closed here is closed outside the lock (see `Files::retain`).
+        // closed here is closed outside the lock (see `by_file`).
         let mut gone = Vec::new();
         let mut f = self.lock();
         let due = f
             .swept
             .is_none_or(|at| now.saturating_duration_since(at) >= Self::SWEEP_EVERY);
-        if f.len >= Self::MAX / 2 && due {
-            gone = f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
+        if f.kept.len() >= Self::MAX / 2 && due {
+            gone = f
+                .kept
+                .retain(|k| now.saturating_duration_since(k.used) < Self::IDLE);
             f.swept = Some(now);
         }
-        if f.len >= Self::MAX {
+        if f.kept.len() >= Self::MAX {
             // Full of descriptors used within IDLE (a client making files
             // faster than MAX a second): the older half goes, so the newest
             // (the ones the next calls are for) are kept.
-            let mut used: Vec<std::time::Instant> =
-                f.map.values().flatten().map(|k| k.used).collect();
+            let mut used: Vec<std::time::Instant> = f.kept.iter().map(|k| k.used).collect();
             let mid = used.len() / 2;
             let (_, cut, _) = used.select_nth_unstable(mid);
             let cut = *cut;
-            gone.extend(f.retain(|k| k.used > cut));
+            gone.extend(f.kept.retain(|k| k.used > cut));
         }
         let (file, who) = split(&key);
-        let kept = f.map.entry(file).or_default();
-        let before = kept.len();
-        kept.retain(|k| k.who != who);
-        kept.push(Kept { who, fd, used: now });
-        let after = kept.len();
-        f.len = f.len + after - before;
+        gone.extend(f.kept.retain_of(file, |k| k.who != who));
+        f.kept.push(file, Kept { who, fd, used: now });
     }
 
     /// Closes the descriptors of `file` (removed, or renamed over).
     pub fn forget(&self, file: (u64, u64)) {
-        let gone = {
-            let mut f = self.lock();
-            let gone = f.map.remove(&file);
-            f.len -= gone.as_ref().map_or(0, Vec::len);
-            gone
-        };
-        // Closed here, outside the lock (see `Files::retain`).
+        let gone = self.lock().kept.remove(file);
+        // Closed here, outside the lock (see `by_file`).
         drop(gone);
     }
 
@@ -459,14 +430,15 @@ impl FileCache {
         let gone = {
             let mut f = self.lock();
             f.swept = Some(now);
-            f.retain(|k| now.saturating_duration_since(k.used) < Self::IDLE)
+            f.kept
+                .retain(|k| now.saturating_duration_since(k.used) < Self::IDLE)
         };
         drop(gone);
     }
 
     /// Descriptors held.
     pub fn len(&self) -> usize {
-        self.lock().len
+        self.lock().kept.len()
     }
 
     /// True when none is held.
@@ -810,9 +782,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 deleg_conflicts(cx, (st.dev, st.ino), true).map_err(st3)?;
                 io3(fs::unlink_at(dir.fd.as_fd(), &n, rmdir))?;
                 if st.nlink <= 1 && !st.is_dir() {
-                    cx.srv.v3_files.forget((st.dev, st.ino));
-                    cx.srv.read.readahead.forget_file((st.dev, st.ino));
-                    cx.srv.witnesses.forget((st.dev, st.ino));
+                    cx.srv.file_unlinked((st.dev, st.ino));
                 }
                 if st.nlink <= 1 || st.is_dir() {
                     cx.ex(&dir).fs.forget_inode(&st);
@@ -862,9 +832,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 // A replaced target loses its name.
                 if let Some(gone) = r? {
                     if gone.is_file() && gone.nlink <= 1 {
-                        cx.srv.v3_files.forget((gone.dev, gone.ino));
-                        cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
-                        cx.srv.witnesses.forget((gone.dev, gone.ino));
+                        cx.srv.file_unlinked((gone.dev, gone.ino));
                     }
                     cx.ex(&tdir).fs.forget_inode(&gone);
                 }

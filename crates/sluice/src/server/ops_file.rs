@@ -817,7 +817,7 @@ pub(super) fn write(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> O
 pub(super) fn stable_flush(
     srv: &super::Server,
     file: (u64, u64),
-    witness: Option<OwnedFd>,
+    witness: Option<super::witness::Witness>,
     fd: &OwnedFd,
     metadata: bool,
     verifier: [u8; 8],

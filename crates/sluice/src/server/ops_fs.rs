@@ -1042,10 +1042,8 @@ pub(super) fn remove(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         deleg_conflicts(cx, (st.dev, st.ino), true)?;
         io(fs::unlink_at(dir.fd.as_fd(), &name, st.is_dir()))?;
         if st.nlink <= 1 && !st.is_dir() {
-            // Its mappings (idle ones too) and kept descriptors would keep
-            // its blocks.
-            cx.srv.read.readahead.forget_file((st.dev, st.ino));
-            cx.srv.witnesses.forget((st.dev, st.ino));
+            // What the server keeps open of it would keep its blocks.
+            cx.srv.file_unlinked((st.dev, st.ino));
         }
         if st.nlink <= 1 || st.is_dir() {
             cx.ex(&dir).fs.forget_inode(&st);
@@ -1076,8 +1074,7 @@ pub(super) fn rename(cx: &mut Ctx<'_>, d: &mut Decoder<'_>, e: &mut Encoder) -> 
         // A replaced target loses its name; forget its cached descriptor.
         if let Some(gone) = rename_checked(cx, &sdir, &from, &tdir, &to)? {
             if gone.is_file() && gone.nlink <= 1 {
-                cx.srv.read.readahead.forget_file((gone.dev, gone.ino));
-                cx.srv.witnesses.forget((gone.dev, gone.ino));
+                cx.srv.file_unlinked((gone.dev, gone.ino));
             }
             cx.ex(&tdir).fs.forget_inode(&gone);
         }

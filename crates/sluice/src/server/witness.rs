@@ -3,44 +3,61 @@
 //!
 //! The kernel tells each open file description of a failed writeback of
 //! its file once: a flush through a description learns of every failure
-//! since the description was opened, or since its last flush. So a stable
-//! WRITE flushes through a description that was opened, or last flushed,
-//! before the WRITE wrote, and that no one else flushes meanwhile (see
-//! `Server::flush_witness`): it learns of every failure of its own data,
-//! whoever else was told.
+//! since the description was opened (that no other description was told
+//! of yet), or since its last flush. So a stable WRITE flushes through a
+//! description that was opened, or last flushed, before the WRITE wrote,
+//! and that no one else flushes meanwhile (see `Server::flush_witness`):
+//! it learns of every failure of its own data, whoever else was told.
 //!
 //! A description whose flush has ended serves the next stable WRITE of
 //! the file as well as a new one would: its last flush ended before that
 //! WRITE writes. Opening one for every WRITE cost an open, a close and
 //! four credential changes (the open is root's): 14% of the server's CPU
-//! time in a profile of random 8 KiB FILE_SYNC WRITEs. So a WRITE takes one kept here, or opens one, and gives it back
-//! after its flush; one WRITE uses it at a time.
+//! time in a profile of random 8 KiB FILE_SYNC WRITEs. So a WRITE takes
+//! one kept here, or opens one, and gives it back after its flush; one
+//! WRITE uses it at a time.
 //!
 //! The difference from a new description: a failure between a kept
-//! description's last flush and the next WRITE (of data that a flush
-//! nobody waited for, the kernel's own writeback, lost) is told to that
-//! WRITE too, which then fails with NFS4ERR_IO (NFS3ERR_IO) and changes
-//! the write verifier, where a new description would have said nothing;
-//! the data that was lost belongs to the same file.
+//! description's last flush and the next WRITE that another description
+//! was told of already (a COMMIT's, say) is told to that WRITE too, which
+//! then fails with NFS4ERR_IO (NFS3ERR_IO) and changes the write verifier
+//! again, where a new description would have said nothing. The data lost
+//! was the same file's.
 //!
-//! Files are known by device and inode number: a kept descriptor holds
-//! its inode, so that number names no other file while it is kept.
+//! Files are known by device and inode number, as everywhere in the
+//! server: a kept descriptor holds its inode, so that on ext4, xfs and
+//! btrfs the number names no other file while it is kept.
 //!
 //! The descriptors are read-only, so a read delegation's kernel lease is
 //! not disturbed; a write delegation's is, and OPEN closes the file's kept
-//! ones before it asks for one. A removed file's are closed at once, and
-//! every one is closed after [`Witnesses::IDLE`] unused, so that they
-//! keep no removed file's blocks for long.
+//! ones before it asks for one. REMOVE and RENAME over a file close its
+//! kept ones at once, and the WRITEs under way then close theirs instead
+//! of giving them back. Every one is closed after [`Witnesses::IDLE`]
+//! unused (a file removed by a local process keeps its blocks until
+//! then).
 
-use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The file, as (device, inode).
-type FileKey = (u64, u64);
+use super::by_file::{ByFile, FileKey};
 
-/// Descriptors kept for stable WRITEs' flushes, by file.
+/// A descriptor a stable WRITE flushes through.
+#[derive(Debug)]
+pub struct Witness {
+    fd: OwnedFd,
+    /// [`Kept::forgets`] when it was taken or opened.
+    forgets: u64,
+}
+
+impl AsFd for Witness {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Descriptors kept for stable WRITEs' flushes.
 #[derive(Debug, Default)]
 pub struct Witnesses {
     kept: Mutex<Kept>,
@@ -48,10 +65,11 @@ pub struct Witnesses {
 
 #[derive(Debug, Default)]
 struct Kept {
-    /// By file, its descriptors, each with when its last flush ended.
-    map: HashMap<FileKey, Vec<(OwnedFd, Instant)>>,
-    /// Descriptors in `map`.
-    len: usize,
+    /// By file, each with when its last flush ended.
+    fds: ByFile<(OwnedFd, Instant)>,
+    /// Times [`Witnesses::forget`] closed a file's: a descriptor taken
+    /// before one of them is closed, not kept, when its WRITE is done.
+    forgets: u64,
 }
 
 impl Witnesses {
@@ -70,67 +88,70 @@ impl Witnesses {
     /// A kept descriptor of `file` whose last flush has ended, for one
     /// stable WRITE to flush through (and give back with
     /// [`Witnesses::keep`]); None when none is kept.
-    pub fn take(&self, file: FileKey) -> Option<OwnedFd> {
+    pub fn take(&self, file: FileKey) -> Option<Witness> {
         let mut k = self.lock();
-        let list = k.map.get_mut(&file)?;
-        let (fd, _) = list.pop()?;
-        if list.is_empty() {
-            k.map.remove(&file);
-        }
-        k.len -= 1;
-        Some(fd)
+        let (fd, _) = k.fds.pop(file)?;
+        Some(Witness {
+            fd,
+            forgets: k.forgets,
+        })
     }
 
-    /// Gives back `fd`, a descriptor of `file` whose flush has just ended,
-    /// for the next stable WRITE of the file. Closed instead when as many
-    /// as this keeps are kept already.
-    pub fn keep(&self, file: FileKey, fd: OwnedFd) {
+    /// A new descriptor from `open`, for one stable WRITE to flush
+    /// through and then give back.
+    pub fn open(&self, open: impl FnOnce() -> io::Result<OwnedFd>) -> io::Result<Witness> {
+        // Counted before it is opened: a file removed meanwhile does not
+        // get it kept.
+        let forgets = self.lock().forgets;
+        Ok(Witness {
+            fd: open()?,
+            forgets,
+        })
+    }
+
+    /// Gives back `w`, a descriptor of `file` whose flush has just ended,
+    /// for the next stable WRITE of the file. Closed instead when the
+    /// server forgot a file's descriptors since it was taken (the file
+    /// may be gone), or when as many as this keeps are kept already.
+    pub fn keep(&self, file: FileKey, w: Witness) {
         let mut k = self.lock();
-        if k.len >= Self::MAX || k.map.get(&file).is_some_and(|v| v.len() >= Self::PER_FILE) {
+        if w.forgets != k.forgets
+            || k.fds.len() >= Self::MAX
+            || k.fds.of(file).len() >= Self::PER_FILE
+        {
             drop(k);
-            drop(fd);
+            drop(w);
             return;
         }
-        k.map.entry(file).or_default().push((fd, Instant::now()));
-        k.len += 1;
+        k.fds.push(file, (w.fd, Instant::now()));
     }
 
     /// Closes the descriptors kept of `file` (removed, renamed over, or
-    /// about to be delegated for writing).
+    /// about to be delegated for writing), and has the ones in use closed
+    /// when their WRITEs are done.
     pub fn forget(&self, file: FileKey) {
         let gone = {
             let mut k = self.lock();
-            let gone = k.map.remove(&file);
-            k.len -= gone.as_ref().map_or(0, Vec::len);
-            gone
+            k.forgets += 1;
+            k.fds.remove(file)
         };
-        // Closed outside the lock: closing a removed file's last
-        // descriptor frees its blocks, which can take a while.
+        // Closed here, outside the lock (see `by_file`).
         drop(gone);
     }
 
     /// Closes the descriptors unused for [`Witnesses::IDLE`].
     pub fn sweep(&self) {
         let now = Instant::now();
-        let mut gone = Vec::new();
-        {
-            let mut k = self.lock();
-            let mut len = 0;
-            k.map.retain(|_, v| {
-                gone.extend(v.extract_if(.., |(_, at)| {
-                    now.saturating_duration_since(*at) >= Self::IDLE
-                }));
-                len += v.len();
-                !v.is_empty()
-            });
-            k.len = len;
-        }
+        let gone = self
+            .lock()
+            .fds
+            .retain(|(_, at)| now.saturating_duration_since(*at) < Self::IDLE);
         drop(gone);
     }
 
     /// Descriptors kept.
     pub fn len(&self) -> usize {
-        self.lock().len
+        self.lock().fds.len()
     }
 
     /// True when none is kept.
@@ -143,24 +164,27 @@ impl Witnesses {
 mod tests {
     use super::*;
 
-    fn fd() -> OwnedFd {
-        std::fs::File::open("/dev/null").unwrap().into()
+    fn new(w: &Witnesses) -> Witness {
+        w.open(|| Ok(std::fs::File::open("/dev/null")?.into()))
+            .unwrap()
     }
 
     #[test]
     fn a_kept_descriptor_goes_to_one_taker_of_its_file_only() {
         let w = Witnesses::default();
         assert!(w.take((1, 1)).is_none());
-        w.keep((1, 1), fd());
+        w.keep((1, 1), new(&w));
         assert!(
             w.take((1, 2)).is_none(),
             "another file's descriptor was handed out"
         );
-        assert!(w.take((1, 1)).is_some());
+        let taken = w.take((1, 1)).expect("kept");
         assert!(
             w.take((1, 1)).is_none(),
             "one kept descriptor went to two takers"
         );
+        w.keep((1, 1), taken);
+        assert!(w.take((1, 1)).is_some(), "given back, not kept");
         assert!(w.is_empty());
     }
 
@@ -168,20 +192,36 @@ mod tests {
     fn forget_closes_a_files_descriptors_and_keeps_the_others() {
         let w = Witnesses::default();
         for _ in 0..3 {
-            w.keep((1, 1), fd());
+            w.keep((1, 1), new(&w));
         }
-        w.keep((1, 2), fd());
+        w.keep((1, 2), new(&w));
         w.forget((1, 1));
         assert_eq!(w.len(), 1);
         assert!(w.take((1, 1)).is_none());
         assert!(w.take((1, 2)).is_some());
     }
 
+    /// A descriptor in use (taken, or being opened) when its file's are
+    /// forgotten is closed when given back: the file may be gone.
+    #[test]
+    fn one_in_use_when_the_file_is_forgotten_is_not_kept() {
+        let w = Witnesses::default();
+        w.keep((1, 1), new(&w));
+        let taken = w.take((1, 1)).unwrap();
+        let opened = new(&w);
+        w.forget((1, 1));
+        w.keep((1, 1), taken);
+        w.keep((1, 1), opened);
+        assert!(w.is_empty(), "a descriptor of a forgotten file was kept");
+        w.keep((1, 1), new(&w));
+        assert_eq!(w.len(), 1, "one opened after the forget was not kept");
+    }
+
     #[test]
     fn no_more_than_per_file_are_kept_of_one_file() {
         let w = Witnesses::default();
         for _ in 0..Witnesses::PER_FILE + 5 {
-            w.keep((1, 1), fd());
+            w.keep((1, 1), new(&w));
         }
         assert_eq!(w.len(), Witnesses::PER_FILE);
     }
@@ -189,13 +229,9 @@ mod tests {
     #[test]
     fn sweep_closes_only_the_idle_ones() {
         let w = Witnesses::default();
-        w.keep((1, 1), fd());
-        w.keep((1, 2), fd());
-        {
-            let mut k = w.lock();
-            let old = Instant::now() - Witnesses::IDLE;
-            k.map.get_mut(&(1, 1)).unwrap()[0].1 = old;
-        }
+        w.keep((1, 1), new(&w));
+        w.keep((1, 2), new(&w));
+        w.lock().fds.of_mut((1, 1))[0].1 = Instant::now() - Witnesses::IDLE;
         w.sweep();
         assert_eq!(w.len(), 1);
         assert!(w.take((1, 1)).is_none(), "an idle descriptor was kept");
