@@ -337,7 +337,7 @@ class ControlServer:
         self.errors = []
         self.boot_log = 0  # where the server log of the latest start begins
         self.holder = None  # the host client of reclaim-restart and its open
-        self.inline_mark = (0.0, 0.0)  # _inline_counts() at "inline-mark"
+        self.inline_mark = (0.0, 0.0, 0.0)  # _inline_counts() at "inline-mark"
         self.period = os.urandom(RB_LEN)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -376,9 +376,16 @@ class ControlServer:
             self.inline_mark = self._inline_counts()
             return "ok"
         if cmd == "inline-since-mark":
-            done, slow = (now - then for now, then in zip(self._inline_counts(), self.inline_mark))
+            done, slow, _ = (now - then for now, then in zip(self._inline_counts(), self.inline_mark))
             if done < int(arg) and slow == 0:
                 return f"error: {done:.0f} requests answered on the connection's thread, fewer than {arg}"
+            return "ok"
+        if cmd == "flush-descriptors-since-mark":
+            if "sluice_flush_witnesses_opened_total" not in self.server.metrics():
+                return "error: the server does not count the descriptors stable WRITEs flush through"
+            opened = self._inline_counts()[2] - self.inline_mark[2]
+            if opened > int(arg):
+                return f"error: {opened:.0f} descriptors opened for stable WRITEs to flush through, more than {arg}"
             return "ok"
         if cmd == "md5":
             count, offset = (int(x) for x in arg.split())
@@ -435,11 +442,14 @@ class ControlServer:
         return f"error: unknown request {line!r}"
 
     def _inline_counts(self):
-        """Requests answered on the connection's thread, and slow turns
-        there (each of which sends quick work to request threads for
-        200 ms), so far."""
+        """Requests answered on the connection's thread, slow turns there
+        (each of which sends quick work to request threads for 200 ms),
+        and descriptors opened for stable WRITEs to flush through (the
+        others are handed on from one WRITE of a file to the next), so
+        far."""
         m = self.server.metrics()
-        return m.get("sluice_inline_requests_total", 0), m.get("sluice_inline_slow_total", 0)
+        return (m.get("sluice_inline_requests_total", 0), m.get("sluice_inline_slow_total", 0),
+                m.get("sluice_flush_witnesses_opened_total", 0))
 
     # -- the server's grace period, from its metrics and log --
 
