@@ -565,14 +565,15 @@ def test_a_file_sync_write_through_a_kept_descriptor_learns_of_its_failed_writeb
             os.close(fd)
         expect_ok(c.compound([rc.op_putfh(fh), rc.op_write(0, os.urandom(8192), FILE_SYNC, stateid=sid)]), "WRITE")
         assert server.counter("sluice_flush_witnesses_opened") == 1
-        with open(disk.tmpfs / "ballast", "wb") as ballast:
+        ballast = os.open(disk.tmpfs / "ballast", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
             chunk = b"\xff" * MiB
-            try:
-                while True:
-                    ballast.write(chunk)
-                    ballast.flush()
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
+            while True:
+                os.write(ballast, chunk)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        finally:
+            os.close(ballast)
         r = c.compound([rc.op_putfh(fh), rc.op_write(16 * MiB, os.urandom(CHUNK), FILE_SYNC, stateid=sid)])
         assert r.status != 0, "a FILE_SYNC WRITE was answered after its data's writeback could not succeed"
         assert server.counter("sluice_flush_witnesses_opened") == 1, \
