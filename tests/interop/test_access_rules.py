@@ -794,3 +794,58 @@ def test_sigterm_exits_cleanly(serve):
     assert "panicked" not in srv.log(), srv.log()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", srv.port), timeout=5).close()
+
+
+def test_request_threads_keep_a_callers_identity_for_that_caller_only(sluice_factory):
+    """A request thread keeps its last caller's identity for that caller's
+    next request: 40 FILE_SYNC WRITEs (storage work, done on request
+    threads) of one caller one after another change credentials a few
+    times in all, where each changed them four times (fsuid and fsgid
+    there and back). Two callers taking turns on the same threads each
+    get their own rights, over NFSv4.1 and NFSv3: a file only the first
+    may write is refused to the second every time, and the files the
+    second creates are its own."""
+    import v3client as v
+    from rpcclient import Client
+
+    srv = sluice_factory("--grace-time", 0, metrics=True)
+    (srv.export / "a").write_bytes(b"\0" * 8192)
+    os.chown(srv.export / "a", 1000, 1000)
+    os.chmod(srv.export / "a", 0o600)
+    (srv.export / "d").mkdir()
+    os.chmod(srv.export / "d", 0o777)
+    first = Client(srv.port, uid=1000, gid=1000).establish()
+    other = Client(srv.port, uid=2000, gid=2000).establish()
+    a = expect_ok(first.compound([rc.op_putrootfh(), rc.op_lookup("a"), rc.op_getfh()]), "LOOKUP a")[3].fh
+    d = expect_ok(first.compound([rc.op_putrootfh(), rc.op_lookup("d"), rc.op_getfh()]), "LOOKUP d")[3].fh
+
+    def write(c, n):
+        return c.compound([rc.op_putfh(a), rc.op_write(n * 8 % 8192, b"%08d" % n, 2)])
+
+    expect_ok(write(first, 0), "WRITE as the owner")
+    before = srv.counter("sluice_credential_changes")
+    for n in range(40):
+        expect_ok(write(first, n), "WRITE as the owner")
+    changes = srv.counter("sluice_credential_changes") - before
+    assert changes < 40, f"40 FILE_SYNC WRITEs of one caller made {changes} credential changes"
+
+    target = v.sluice_target(srv)
+    owner3, other3 = target.nfs(uid=1000, gid=1000), target.nfs(uid=2000, gid=2000)
+    a3 = owner3.must(owner3.lookup(target.root_fh(), "a"), "LOOKUP").fh
+    d3 = owner3.must(owner3.lookup(target.root_fh(), "d"), "LOOKUP").fh
+    with owner3, other3:
+        for n in range(12):
+            expect_ok(write(first, n), "WRITE as the owner")
+            r = write(other, n)
+            assert r.status == NFS4ERR_ACCESS, f"round {n}: WRITE as 2000 of 1000's 0600 file: {r!r}"
+            r = other.compound([rc.op_putfh(d), rc.op_open(other.owner + b"/%d" % n, f"v4-{n}", create=True)])
+            expect_ok(r, f"round {n}: OPEN(create) as 2000")
+            owner3.must(owner3.write(a3, 0, b"v3 owner"), "NFSv3 WRITE as the owner")
+            r = other3.write(a3, 0, b"v3 other")
+            assert r.status == v.E.ACCES, f"round {n}: NFSv3 WRITE as 2000 of 1000's 0600 file: {r!r}"
+            other3.must(other3.create(d3, f"v3-{n}"), f"round {n}: NFSv3 CREATE as 2000")
+    for p in (srv.export / "d").iterdir():
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) == (2000, 2000), f"{p.name} created by 2000 is owned by {st.st_uid}:{st.st_gid}"
+    assert len(list((srv.export / "d").iterdir())) == 24
+    assert (srv.export / "a").read_bytes()[:8] == b"v3 owner"

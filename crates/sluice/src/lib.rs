@@ -12,6 +12,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod blocking;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;

@@ -468,7 +468,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         Some(c) => {
             let endpoints = c.endpoints.join(", ");
             let node = c.node;
-            let cluster = tokio::task::spawn_blocking(move || sluice::cluster::Cluster::join(c))
+            let cluster = sluice::blocking::spawn(move || sluice::cluster::Cluster::join(c))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| {
@@ -559,7 +559,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         ),
         None => {
             let port = addr.port();
-            let taken = match tokio::task::spawn_blocking(move || sluice::server::portmap::register(port)).await {
+            let taken = match sluice::blocking::spawn(move || sluice::server::portmap::register(port)).await {
                 Ok(Ok(taken)) => {
                     if taken.len() == sluice::server::portmap::PROGRAMS.len() {
                         tracing::info!("registered NFS and MOUNT with rpcbind");
@@ -632,7 +632,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
                 tokio::time::sleep(srv.state.expiry_interval()).await;
                 // Expiry may write the client record store.
                 let s = srv.clone();
-                let _ = tokio::task::spawn_blocking(move || {
+                let _ = sluice::blocking::spawn(move || {
                     s.state.expire();
                     sluice::server::nlm::retry_blocked(&s);
                 })
@@ -648,7 +648,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             loop {
                 every.tick().await;
                 let s = srv.clone();
-                let _ = tokio::task::spawn_blocking(move || s.sweep_descriptors()).await;
+                let _ = sluice::blocking::spawn(move || s.sweep_descriptors()).await;
             }
         })
     };
@@ -672,7 +672,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
                 // Its memory is kept for reuse; where new huge pages are
                 // slow to come by, the ordinary part of it is made huge
                 // now, before the cold measurement this is for begins.
-                let settled = tokio::task::spawn_blocking(sluice::engine::hugebuf::settle)
+                let settled = sluice::blocking::spawn(sluice::engine::hugebuf::settle)
                     .await
                     .unwrap_or(0);
                 tracing::info!(bytes, settled, "SIGUSR1: read cache dropped");
@@ -712,10 +712,9 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     }
     if !registered.is_empty() {
         let port = addr.port();
-        let _ = tokio::task::spawn_blocking(move || {
-            sluice::server::portmap::unregister(port, &registered)
-        })
-        .await;
+        let _ =
+            sluice::blocking::spawn(move || sluice::server::portmap::unregister(port, &registered))
+                .await;
     }
     // Unstable writes live in the page cache: push them to disk.
     let roots: Vec<_> = srv
@@ -724,7 +723,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         .iter()
         .map(|e| (e.pseudo.clone(), e.fs.root_fd()))
         .collect();
-    let _ = tokio::task::spawn_blocking(move || {
+    let _ = sluice::blocking::spawn(move || {
         use std::os::fd::AsFd;
         for (path, root) in roots {
             if let Err(e) = sluice::engine::fs::sync_file_system(root.as_fd()) {
@@ -738,7 +737,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         // than when its lease runs out. (Its locks on the file system go
         // when the process exits just after; a reclaim that meets one
         // meanwhile is told to retry.)
-        let _ = tokio::task::spawn_blocking(move || c.leave()).await;
+        let _ = sluice::blocking::spawn(move || c.leave()).await;
     }
     Ok(())
 }

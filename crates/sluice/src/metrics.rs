@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 43] = [
+        let counters: [(&str, &str, u64); 44] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -91,6 +91,11 @@ impl Collector for Collect {
                 "sluice_flush_witnesses_opened",
                 "Descriptors opened for stable WRITEs to flush through, so that each learns of every failed writeback of its data; each is kept for the next stable WRITE of its file while used within 2 s, and only new ones are counted.",
                 load(&m.flush_witnesses_opened),
+            ),
+            (
+                "sluice_credential_changes",
+                "File system identity changes (fsuid, fsgid, supplementary groups, CAP_SYS_RESOURCE) made to run requests as their callers; each costs the kernel a new credential. A request thread keeps its last caller's identity, so the next request of that caller changes none.",
+                crate::engine::cred::changes_total(),
             ),
             (
                 "sluice_write_verifier_changes",
@@ -422,7 +427,7 @@ async fn answer(
         )
     } else if matches!(req.uri().path(), "/metrics" | "/") {
         // The state table's lock and /proc reads: off the async threads.
-        let body = tokio::task::spawn_blocking(move || render(&srv))
+        let body = crate::blocking::spawn(move || render(&srv))
             .await
             .unwrap_or_default();
         reply(StatusCode::OK, CONTENT_TYPE, body)

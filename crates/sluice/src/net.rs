@@ -318,7 +318,7 @@ pub async fn serve_udp(socket: tokio::net::UdpSocket, srv: Arc<Server>, policy: 
         // bound to one; a loopback caller reached loopback.
         let local = bound.or_else(|| from.ip().is_loopback().then(|| from.ip()));
         tokio::spawn(async move {
-            let reply = tokio::task::spawn_blocking(move || {
+            let reply = crate::blocking::spawn(move || {
                 srv.handle_datagram(&record, Some(from.ip()), local)
             })
             .await;
@@ -667,7 +667,7 @@ fn finish_on_worker<B: Send + 'static>(
     permit: OwnedSemaphorePermit,
     busy: B,
 ) {
-    drop(tokio::task::spawn_blocking(move || {
+    drop(crate::blocking::spawn_lending(move || {
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
         outbox.deliver(reply, mem, permit);
         start_callbacks(&cb);
@@ -979,7 +979,7 @@ fn start_callbacks(cb: &CbConn) {
 /// wait.
 fn start_calls(calls: Vec<Box<dyn FnOnce() + Send>>) {
     for call in calls {
-        drop(tokio::task::spawn_blocking(call));
+        drop(crate::blocking::spawn(call));
     }
 }
 
@@ -2446,7 +2446,7 @@ mod tests {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         for budget in [Duration::from_millis(2), Duration::ZERO] {
             let (srv, addr) = serving(budget).await;
-            tokio::task::spawn_blocking(move || {
+            crate::blocking::spawn(move || {
                 let mut c = std::net::TcpStream::connect(addr).unwrap();
                 c.set_nodelay(true).unwrap();
                 for xid in 1..=1000u32 {
@@ -2496,7 +2496,7 @@ mod tests {
         const BATCH: u32 = 8;
         const ROUNDS: u32 = 200;
         let (srv, addr) = serving(Duration::from_millis(2)).await;
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::spawn(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
             in_batches(&mut c, ROUNDS, BATCH);
@@ -2529,7 +2529,7 @@ mod tests {
         const BATCH: u32 = 8;
         const ROUNDS: u32 = 100;
         let (srv, addr) = serving(Duration::ZERO).await;
-        let client = tokio::task::spawn_blocking(move || {
+        let client = crate::blocking::spawn(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
             in_batches(&mut c, ROUNDS, BATCH);
@@ -2575,7 +2575,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_polling_leaves_are_read_in_order() {
         let (srv, addr) = serving(Duration::from_millis(2)).await;
-        tokio::task::spawn_blocking(move || {
+        crate::blocking::spawn(move || {
             use std::io::Write;
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();

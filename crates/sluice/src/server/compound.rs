@@ -264,10 +264,17 @@ struct Running {
 impl Paused {
     /// Finishes the COMPOUND on the calling thread, which may wait.
     pub(super) fn resume(self, srv: &Server) -> Option<Encoder> {
+        // On a worker that may keep the last caller's identity (see
+        // `cred::lending`): the ops' run keeps it only where its first op
+        // takes that same identity; the rest is the server's work.
         let step = match self.0 {
-            PausedAt::Start(args) => start(srv, args, Mode::Wait),
+            PausedAt::Start(args) => {
+                cred::reclaim();
+                start(srv, args, Mode::Wait)
+            }
             PausedAt::Midway(r) => run_ops(srv, r, Mode::Wait),
             PausedAt::Syncing(s) => {
+                cred::reclaim();
                 let r = super::ops_fs::sync_deferred(srv, &s.pending);
                 match s.synced(r) {
                     Step::Paused(Paused(PausedAt::Midway(r))) => run_ops(srv, r, Mode::Wait),
@@ -682,6 +689,12 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
             if id_loc != loc {
                 cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
                 id_loc = loc;
+            }
+            if *count == first_count {
+                // A worker may still have the identity of the caller
+                // before (see `cred::lending`): kept only for an op that
+                // takes that identity now.
+                cred::keep_lent_for(&cx.id, desc.runs_as_caller());
             }
             if desc.runs_as_caller() && as_caller.as_ref().map(|(l, _)| *l) != Some(loc) {
                 // The old guard goes first: it gives back the identity

@@ -185,9 +185,7 @@ impl DirSyncs {
                     let mine = g.started;
                     started = Some(mine);
                     let (d, sync) = (d.clone(), sync.clone());
-                    drop(tokio::task::spawn_blocking(move || {
-                        run_chain(&d, &sync, mine)
-                    }));
+                    drop(crate::blocking::spawn(move || run_chain(&d, &sync, mine)));
                 } else if g.started < need {
                     // The sync running started before this caller's change:
                     // its runner starts the next one as soon as it ends.
@@ -287,7 +285,9 @@ fn wait_or_run(
                 drop(g);
                 let (d, job) = (d.clone(), job.clone());
                 match tokio::runtime::Handle::try_current() {
-                    Ok(rt) => drop(rt.spawn_blocking(move || run_chain(&d, &job, next))),
+                    Ok(rt) => drop(crate::blocking::spawn_on(&rt, move || {
+                        run_chain(&d, &job, next)
+                    })),
                     Err(_) => run_chain(&d, &job, next),
                 }
             }

@@ -936,10 +936,12 @@ impl Paused {
                 nfs3::call(srv, proc_, &record[at..], &cred, peer, lend, false),
             ),
             Rest::V3Syncing(body, pending) => {
+                crate::engine::cred::reclaim();
                 let r = ops_fs::sync_deferred(srv, &pending);
                 v3_reply(xid, nfs3_synced(body, r))
             }
             Rest::Lock(record, prog, proc_, at, cred, peer, local, udp) => {
+                crate::engine::cred::reclaim();
                 let done = if prog == crate::mount::NLM_PROGRAM {
                     nlm::call_nlm(srv, proc_, &record[at..], &cred, peer, local, udp)
                 } else {
@@ -958,6 +960,7 @@ impl Paused {
                 }
             }
             Rest::Mount(record, vers, proc_, at, peer) => {
+                crate::engine::cred::reclaim();
                 let done = mount::call(srv, vers, proc_, &record[at..], peer);
                 match done {
                     mount::DoneMnt::Reply(body) => {

@@ -89,6 +89,10 @@ pub(super) fn call(
         lend,
         deferred: defer.then(Default::default),
     };
+    // A worker may still have the identity of the caller before (see
+    // `cred::lending`): kept only for a procedure that takes that
+    // identity once it has found its object.
+    cred::keep_lent_for(&cx.id, runs_as_caller(proc_));
     let mut e = Encoder::with_capacity(256);
     let r = run(&mut cx, a, &mut e);
     let pending = cx.deferred.map(|d| d.into_inner()).unwrap_or_default();
@@ -98,6 +102,25 @@ pub(super) fn call(
         Err(Stop::WouldBlock) => Done3::WouldBlock,
         Err(Stop::Status(_)) => unreachable!("statuses are encoded by the procedures"),
     }
+}
+
+/// Whether procedure `proc_` takes the caller's identity for its work,
+/// once it has found its object (the finding is the same for anyone).
+fn runs_as_caller(proc_: u32) -> bool {
+    matches!(
+        proc_,
+        proc3::SETATTR
+            | proc3::LOOKUP
+            | proc3::WRITE
+            | proc3::CREATE
+            | proc3::MKDIR
+            | proc3::SYMLINK
+            | proc3::MKNOD
+            | proc3::REMOVE
+            | proc3::RMDIR
+            | proc3::RENAME
+            | proc3::LINK
+    )
 }
 
 /// Whether procedure `proc_` may be tried on the connection's task: it

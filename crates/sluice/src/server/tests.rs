@@ -1190,6 +1190,159 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A request thread keeps its last caller's identity (see
+/// `cred::lending`) for that caller's next request only. The same
+/// caller's next FILE_SYNC WRITE changes no credentials; another
+/// caller's WRITE on the thread is refused what only the first may do,
+/// and a file it creates is its own; a request whose first op on the
+/// thread does not act as the caller (LOOKUPP) runs as the server.
+/// Each COMPOUND runs as a connection runs it: its quick ops first, on
+/// a thread of their own, then the rest as a request thread does.
+#[test]
+fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
+    use super::compound::{try_compound, Step};
+    use crate::engine::cred;
+    use crate::nfs4::msg::WriteArgs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (srv, dir) = server("lending");
+    std::fs::create_dir(dir.join("d")).unwrap();
+    std::fs::set_permissions(dir.join("d"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(dir.join("d/a"), b"the first caller's").unwrap();
+    std::os::unix::fs::chown(dir.join("d/a"), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(dir.join("d/a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(dir.join("d/shared"), b"anyone's").unwrap();
+    std::fs::set_permissions(dir.join("d/shared"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let handle = |p: &std::ffi::CStr| {
+        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), p)
+            .unwrap()
+    };
+    let (d, a, shared) = (handle(c"d"), handle(c"d/a"), handle(c"d/shared"));
+    let user = |uid: u32| Cred {
+        uid,
+        gid: uid,
+        gids: vec![],
+        flavor: crate::rpc::AUTH_SYS,
+    };
+    let (first, other) = (user(1000), user(2000));
+    let write = || {
+        let mut e = Encoder::new();
+        WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset: 0,
+            stable: 2, // FILE_SYNC: storage work, for a request thread
+            data: b"written",
+        }
+        .encode(&mut e);
+        (op::WRITE, e.into_inner())
+    };
+    // On a thread of its own, which the test leaves with a caller's
+    // identity.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let seq = std::cell::Cell::new(0);
+            // SEQUENCE, PUTFH `fh` and `op` as `cred`: the status, where
+            // it finished, and the credential changes of the thread.
+            let run_ops = |cred: &Cred, rest: Vec<(u32, Vec<u8>)>| {
+                seq.set(seq.get() + 1);
+                let mut ops = vec![sequence(&sid, seq.get(), 0, false)];
+                ops.extend(rest);
+                // The connection's part on a thread of its own.
+                let quick = std::thread::scope(|s| {
+                    s.spawn(|| {
+                        match try_compound(&srv, compound(1, &ops), 0, cred.clone(), None, None) {
+                            Step::Done(b) => Err((b, RanOn::Task)),
+                            Step::Paused(p) => match p.try_quick(&srv) {
+                                Step::Done(b) => Err((b, RanOn::Quick)),
+                                Step::Paused(p) => Ok(p),
+                            },
+                        }
+                    })
+                    .join()
+                    .unwrap()
+                });
+                let before = cred::changes();
+                let (body, on) = match quick {
+                    Err(done) => done,
+                    Ok(p) => (cred::lending(|| p.resume(&srv)), RanOn::Worker),
+                };
+                let (st, results, _, _) = split_results(&body.expect("framed").into_inner());
+                (st, results, on, cred::changes() - before)
+            };
+            let putfh = |fh: &[u8]| (op::PUTFH, args(&NfsFh4(fh.to_vec())));
+            let run =
+                |cred: &Cred, fh: &[u8], op: (u32, Vec<u8>)| run_ops(cred, vec![putfh(fh), op]);
+            let (st, results, on, _) = run(&first, &a, write());
+            assert_eq!((st, on), (status::OK, RanOn::Worker), "{results:?}");
+            assert_eq!(
+                thread_fs_ids(),
+                (1000, 1000),
+                "the thread gave the identity back"
+            );
+            assert!(cred::lent());
+            let (st, _, on, changes) = run(&first, &a, write());
+            assert_eq!((st, on), (status::OK, RanOn::Worker));
+            assert_eq!(
+                changes, 0,
+                "the same caller's next WRITE changed credentials"
+            );
+            // Another caller: refused the first one's file.
+            let (st, _, on, _) = run(&other, &a, write());
+            assert_eq!(
+                (st, on),
+                (status::ACCESS, RanOn::Worker),
+                "WRITE as the caller before"
+            );
+            assert_eq!(thread_fs_ids(), (2000, 2000));
+            // Back to the first, then the other creates a file: its own.
+            assert_eq!(run(&first, &a, write()).0, status::OK);
+            assert_eq!(thread_fs_ids(), (1000, 1000));
+            // (The WRITE takes the COMPOUND to the request thread.)
+            let ops = vec![
+                putfh(&shared),
+                write(),
+                putfh(&d),
+                open_op(b"other", "made", true),
+            ];
+            let (st, results, on, _) = run_ops(&other, ops);
+            assert_eq!((st, on), (status::OK, RanOn::Worker), "{results:?}");
+            let m = std::fs::metadata(dir.join("d/made")).unwrap();
+            assert_eq!(
+                (m.uid(), m.gid()),
+                (2000, 2000),
+                "created as the caller before"
+            );
+            // An op that does not act as the caller runs as the server:
+            // a READ of data not in memory, with the anonymous stateid,
+            // which takes the caller's identity only to open the file.
+            assert_eq!(run(&first, &a, write()).0, status::OK);
+            let f = std::fs::File::open(dir.join("d/a")).unwrap();
+            // SAFETY: plain system call on a descriptor of ours.
+            unsafe {
+                libc::posix_fadvise(
+                    std::os::fd::AsRawFd::as_raw_fd(&f),
+                    0,
+                    0,
+                    libc::POSIX_FADV_DONTNEED,
+                )
+            };
+            let (st, results, on, changes) = run(&first, &a, read_op(0, 7));
+            assert_eq!((st, on), (status::OK, RanOn::Worker), "{results:?}");
+            assert_eq!(
+                changes, 4,
+                "the server's identity back before READ, the caller's for its open"
+            );
+            assert_eq!(thread_fs_ids(), (1000, 1000));
+        });
+    });
+    assert_eq!(
+        std::fs::read(dir.join("d/a")).unwrap(),
+        b"writtenst caller's"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Where a COMPOUND was finished: on the connection's task without
 /// waiting, on it by its quick ops (`Paused::try_quick`), or on a worker.
 #[derive(Debug, PartialEq, Eq)]
