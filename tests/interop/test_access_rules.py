@@ -797,11 +797,12 @@ def test_sigterm_exits_cleanly(serve):
 
 
 def test_request_threads_keep_a_callers_identity_for_that_caller_only(sluice_factory):
-    """A request thread keeps its last caller's identity for that caller's
-    next request: 40 FILE_SYNC WRITEs (storage work, done on request
-    threads) of one caller one after another change credentials a few
-    times in all, where each changed them four times (fsuid and fsgid
-    there and back). Two callers taking turns on the same threads each
+    """A thread that serves requests keeps its last caller's identity for
+    that caller's next request: 40 FILE_SYNC WRITEs (storage work, done on
+    request threads) of one caller one after another change credentials a
+    few times in all, where each changed them four times (fsuid and fsgid
+    there and back), and so do 40 LOOKUPs (on the connection's thread).
+    Two callers taking turns on the same threads each
     get their own rights, over NFSv4.1 and NFSv3: a file only the first
     may write is refused to the second every time, and the files the
     second creates are its own."""
@@ -828,6 +829,13 @@ def test_request_threads_keep_a_callers_identity_for_that_caller_only(sluice_fac
         expect_ok(write(first, n), "WRITE as the owner")
     changes = srv.counter("sluice_credential_changes") - before
     assert changes < 40, f"40 FILE_SYNC WRITEs of one caller made {changes} credential changes"
+    # LOOKUP runs as the caller on the connection's thread, which keeps
+    # the identity too.
+    before = srv.counter("sluice_credential_changes")
+    for n in range(40):
+        expect_ok(first.compound([rc.op_putrootfh(), rc.op_lookup("a")]), "LOOKUP")
+    changes = srv.counter("sluice_credential_changes") - before
+    assert changes < 40, f"40 LOOKUPs of one caller made {changes} credential changes"
 
     target = v.sluice_target(srv)
     owner3, other3 = target.nfs(uid=1000, gid=1000), target.nfs(uid=2000, gid=2000)

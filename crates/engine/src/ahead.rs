@@ -155,7 +155,11 @@ impl Ahead {
                 let (rx, shared) = (rx.clone(), shared.clone());
                 let spawned = std::thread::Builder::new()
                     .name(format!("sluice-ahead-{i}"))
-                    .spawn(move || worker(&rx, &shared));
+                    .spawn(move || {
+                        // The server's identity, whatever the starter's.
+                        crate::cred::reclaim();
+                        worker(&rx, &shared)
+                    });
                 match spawned {
                     Ok(_) => started += 1,
                     Err(e) => tracing::warn!(error = %e, "a readahead thread did not start"),

@@ -336,7 +336,11 @@ fn want_more() {
     STARTED.call_once(|| {
         let spawned = std::thread::Builder::new()
             .name("sluice-hugefill".into())
-            .spawn(filler);
+            .spawn(|| {
+                // The server's identity, whatever the starter's.
+                crate::cred::reclaim();
+                filler()
+            });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "no thread to make huge pages: O_DIRECT buffers use ordinary pages");
         }

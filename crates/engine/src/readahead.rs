@@ -266,6 +266,8 @@ impl Readahead {
             std::thread::Builder::new()
                 .name("sluice-readahead".into())
                 .spawn(move || {
+                    // The server's identity, whatever the starter's.
+                    crate::cred::reclaim();
                     while let Ok(work) = rx.recv() {
                         match work {
                             Work::Read(job) => prefetch(&job),

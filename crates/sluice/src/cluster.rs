@@ -414,7 +414,7 @@ impl Cluster {
                         return;
                     }
                 };
-                rt.block_on(run(cfg2, g, rx, ready_tx, ev_tx));
+                rt.block_on(crate::tasks::as_server(run(cfg2, g, rx, ready_tx, ev_tx)));
             })
             .map_err(|e| format!("cannot start the cluster thread: {e}"))?;
         let (key, boot, epoch) = ready_rx
@@ -714,7 +714,7 @@ async fn run(
     };
     let _ = ready.send(Ok((key, boot, epoch)));
     drop(ready);
-    tokio::spawn(keep_alive(
+    crate::tasks::spawn(keep_alive(
         e.client.clone(),
         lease,
         cfg.clone(),
@@ -894,7 +894,7 @@ async fn keep_alive(mut client: Client, lease: i64, cfg: ClusterConfig, grace: C
         let renewed = renewed.clone();
         let cfg = cfg.clone();
         let grace = grace.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let silent = renewed.lock().unwrap_or_else(|e| e.into_inner()).elapsed();

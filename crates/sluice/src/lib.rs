@@ -12,7 +12,6 @@
 #![warn(missing_docs, unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod blocking;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
@@ -20,6 +19,7 @@ pub mod metrics;
 pub mod net;
 pub mod rules;
 pub mod server;
+pub mod tasks;
 
 pub use sluice_engine as engine;
 pub use sluice_engine::tune_allocator;

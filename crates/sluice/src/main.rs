@@ -468,7 +468,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         Some(c) => {
             let endpoints = c.endpoints.join(", ");
             let node = c.node;
-            let cluster = sluice::blocking::spawn(move || sluice::cluster::Cluster::join(c))
+            let cluster = sluice::tasks::blocking(move || sluice::cluster::Cluster::join(c))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| {
@@ -559,7 +559,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         ),
         None => {
             let port = addr.port();
-            let taken = match sluice::blocking::spawn(move || sluice::server::portmap::register(port)).await {
+            let taken = match sluice::tasks::blocking(move || sluice::server::portmap::register(port)).await {
                 Ok(Ok(taken)) => {
                     if taken.len() == sluice::server::portmap::PROGRAMS.len() {
                         tracing::info!("registered NFS and MOUNT with rpcbind");
@@ -618,7 +618,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
             let maddr = l.local_addr().map_err(|e| e.to_string())?;
             tracing::info!(%maddr, "metrics at http://{maddr}/metrics");
             println!("metrics on {maddr}");
-            Some(tokio::spawn(sluice::metrics::serve(l, srv.clone())))
+            Some(sluice::tasks::spawn(sluice::metrics::serve(l, srv.clone())))
         }
         None => None,
     };
@@ -627,12 +627,12 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     srv.state.log_grace_start();
     let expiry = {
         let srv = srv.clone();
-        tokio::spawn(async move {
+        sluice::tasks::spawn(async move {
             loop {
                 tokio::time::sleep(srv.state.expiry_interval()).await;
                 // Expiry may write the client record store.
                 let s = srv.clone();
-                let _ = sluice::blocking::spawn(move || {
+                let _ = sluice::tasks::blocking(move || {
                     s.state.expire();
                     sluice::server::nlm::retry_blocked(&s);
                 })
@@ -642,19 +642,19 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     };
     let sweeper = {
         let srv = srv.clone();
-        tokio::spawn(async move {
+        sluice::tasks::spawn(async move {
             let mut every = tokio::time::interval(sluice::engine::export::SWEEP_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
                 let s = srv.clone();
-                let _ = sluice::blocking::spawn(move || s.sweep_descriptors()).await;
+                let _ = sluice::tasks::blocking(move || s.sweep_descriptors()).await;
             }
         })
     };
     let inflight = Arc::new(sluice::net::InFlight::default());
-    let udp_task = tokio::spawn(sluice::net::serve_udp(udp, srv.clone(), policy.clone()));
-    let server = tokio::spawn(sluice::net::serve_with(
+    let udp_task = sluice::tasks::spawn(sluice::net::serve_udp(udp, srv.clone(), policy.clone()));
+    let server = sluice::tasks::spawn(sluice::net::serve_with(
         listener,
         srv.clone(),
         policy,
@@ -666,13 +666,13 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     // does the kernel's: what a cold-cache measurement needs.
     let drop_task = {
         let srv = srv.clone();
-        tokio::spawn(async move {
+        sluice::tasks::spawn(async move {
             while usr1.recv().await.is_some() {
                 let bytes = srv.read.bufcache.clear();
                 // Its memory is kept for reuse; where new huge pages are
                 // slow to come by, the ordinary part of it is made huge
                 // now, before the cold measurement this is for begins.
-                let settled = sluice::blocking::spawn(sluice::engine::hugebuf::settle)
+                let settled = sluice::tasks::blocking(sluice::engine::hugebuf::settle)
                     .await
                     .unwrap_or(0);
                 tracing::info!(bytes, settled, "SIGUSR1: read cache dropped");
@@ -713,7 +713,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
     if !registered.is_empty() {
         let port = addr.port();
         let _ =
-            sluice::blocking::spawn(move || sluice::server::portmap::unregister(port, &registered))
+            sluice::tasks::blocking(move || sluice::server::portmap::unregister(port, &registered))
                 .await;
     }
     // Unstable writes live in the page cache: push them to disk.
@@ -723,7 +723,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         .iter()
         .map(|e| (e.pseudo.clone(), e.fs.root_fd()))
         .collect();
-    let _ = sluice::blocking::spawn(move || {
+    let _ = sluice::tasks::blocking(move || {
         use std::os::fd::AsFd;
         for (path, root) in roots {
             if let Err(e) = sluice::engine::fs::sync_file_system(root.as_fd()) {
@@ -737,7 +737,7 @@ async fn serve(a: ServeArgs) -> Result<(), String> {
         // than when its lease runs out. (Its locks on the file system go
         // when the process exits just after; a reclaim that meets one
         // meanwhile is told to retry.)
-        let _ = sluice::blocking::spawn(move || c.leave()).await;
+        let _ = sluice::tasks::blocking(move || c.leave()).await;
     }
     Ok(())
 }
@@ -803,7 +803,7 @@ fn main() {
                 .build()
                 .map_err(|e| format!("cannot start the runtime: {e}"))
                 .and_then(|rt| {
-                    let served = rt.block_on(serve(args));
+                    let served = rt.block_on(sluice::tasks::as_server(serve(args)));
                     // `serve` has let the requests in progress finish and
                     // flushed the exports. What may still run is a call
                     // to a client (a probe or a recall waiting up to its

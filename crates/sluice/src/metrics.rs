@@ -398,7 +398,7 @@ pub async fn serve(listener: TcpListener, srv: Arc<Server>) {
             }
         };
         let srv = srv.clone();
-        tokio::spawn(async move {
+        crate::tasks::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| answer(req, srv.clone()));
             let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
@@ -427,7 +427,7 @@ async fn answer(
         )
     } else if matches!(req.uri().path(), "/metrics" | "/") {
         // The state table's lock and /proc reads: off the async threads.
-        let body = crate::blocking::spawn(move || render(&srv))
+        let body = crate::tasks::blocking(move || render(&srv))
             .await
             .unwrap_or_default();
         reply(StatusCode::OK, CONTENT_TYPE, body)

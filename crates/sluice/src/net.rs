@@ -278,7 +278,7 @@ pub async fn serve_with(
                 }
                 let srv = srv.clone();
                 let inflight = inflight.clone();
-                tokio::spawn(async move {
+                crate::tasks::spawn_requests(async move {
                     if let Err(e) = connection(stream, srv, inflight).await {
                         tracing::debug!(%peer, error = %e, "connection closed");
                     }
@@ -317,8 +317,8 @@ pub async fn serve_udp(socket: tokio::net::UdpSocket, srv: Arc<Server>, policy: 
         // The address the caller reached: the socket's own when it is
         // bound to one; a loopback caller reached loopback.
         let local = bound.or_else(|| from.ip().is_loopback().then(|| from.ip()));
-        tokio::spawn(async move {
-            let reply = crate::blocking::spawn(move || {
+        crate::tasks::spawn(async move {
+            let reply = crate::tasks::blocking(move || {
                 srv.handle_datagram(&record, Some(from.ip()), local)
             })
             .await;
@@ -342,13 +342,13 @@ pub async fn serve_portmap(
     let tcp = TcpListener::bind(at).await?;
     let udp = tokio::net::UdpSocket::bind(tcp.local_addr()?).await?;
     tracing::info!(addr = %tcp.local_addr()?, "portmapper (TCP and UDP)");
-    let tcp_task = tokio::spawn(async move {
+    let tcp_task = crate::tasks::spawn(async move {
         loop {
             let Ok((mut stream, _)) = tcp.accept().await else {
                 tokio::task::yield_now().await;
                 continue;
             };
-            tokio::spawn(async move {
+            crate::tasks::spawn(async move {
                 use tokio::io::AsyncWriteExt;
                 let local = stream.local_addr().ok().map(|a| a.ip());
                 let mut asm = rpc::RecordAssembler::new(PORTMAP_MAX_RECORD);
@@ -379,7 +379,7 @@ pub async fn serve_portmap(
             });
         }
     });
-    let udp_task = tokio::spawn(async move {
+    let udp_task = crate::tasks::spawn(async move {
         let mut buf = vec![0u8; PORTMAP_MAX_RECORD];
         let local = udp
             .local_addr()
@@ -442,7 +442,8 @@ async fn connection(
             .zero_copy(zero_copy)
             .counting(srv.metrics.clone()),
     );
-    let writer = tokio::spawn(outbox.clone().run());
+    // Writes replies: no file, no identity.
+    let writer = crate::tasks::spawn_requests(outbox.clone().run());
     let backlog = outbox.backlog.clone();
     // Calls to the client over this connection (the back channel of the
     // sessions it is bound to); their replies come in with the calls.
@@ -606,7 +607,7 @@ async fn connection(
             // meanwhile, without holding a thread; then the rest runs as
             // it would have here. (With no sync running, a worker runs
             // the op's own sync and answers, below.)
-            drop(tokio::spawn(async move {
+            drop(crate::tasks::spawn_requests(async move {
                 let call = match CatchUnwind(Box::pin(paused.sync(&srv))).await {
                     Ok(call) => call,
                     Err(e) => return outbox.deliver(Err(e), mem, permit),
@@ -667,7 +668,7 @@ fn finish_on_worker<B: Send + 'static>(
     permit: OwnedSemaphorePermit,
     busy: B,
 ) {
-    drop(crate::blocking::spawn_lending(move || {
+    drop(crate::tasks::blocking_lending(move || {
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| paused.resume(&srv)));
         outbox.deliver(reply, mem, permit);
         start_callbacks(&cb);
@@ -979,7 +980,7 @@ fn start_callbacks(cb: &CbConn) {
 /// wait.
 fn start_calls(calls: Vec<Box<dyn FnOnce() + Send>>) {
     for call in calls {
-        drop(crate::blocking::spawn(call));
+        drop(crate::tasks::blocking(call));
     }
 }
 
@@ -1785,7 +1786,7 @@ mod tests {
         let mut rd = tokio::io::BufReader::with_capacity(16, server);
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let sent = data.clone();
-        let w = tokio::spawn(async move {
+        let w = crate::tasks::spawn(async move {
             for piece in sent.chunks(7_777) {
                 client.write_all(piece).await.unwrap();
                 client.flush().await.unwrap();
@@ -1894,7 +1895,7 @@ mod tests {
         let (client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         let settled = crate::engine::mapped::settled_bytes();
         const THREADS: usize = 8;
         const EACH: usize = 40;
@@ -1979,7 +1980,7 @@ mod tests {
         let (client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         let spliced = spliced_bytes();
         const THREADS: usize = 4;
         const EACH: usize = 24;
@@ -2100,7 +2101,7 @@ mod tests {
         drop(client);
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         let slots = Arc::new(Semaphore::new(1000));
         let memory = Arc::new(Semaphore::new(1000));
         let mut n = 0;
@@ -2160,7 +2161,7 @@ mod tests {
         small(&client, libc::SO_RCVBUF);
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         const LEN: usize = 1 << 20;
         let mut e = Encoder::new();
         e.u32(7);
@@ -2197,7 +2198,7 @@ mod tests {
         let outbox = Arc::new(Outbox::new(wr).zero_copy(true));
         // As when making the pipe failed, or it held too little.
         outbox.lock().pipe = Some(Err(()));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         // A region of its own: marks are the region's, and other tests
         // fix theirs meanwhile.
         const LEN: usize = crate::engine::hugebuf::REGION;
@@ -2218,7 +2219,7 @@ mod tests {
         let (client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let piped = Arc::new(Outbox::new(wr).zero_copy(true));
-        let piped_writer = tokio::spawn(piped.clone().run());
+        let piped_writer = crate::tasks::spawn(piped.clone().run());
         let mut e = Encoder::new();
         e.u32(2);
         e.opaque_shared(data.clone());
@@ -2243,7 +2244,7 @@ mod tests {
         let (mut client, server) = socket_pair().await;
         let (_rd, wr) = server.into_split();
         let outbox = Arc::new(Outbox::new(wr));
-        let writer = tokio::spawn(outbox.clone().run());
+        let writer = crate::tasks::spawn(outbox.clone().run());
         let none = || false;
         assert!(
             !pending(outbox.room(none)).await,
@@ -2270,7 +2271,7 @@ mod tests {
         };
         let room = |outbox: &Arc<Outbox>, due: Arc<std::sync::atomic::AtomicBool>| {
             let outbox = outbox.clone();
-            tokio::spawn(async move { outbox.room(|| due.load(Ordering::Acquire)).await })
+            crate::tasks::spawn(async move { outbox.room(|| due.load(Ordering::Acquire)).await })
         };
         let not_due = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // Replies from..upto, each whole.
@@ -2428,7 +2429,7 @@ mod tests {
         let srv = Server::scratch("poll", config);
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        tokio::spawn(serve_with(
+        crate::tasks::spawn(serve_with(
             l,
             srv.clone(),
             Policy::default(),
@@ -2446,7 +2447,7 @@ mod tests {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         for budget in [Duration::from_millis(2), Duration::ZERO] {
             let (srv, addr) = serving(budget).await;
-            crate::blocking::spawn(move || {
+            crate::tasks::blocking(move || {
                 let mut c = std::net::TcpStream::connect(addr).unwrap();
                 c.set_nodelay(true).unwrap();
                 for xid in 1..=1000u32 {
@@ -2496,7 +2497,7 @@ mod tests {
         const BATCH: u32 = 8;
         const ROUNDS: u32 = 200;
         let (srv, addr) = serving(Duration::from_millis(2)).await;
-        crate::blocking::spawn(move || {
+        crate::tasks::blocking(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
             in_batches(&mut c, ROUNDS, BATCH);
@@ -2529,7 +2530,7 @@ mod tests {
         const BATCH: u32 = 8;
         const ROUNDS: u32 = 100;
         let (srv, addr) = serving(Duration::ZERO).await;
-        let client = crate::blocking::spawn(move || {
+        let client = crate::tasks::blocking(move || {
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
             in_batches(&mut c, ROUNDS, BATCH);
@@ -2575,7 +2576,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_polling_leaves_are_read_in_order() {
         let (srv, addr) = serving(Duration::from_millis(2)).await;
-        crate::blocking::spawn(move || {
+        crate::tasks::blocking(move || {
             use std::io::Write;
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();

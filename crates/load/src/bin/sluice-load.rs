@@ -2,6 +2,9 @@
 //! own protocol code. It prints throughput, IOPS and latency percentiles;
 //! with --json, one JSON object with every figure.
 
+// Clients take no identities (see the workspace's clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
 use sluice_load::cli::{Mount, Proto};

@@ -42,6 +42,9 @@
 //! from /proc; with `--local`, sluice-meta's own). The directory must
 //! exist and be empty.
 
+// Clients take no identities (see the workspace's clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use clap::Parser;
 use hdrhistogram::Histogram;
 use sluice_load::cli::{Mount, Proto};

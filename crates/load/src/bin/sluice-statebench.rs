@@ -7,6 +7,9 @@
 //! `--opens` open files and goes quiet, and measures again. The cost of
 //! an open or a lock should not grow with the state other clients hold.
 
+// Clients take no identities (see the workspace's clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use clap::Parser;
 use sluice_load::client::{Client, ClientError};
 use sluice_proto::nfs4::consts::op;

@@ -536,6 +536,8 @@ pub fn start_recalls(
         let spawned = std::thread::Builder::new()
             .name("sluice-recall".into())
             .spawn(move || {
+                // The server's identity, whatever the starter's.
+                crate::engine::cred::reclaim();
                 let started = Instant::now();
                 let result = match working(&sessions) {
                     Some(s) => compound(s, 1, |e| {

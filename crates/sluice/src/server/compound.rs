@@ -474,6 +474,8 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
             };
             let at = res.len();
             res.u32(0);
+            // As the server: they may write the state directory.
+            cred::reclaim();
             // The ops allowed here are never stopped for waiting.
             let st = match run_op(&mut cx, desc, first, &mut d, &mut res) {
                 Outcome::Done(st) => st,
@@ -486,6 +488,15 @@ fn start(srv: &Server, args: Args, mode: Mode) -> Step {
         return done(st, 1, res);
     }
 
+    // SEQUENCE (which only looks at sessions in memory) runs with the
+    // identity the thread kept when it is this caller's (see
+    // `cred::lending`), and as the server otherwise.
+    if cred::lent() {
+        cred::keep_lent_for(
+            &Server::identity(&args.cred, &srv.exports.list()[0].rules),
+            true,
+        );
+    }
     // SEQUENCE first: find the session and the slot.
     res.u32(op::SEQUENCE);
     let (sid, seqid, slot, cachethis) = match SequenceArgs::decode(&mut d) {
@@ -690,11 +701,11 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
                 cx.id = Server::identity(cx.cred, &srv.exports.get(loc).rules);
                 id_loc = loc;
             }
-            if *count == first_count {
-                // A worker may still have the identity of the caller
-                // before (see `cred::lending`): kept only for an op that
-                // takes that identity now.
-                cred::keep_lent_for(&cx.id, desc.runs_as_caller());
+            if as_caller.is_none() {
+                // The thread may still have the identity of a caller
+                // before (see `cred::lending`): kept while the ops may run
+                // with this caller's, until one takes it.
+                cred::keep_lent_for(&cx.id, desc.may_run_lent());
             }
             if desc.runs_as_caller() && as_caller.as_ref().map(|(l, _)| *l) != Some(loc) {
                 // The old guard goes first: it gives back the identity

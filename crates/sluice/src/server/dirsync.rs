@@ -185,7 +185,7 @@ impl DirSyncs {
                     let mine = g.started;
                     started = Some(mine);
                     let (d, sync) = (d.clone(), sync.clone());
-                    drop(crate::blocking::spawn(move || run_chain(&d, &sync, mine)));
+                    drop(crate::tasks::blocking(move || run_chain(&d, &sync, mine)));
                 } else if g.started < need {
                     // The sync running started before this caller's change:
                     // its runner starts the next one as soon as it ends.
@@ -285,7 +285,7 @@ fn wait_or_run(
                 drop(g);
                 let (d, job) = (d.clone(), job.clone());
                 match tokio::runtime::Handle::try_current() {
-                    Ok(rt) => drop(crate::blocking::spawn_on(&rt, move || {
+                    Ok(rt) => drop(crate::tasks::blocking_on(&rt, move || {
                         run_chain(&d, &job, next)
                     })),
                     Err(_) => run_chain(&d, &job, next),
@@ -371,12 +371,12 @@ mod tests {
         };
         let call = |s: &Arc<DirSyncs>| {
             let (s, job) = (s.clone(), job.clone());
-            rt.spawn(async move { s.sync_async((1, 1), job).await })
+            crate::tasks::spawn_on(rt.handle(), async move { s.sync_async((1, 1), job).await })
         };
         let first = if first_on_thread {
             let (s, job) = (s.clone(), job.clone());
             let t = std::thread::spawn(move || s.sync_job((1, 1), job));
-            rt.spawn(async move { t.join().unwrap() })
+            crate::tasks::spawn_on(rt.handle(), async move { t.join().unwrap() })
         } else {
             call(&s)
         };

@@ -28,7 +28,10 @@ pub fn watch(srv: Arc<Server>) -> std::io::Result<()> {
     let lease_break = lease_break_time();
     std::thread::Builder::new()
         .name("sluice-leases".into())
-        .spawn(move || loop {
+        .spawn(move || {
+            // The server's identity, whatever the starter's.
+            crate::engine::cred::reclaim();
+            loop {
             let fd = match fs::wait_lease_break() {
                 Ok(fd) => fd,
                 Err(e) => {
@@ -43,6 +46,7 @@ pub fn watch(srv: Arc<Server>) -> std::io::Result<()> {
                     "a local process wants a delegated file: recalling"
                 );
                 callback::start_recalls(recalls, |c| srv.state.sessions_of(c), &srv.metrics);
+            }
             }
         })
         .map(drop)

@@ -89,10 +89,10 @@ pub(super) fn call(
         lend,
         deferred: defer.then(Default::default),
     };
-    // A worker may still have the identity of the caller before (see
-    // `cred::lending`): kept only for a procedure that takes that
-    // identity once it has found its object.
-    cred::keep_lent_for(&cx.id, runs_as_caller(proc_));
+    // The thread may still have the identity of a caller before (see
+    // `cred::lending`): kept when it is this caller's, for a procedure
+    // that may run with it.
+    cred::keep_lent_for(&cx.id, may_run_lent(proc_));
     let mut e = Encoder::with_capacity(256);
     let r = run(&mut cx, a, &mut e);
     let pending = cx.deferred.map(|d| d.into_inner()).unwrap_or_default();
@@ -104,23 +104,15 @@ pub(super) fn call(
     }
 }
 
-/// Whether procedure `proc_` takes the caller's identity for its work,
-/// once it has found its object (the finding is the same for anyone).
-fn runs_as_caller(proc_: u32) -> bool {
-    matches!(
-        proc_,
-        proc3::SETATTR
-            | proc3::LOOKUP
-            | proc3::WRITE
-            | proc3::CREATE
-            | proc3::MKDIR
-            | proc3::SYMLINK
-            | proc3::MKNOD
-            | proc3::REMOVE
-            | proc3::RMDIR
-            | proc3::RENAME
-            | proc3::LINK
-    )
+/// Whether procedure `proc_` may run with the identity a thread kept
+/// from its last caller, when that is this call's caller (see
+/// `cred::lending`): those that take the caller's identity once they
+/// have found their object (finding it is the same for anyone), and
+/// those that only read attributes or data through descriptors, or
+/// flush one. Not READDIR and READDIRPLUS, which look their entries up
+/// by name as the server.
+fn may_run_lent(proc_: u32) -> bool {
+    !matches!(proc_, proc3::READDIR | proc3::READDIRPLUS)
 }
 
 /// Whether procedure `proc_` may be tried on the connection's task: it

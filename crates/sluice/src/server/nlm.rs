@@ -632,6 +632,8 @@ fn wake(srv: &Server, files: &[FileKey]) {
             let _ = std::thread::Builder::new()
                 .name("nlm-granted".into())
                 .spawn(move || {
+                    // The server's identity, whatever the starter's.
+                    crate::engine::cred::reclaim();
                     if let Err(e) = send_granted(&srv, &b) {
                         tracing::info!(
                             host = %String::from_utf8_lossy(&b.host.name),
@@ -827,6 +829,8 @@ fn send_result(srv: &Server, addr: IpAddr, udp: bool, proc_: u32, args: Vec<u8>)
         .spawn({
             let srv = srv.clone();
             move || {
+                // The server's identity, whatever the starter's.
+                crate::engine::cred::reclaim();
                 let sent = lock_manager(&srv, addr, udp).and_then(|(target, over_udp)| {
                     rpc_send(target, over_udp, NLM_PROGRAM, NLM_VERSION, proc_, &args)
                 });
@@ -954,6 +958,8 @@ pub fn notify_hosts(srv: &Arc<Server>) {
         let _ = std::thread::Builder::new()
             .name("sm-notify".into())
             .spawn(move || {
+                // The server's identity, whatever the starter's.
+                crate::engine::cred::reclaim();
                 let started = Instant::now();
                 let mut wait = Duration::from_secs(1);
                 loop {

@@ -118,6 +118,18 @@ impl OpDesc {
     pub(super) fn runs_as_caller(&self) -> bool {
         !self.has(flags::MOVES_FH | flags::NO_OBJECT | flags::ANY_IDENTITY)
     }
+
+    /// True when the op may run with the identity a thread kept from its
+    /// last caller, when that is this COMPOUND's caller (see
+    /// `cred::lending`): ops that run as the caller, and those that run
+    /// as they are and touch no stored state (they only move file
+    /// handles, read attributes or data through a descriptor, or close).
+    /// Not the ops on clients, sessions and stateids, which may write
+    /// the state directory: those run as the server.
+    pub(super) fn may_run_lent(&self) -> bool {
+        self.runs_as_caller()
+            || (self.has(flags::MOVES_FH | flags::ANY_IDENTITY) && !self.has(flags::NO_OBJECT))
+    }
 }
 
 use flags::*;

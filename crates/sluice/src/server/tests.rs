@@ -1194,8 +1194,8 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
 /// `cred::lending`) for that caller's next request only. The same
 /// caller's next FILE_SYNC WRITE changes no credentials; another
 /// caller's WRITE on the thread is refused what only the first may do,
-/// and a file it creates is its own; a request whose first op on the
-/// thread does not act as the caller (LOOKUPP) runs as the server.
+/// and a file it creates is its own; a READ, which takes the caller's
+/// identity only to open the file, keeps it for the same caller.
 /// Each COMPOUND runs as a connection runs it: its quick ops first, on
 /// a thread of their own, then the rest as a request thread does.
 #[test]
@@ -1313,9 +1313,9 @@ fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
                 (2000, 2000),
                 "created as the caller before"
             );
-            // An op that does not act as the caller runs as the server:
-            // a READ of data not in memory, with the anonymous stateid,
-            // which takes the caller's identity only to open the file.
+            // A READ of data not in memory, with the anonymous stateid,
+            // which takes the caller's identity only to open the file:
+            // for the same caller it runs with the identity kept.
             assert_eq!(run(&first, &a, write()).0, status::OK);
             let f = std::fs::File::open(dir.join("d/a")).unwrap();
             // SAFETY: plain system call on a descriptor of ours.
@@ -1329,10 +1329,7 @@ fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
             };
             let (st, results, on, changes) = run(&first, &a, read_op(0, 7));
             assert_eq!((st, on), (status::OK, RanOn::Worker), "{results:?}");
-            assert_eq!(
-                changes, 4,
-                "the server's identity back before READ, the caller's for its open"
-            );
+            assert_eq!(changes, 0);
             assert_eq!(thread_fs_ids(), (1000, 1000));
         });
     });
@@ -1340,6 +1337,114 @@ fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
         std::fs::read(dir.join("d/a")).unwrap(),
         b"writtenst caller's"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A connection's thread keeps its last caller's identity too (see
+/// `tasks::spawn_requests`): a COMPOUND of the same caller runs with it
+/// from SEQUENCE on and changes no credentials; another caller's gets the
+/// server's identity back at SEQUENCE and then takes its own, and is
+/// refused the first one's file; an op on clients or stateids runs as the
+/// server. Here one thread runs every part of each COMPOUND.
+#[test]
+fn a_connections_thread_keeps_a_callers_identity_for_that_caller_only() {
+    use super::compound::{try_compound, Step};
+    use crate::engine::cred;
+    use crate::nfs4::msg::WriteArgs;
+    use std::os::unix::fs::PermissionsExt;
+    let (srv, dir) = server("lending-task");
+    std::fs::create_dir(dir.join("d")).unwrap();
+    std::fs::set_permissions(dir.join("d"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::write(dir.join("d/a"), b"the first caller's").unwrap();
+    std::os::unix::fs::chown(dir.join("d/a"), Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(dir.join("d/a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let sid = session(&srv);
+    let ex = &srv.exports.list()[0].fs;
+    let d = ex
+        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"d")
+        .unwrap();
+    let user = |uid: u32| Cred {
+        uid,
+        gid: uid,
+        gids: vec![],
+        flavor: crate::rpc::AUTH_SYS,
+    };
+    let (first, other) = (user(1000), user(2000));
+    let write = || {
+        let mut e = Encoder::new();
+        WriteArgs {
+            stateid: Stateid4::ANONYMOUS,
+            offset: 0,
+            stable: 0,
+            data: b"x",
+        }
+        .encode(&mut e);
+        (op::WRITE, e.into_inner())
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let seq = std::cell::Cell::new(0);
+            // SEQUENCE and `rest` as `cred`, every part on this thread,
+            // which lends: the status and the thread's credential changes.
+            let run = |cred: &Cred, rest: Vec<(u32, Vec<u8>)>| {
+                seq.set(seq.get() + 1);
+                let mut ops = vec![sequence(&sid, seq.get(), 0, false)];
+                ops.extend(rest);
+                let before = cred::changes();
+                let body = cred::lending(|| {
+                    match try_compound(&srv, compound(1, &ops), 0, cred.clone(), None, None) {
+                        Step::Done(b) => b,
+                        Step::Paused(p) => match p.try_quick(&srv) {
+                            Step::Done(b) => b,
+                            Step::Paused(p) => p.resume(&srv),
+                        },
+                    }
+                });
+                let (st, results, _, _) = split_results(&body.expect("framed").into_inner());
+                (st, results, cred::changes() - before)
+            };
+            let look = |name: &str| vec![(op::PUTFH, args(&NfsFh4(d.clone()))), lookup_op(name)];
+            let (st, results, _) = run(&first, look("a"));
+            assert_eq!(st, status::OK, "{results:?}");
+            assert_eq!(thread_fs_ids(), (1000, 1000));
+            let (st, _, changes) = run(&first, look("a"));
+            assert_eq!(st, status::OK);
+            assert_eq!(
+                changes, 0,
+                "the same caller's next LOOKUP changed credentials"
+            );
+            let mut ops = look("a");
+            ops.push(write());
+            let (st, _, changes) = run(&first, ops.clone());
+            assert_eq!((st, changes), (status::OK, 0));
+            // Another caller: the server's identity back at SEQUENCE (2),
+            // then its own for LOOKUP (2); refused the first one's file.
+            let (st, _, changes) = run(&other, look("a"));
+            assert_eq!((st, changes), (status::OK, 4));
+            assert_eq!(thread_fs_ids(), (2000, 2000));
+            let (st, results, _) = run(&first, ops.clone());
+            assert_eq!(st, status::OK, "{results:?}");
+            let (st, results, _) = run(&other, ops);
+            assert_eq!(
+                st,
+                status::ACCESS,
+                "WRITE as the caller before: {results:?}"
+            );
+            // TEST_STATEID (on stateids, not on a file): as the server.
+            let (st, results, _) = run(
+                &other,
+                vec![(op::TEST_STATEID, 0u32.to_be_bytes().to_vec())],
+            );
+            assert_eq!(st, status::OK, "{results:?}");
+            assert_eq!(
+                thread_fs_ids(),
+                (0, 0),
+                "TEST_STATEID ran as the caller before"
+            );
+            assert!(!cred::lent());
+        });
+    });
+    assert_eq!(&std::fs::read(dir.join("d/a")).unwrap()[..2], b"xh");
     let _ = std::fs::remove_dir_all(dir);
 }
 
