@@ -162,6 +162,17 @@ pub fn drop_supplementary_groups() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Takes the calling thread's identity as the server's own, unless one
+/// was taken already ([`drop_supplementary_groups`] takes it) or the
+/// thread holds or keeps a caller's. For a server started without
+/// dropping its groups (in tests, say): [`reclaim`] then has an identity
+/// to give back to threads that started with a caller's.
+pub fn settle_home() {
+    if DEPTH.with(|d| d.get()) == 0 && !lent() {
+        let _ = HOME.set(CURRENT.with(|c| c.borrow().clone()));
+    }
+}
+
 /// Whether the thread's identity is not the server's own while no guard
 /// holds one (see [`drop_supplementary_groups`]).
 fn strayed() -> bool {
@@ -240,6 +251,9 @@ pub struct IdentityGuard {
     /// Whether the thread had CAP_SYS_RESOURCE before, for a guard taken
     /// inside another.
     resource: Option<bool>,
+    /// Whether a thread that lends keeps the identity after the guard
+    /// (see [`assume_kept`]).
+    keep: bool,
     /// The guard acts on the thread that took it.
     _thread: std::marker::PhantomData<*const ()>,
 }
@@ -253,6 +267,20 @@ pub struct IdentityGuard {
 /// changes it once, not twice a request. A guard taken inside another
 /// gives it back as it was.
 pub fn assume(id: &Identity) -> IdentityGuard {
+    assume_with(id, false)
+}
+
+/// [`assume`] for a request's own identity: the guard a COMPOUND or an
+/// NFSv3 procedure runs under. When it is the outermost guard of a
+/// thread that lends (see [`lending`]), the thread keeps the identity
+/// after it. Guards taken for one step of a request (an open, a lock
+/// check) give the identity back whatever the thread does: what follows
+/// them may be the server's own work.
+pub fn assume_kept(id: &Identity) -> IdentityGuard {
+    assume_with(id, true)
+}
+
+fn assume_with(id: &Identity, keep: bool) -> IdentityGuard {
     // A caller's identity left on the thread: this guard gives back the
     // one from before it, as if it had been given back already.
     let (uid, gid, groups) = match LENT.with(|l| l.borrow_mut().take()) {
@@ -276,6 +304,7 @@ pub fn assume(id: &Identity) -> IdentityGuard {
         gid,
         groups,
         resource,
+        keep,
         _thread: std::marker::PhantomData,
     }
 }
@@ -287,7 +316,7 @@ impl Drop for IdentityGuard {
             d.set(n.saturating_sub(1));
             n <= 1
         });
-        if outermost && LENDING.with(|l| l.get()) {
+        if outermost && self.keep && LENDING.with(|l| l.get()) {
             // The identity stays (see `lending`); what to give back is
             // remembered instead.
             let groups = self
@@ -386,10 +415,16 @@ pub fn as_root<T>(f: impl FnOnce() -> T) -> T {
     if old_uid == 0 && old_gid == 0 {
         return f();
     }
+    // Given back also when `f` panics.
+    struct Back(u32, u32);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            set_fs_ids(self.0, self.1);
+        }
+    }
     set_fs_ids(0, 0);
-    let r = f();
-    set_fs_ids(old_uid, old_gid);
-    r
+    let _back = Back(old_uid, old_gid);
+    f()
 }
 
 #[cfg(test)]
@@ -599,7 +634,7 @@ mod tests {
                 groups: vec![],
             };
             let before = changes();
-            lending(|| drop(assume(&a)));
+            lending(|| drop(assume_kept(&a)));
             assert_eq!(fs_ids(), (1000, 1000), "the identity was given back");
             assert_eq!(groups(), vec![7, 1000]);
             assert!(lent());
@@ -608,12 +643,12 @@ mod tests {
             let before = changes();
             lending(|| {
                 keep_lent_for(&a, true);
-                let _g = assume(&a);
+                let _g = assume_kept(&a);
                 assert_eq!(fs_ids(), (1000, 1000));
                 as_root(|| assert_eq!(fs_ids(), (0, 0)));
                 // A guard inside keeps the outer one's identity.
                 {
-                    let _inner = assume(&b);
+                    let _inner = assume_kept(&b);
                     assert_eq!(fs_ids(), (2000, 2000));
                 }
                 assert_eq!(fs_ids(), (1000, 1000));
@@ -623,7 +658,7 @@ mod tests {
             // those and the groups.
             assert_eq!(changes() - before, 10, "as_root and the inner guard only");
             let before = changes();
-            lending(|| drop(assume(&a)));
+            lending(|| drop(assume_kept(&a)));
             assert_eq!(
                 changes(),
                 before,
@@ -636,22 +671,33 @@ mod tests {
             assert_eq!(fs_ids(), (0, 0));
             assert!(groups().is_empty());
             // Another caller: the same.
-            lending(|| drop(assume(&a)));
+            lending(|| drop(assume_kept(&a)));
             keep_lent_for(&b, true);
             assert_eq!((fs_ids(), lent()), ((0, 0), false));
             // `reclaim`, and a guard dropped outside `lending`.
-            lending(|| drop(assume(&b)));
+            lending(|| drop(assume_kept(&b)));
             assert_eq!(fs_ids(), (2000, 2000));
             reclaim();
             assert_eq!((fs_ids(), lent()), ((0, 0), false));
-            lending(|| drop(assume(&b)));
-            drop(assume(&b));
+            lending(|| drop(assume_kept(&b)));
+            drop(assume_kept(&b));
             assert_eq!((fs_ids(), lent()), ((0, 0), false));
             assert!(groups().is_empty());
+            // A guard for one step of a request gives the identity back
+            // even on a thread that lends, also one it kept before.
+            lending(|| drop(assume(&a)));
+            assert_eq!(
+                (fs_ids(), lent()),
+                ((0, 0), false),
+                "a step's guard kept its identity"
+            );
+            lending(|| drop(assume_kept(&a)));
+            lending(|| drop(assume(&a)));
+            assert_eq!((fs_ids(), lent()), ((0, 0), false));
             // A panic inside `lending` ends it.
             let r = std::panic::catch_unwind(|| lending(|| panic!("in a request")));
             assert!(r.is_err());
-            drop(assume(&a));
+            drop(assume_kept(&a));
             assert_eq!(
                 (fs_ids(), lent()),
                 ((0, 0), false),
@@ -710,7 +756,7 @@ mod tests {
                 let before = changes();
                 lending(|| {
                     keep_lent_for(&a2, true);
-                    drop(assume(&a2));
+                    drop(assume_kept(&a2));
                 });
                 assert_eq!(
                     changes(),

@@ -711,7 +711,7 @@ fn run_ops(srv: &Server, mut r: Box<Running>, mode: Mode) -> Step {
                 // The old guard goes first: it gives back the identity
                 // from before the COMPOUND.
                 drop(as_caller.take());
-                as_caller = Some((loc, cred::assume(&cx.id)));
+                as_caller = Some((loc, cred::assume_kept(&cx.id)));
             }
             // An op that changes things must be sure its result fits the
             // reply (and the reply cache, when asked) before it runs: once

@@ -337,6 +337,9 @@ impl Server {
 
     /// A server for one export at "/" with default rules.
     pub fn new(export: Export, key: HandleKey, config: Config) -> io::Result<Self> {
+        // The identity threads that kept a caller's get back (the binary
+        // took it already, when it dropped its groups).
+        crate::engine::cred::settle_home();
         Self::with_exports(Exports::single(export, key)?, config)
     }
 

@@ -90,9 +90,11 @@ pub(super) fn call(
         deferred: defer.then(Default::default),
     };
     // The thread may still have the identity of a caller before (see
-    // `cred::lending`): kept when it is this caller's, for a procedure
-    // that may run with it.
-    cred::keep_lent_for(&cx.id, may_run_lent(proc_));
+    // `cred::lending`): kept when it is this caller's (checked again
+    // once the object's export is known, see `resolve_with`). Every
+    // procedure runs as the caller once it has found its object, or
+    // only reads attributes or data through descriptors, or flushes one.
+    cred::keep_lent_for(&cx.id, true);
     let mut e = Encoder::with_capacity(256);
     let r = run(&mut cx, a, &mut e);
     let pending = cx.deferred.map(|d| d.into_inner()).unwrap_or_default();
@@ -102,17 +104,6 @@ pub(super) fn call(
         Err(Stop::WouldBlock) => Done3::WouldBlock,
         Err(Stop::Status(_)) => unreachable!("statuses are encoded by the procedures"),
     }
-}
-
-/// Whether procedure `proc_` may run with the identity a thread kept
-/// from its last caller, when that is this call's caller (see
-/// `cred::lending`): those that take the caller's identity once they
-/// have found their object (finding it is the same for anyone), and
-/// those that only read attributes or data through descriptors, or
-/// flush one. Not READDIR and READDIRPLUS, which look their entries up
-/// by name as the server.
-fn may_run_lent(proc_: u32) -> bool {
-    !matches!(proc_, proc3::READDIR | proc3::READDIRPLUS)
 }
 
 /// Whether procedure `proc_` may be tried on the connection's task: it
@@ -264,6 +255,9 @@ fn resolve_stat(cx: &mut Ctx<'_>, wire: &[u8]) -> R<(Fh, Stat)> {
         return Err(status::BADHANDLE);
     };
     cx.id = Server::identity(cx.cred, &cx.srv.exports.list()[i].rules);
+    // The identity a thread kept (see `cred::lending`) was checked
+    // against the first export's; this one's may squash otherwise.
+    cred::keep_lent_for(&cx.id, true);
     let st = match st {
         Some(st) => st,
         None => io3(fs::stat(fh.fd.as_fd()))?,
@@ -541,7 +535,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Setattr(fh, sa, guard) => {
                 let (fh, st) = resolve_stat(cx, fh)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let before = wcc_of(cx, &fh, &st);
                 fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                 if let Some(g) = guard {
@@ -606,7 +600,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Lookup(DirOp { dir, name: n }) => {
                 let (dir, dst) = resolve_stat(cx, dir)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 fail_attrs = Some(fattr(cx, dir.loc, &dst));
                 is_dir(&dst)?;
                 let (fh, st) = lookup(cx, &dir, &dst, n)?;
@@ -657,7 +651,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             Args3::Read(fh, offset, count) => read(cx, fh, offset, count, e, &mut fail_attrs),
             Args3::Write(fh, offset, how, data) => {
                 let (fh, st) = resolve_stat(cx, fh)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let before = wcc_of(cx, &fh, &st);
                 fail_wcc.push((Some(before), Some(fattr(cx, fh.loc, &st))));
                 read_only(cx, &fh)?;
@@ -710,14 +704,14 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Create(w, how) => {
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let n = name(w.name)?;
                 let (fh, st) = create(cx, &dir, &n, &how)?;
                 made(cx, e, &dir, &before, &fh, &st)
             }
             Args3::Mkdir(w, sa) => {
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let n = name(w.name)?;
                 let set = settable(&sa)?;
                 io3(fs::mkdir_at(dir.fd.as_fd(), &n, set.mode.unwrap_or(0o755)))?;
@@ -726,7 +720,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Symlink(w, sa, target) => {
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let n = name(w.name)?;
                 if target.is_empty() {
                     return Err(status::INVAL.into());
@@ -743,7 +737,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Mknod(w, what) => {
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let n = name(w.name)?;
                 let (kind, sa, rdev) = match what {
                     MknodData3::Device(t, sa, major, minor) => {
@@ -777,7 +771,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             Args3::Remove(w) | Args3::Rmdir(w) => {
                 let rmdir = shape == Shape::Rmdir;
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 // "." and "..": as rmdir(2) answers for RMDIR; NFS3ERR_ACCES
                 // for REMOVE, as from the Linux server (NFS3ERR_EXIST is not
                 // one of REMOVE's errors in RFC 1813 section 3.3.12).
@@ -818,7 +812,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
                 } else {
                     resolve_stat(cx, to.dir)?
                 };
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 let (sb, tb) = (wcc_of(cx, &sdir, &sst), wcc_of(cx, &tdir, &tst));
                 fail_wcc.push((Some(sb), Some(fattr(cx, sdir.loc, &sst))));
                 fail_wcc.push((Some(tb), Some(fattr(cx, tdir.loc, &tst))));
@@ -862,7 +856,7 @@ fn run(cx: &mut Ctx<'_>, a: Args3<'_>, e: &mut Encoder) -> Result<(), Stop> {
             }
             Args3::Link(fh, w) => {
                 let (src, st) = resolve_stat(cx, fh)?;
-                let _as = cred::assume(&cx.id);
+                let _as = cred::assume_kept(&cx.id);
                 fail_attrs = Some(fattr(cx, src.loc, &st));
                 let (dir, before) = dir_to_change(cx, &w, &mut fail_wcc)?;
                 if src.loc != dir.loc {
@@ -1334,7 +1328,7 @@ fn readdir(
     fail_attrs: &mut Option<Fattr3>,
 ) -> Result<(), Stop3> {
     let (dir, dst) = resolve_stat(cx, dir)?;
-    let _as = cred::assume(&cx.id);
+    let _as = cred::assume_kept(&cx.id);
     *fail_attrs = Some(fattr(cx, dir.loc, &dst));
     is_dir(&dst)?;
     let mut reader = io3(fs::DirReader::open(dir.fd.as_fd(), cookie))?.with_dots();
