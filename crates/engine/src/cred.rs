@@ -615,6 +615,15 @@ mod tests {
         .unwrap();
     }
 
+    /// Identity `uid`, group `uid`, with `groups`.
+    fn id(uid: u32, groups: &[u32]) -> Identity {
+        Identity {
+            uid,
+            gid: uid,
+            groups: groups.to_vec(),
+        }
+    }
+
     /// A thread that lends its callers' identities keeps the caller's
     /// after the outermost guard: the same caller again changes nothing,
     /// and the identity from before comes back at `reclaim`, at a guard
@@ -623,16 +632,7 @@ mod tests {
     #[test]
     fn lending_keeps_a_callers_identity_until_reclaimed() {
         std::thread::spawn(|| {
-            let a = Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![1000, 7],
-            };
-            let b = Identity {
-                uid: 2000,
-                gid: 2000,
-                groups: vec![],
-            };
+            let (a, b) = (id(1000, &[1000, 7]), id(2000, &[]));
             let before = changes();
             lending(|| drop(assume_kept(&a)));
             assert_eq!(fs_ids(), (1000, 1000), "the identity was given back");
@@ -732,16 +732,7 @@ mod tests {
             return;
         }
         drop_supplementary_groups().unwrap();
-        let a = Identity {
-            uid: 1000,
-            gid: 1000,
-            groups: vec![],
-        };
-        let b = Identity {
-            uid: 2000,
-            gid: 2000,
-            groups: vec![],
-        };
+        let (a, b) = (id(1000, &[]), id(2000, &[]));
         std::thread::spawn(move || {
             let _g = assume(&a);
             let (a2, b2) = (a.clone(), b.clone());

@@ -1190,6 +1190,55 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A server whose export has a directory `d` anyone may write, with
+/// `d/a`, uid 1000's, mode 0600, and `d/shared`, mode 0666.
+fn two_callers(tag: &str) -> (Server, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let (srv, dir) = server(tag);
+    let mode = |p: &str, m: u32| {
+        std::fs::set_permissions(dir.join(p), std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    std::fs::create_dir(dir.join("d")).unwrap();
+    mode("d", 0o777);
+    std::fs::write(dir.join("d/a"), b"the first caller's").unwrap();
+    std::os::unix::fs::chown(dir.join("d/a"), Some(1000), Some(1000)).unwrap();
+    mode("d/a", 0o600);
+    std::fs::write(dir.join("d/shared"), b"anyone's").unwrap();
+    mode("d/shared", 0o666);
+    (srv, dir)
+}
+
+/// The handle of `path` in the first export.
+fn handle_of(srv: &Server, path: &std::ffi::CStr) -> Vec<u8> {
+    let ex = &srv.exports.list()[0].fs;
+    ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), path)
+        .unwrap()
+}
+
+/// AUTH_SYS as `uid`, group `uid`, no other groups.
+fn user(uid: u32) -> Cred {
+    Cred {
+        uid,
+        gid: uid,
+        gids: vec![],
+        flavor: crate::rpc::AUTH_SYS,
+    }
+}
+
+/// WRITE of `data` at offset 0 with the anonymous stateid, `stable` as
+/// stable_how4.
+fn anonymous_write(stable: u32, data: &[u8]) -> (u32, Vec<u8>) {
+    let mut e = Encoder::new();
+    crate::nfs4::msg::WriteArgs {
+        stateid: Stateid4::ANONYMOUS,
+        offset: 0,
+        stable,
+        data,
+    }
+    .encode(&mut e);
+    (op::WRITE, e.into_inner())
+}
+
 /// A request thread keeps its last caller's identity (see
 /// `cred::lending`) for that caller's next request only. The same
 /// caller's next FILE_SYNC WRITE changes no credentials; another
@@ -1203,41 +1252,17 @@ fn a_clients_identity_is_taken_only_where_an_op_acts_as_the_caller() {
 fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
     use super::compound::{try_compound, Step};
     use crate::engine::cred;
-    use crate::nfs4::msg::WriteArgs;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let (srv, dir) = server("lending");
-    std::fs::create_dir(dir.join("d")).unwrap();
-    std::fs::set_permissions(dir.join("d"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    std::fs::write(dir.join("d/a"), b"the first caller's").unwrap();
-    std::os::unix::fs::chown(dir.join("d/a"), Some(1000), Some(1000)).unwrap();
-    std::fs::set_permissions(dir.join("d/a"), std::fs::Permissions::from_mode(0o600)).unwrap();
-    std::fs::write(dir.join("d/shared"), b"anyone's").unwrap();
-    std::fs::set_permissions(dir.join("d/shared"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let (srv, dir) = two_callers("lending");
     let sid = session(&srv);
-    let ex = &srv.exports.list()[0].fs;
-    let handle = |p: &std::ffi::CStr| {
-        ex.handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), p)
-            .unwrap()
-    };
-    let (d, a, shared) = (handle(c"d"), handle(c"d/a"), handle(c"d/shared"));
-    let user = |uid: u32| Cred {
-        uid,
-        gid: uid,
-        gids: vec![],
-        flavor: crate::rpc::AUTH_SYS,
-    };
+    let (d, a, shared) = (
+        handle_of(&srv, c"d"),
+        handle_of(&srv, c"d/a"),
+        handle_of(&srv, c"d/shared"),
+    );
     let (first, other) = (user(1000), user(2000));
-    let write = || {
-        let mut e = Encoder::new();
-        WriteArgs {
-            stateid: Stateid4::ANONYMOUS,
-            offset: 0,
-            stable: 2, // FILE_SYNC: storage work, for a request thread
-            data: b"written",
-        }
-        .encode(&mut e);
-        (op::WRITE, e.into_inner())
-    };
+    // FILE_SYNC: storage work, for a request thread.
+    let write = || anonymous_write(2, b"written");
     // On a thread of its own, which the test leaves with a caller's
     // identity.
     std::thread::scope(|s| {
@@ -1355,37 +1380,11 @@ fn a_request_thread_keeps_a_callers_identity_for_that_caller_only() {
 fn a_connections_thread_keeps_a_callers_identity_for_that_caller_only() {
     use super::compound::{try_compound, Step};
     use crate::engine::cred;
-    use crate::nfs4::msg::WriteArgs;
-    use std::os::unix::fs::PermissionsExt;
-    let (srv, dir) = server("lending-task");
-    std::fs::create_dir(dir.join("d")).unwrap();
-    std::fs::set_permissions(dir.join("d"), std::fs::Permissions::from_mode(0o777)).unwrap();
-    std::fs::write(dir.join("d/a"), b"the first caller's").unwrap();
-    std::os::unix::fs::chown(dir.join("d/a"), Some(1000), Some(1000)).unwrap();
-    std::fs::set_permissions(dir.join("d/a"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (srv, dir) = two_callers("lending-task");
     let sid = session(&srv);
-    let ex = &srv.exports.list()[0].fs;
-    let d = ex
-        .handle_in(std::os::fd::AsFd::as_fd(&*ex.root_fd()), c"d")
-        .unwrap();
-    let user = |uid: u32| Cred {
-        uid,
-        gid: uid,
-        gids: vec![],
-        flavor: crate::rpc::AUTH_SYS,
-    };
+    let d = handle_of(&srv, c"d");
     let (first, other) = (user(1000), user(2000));
-    let write = || {
-        let mut e = Encoder::new();
-        WriteArgs {
-            stateid: Stateid4::ANONYMOUS,
-            offset: 0,
-            stable: 0,
-            data: b"x",
-        }
-        .encode(&mut e);
-        (op::WRITE, e.into_inner())
-    };
+    let write = || anonymous_write(0, b"x");
     std::thread::scope(|s| {
         s.spawn(|| {
             let seq = std::cell::Cell::new(0);
