@@ -265,8 +265,9 @@ impl Paused {
     /// Finishes the COMPOUND on the calling thread, which may wait.
     pub(super) fn resume(self, srv: &Server) -> Option<Encoder> {
         // On a worker that may keep the last caller's identity (see
-        // `cred::lending`): the ops' run keeps it only where its first op
-        // takes that same identity; the rest is the server's work.
+        // `cred::lending`): `run_ops` keeps it for ops of the same caller
+        // that may run with it; client and session set-up and the
+        // directory syncs are the server's work.
         let step = match self.0 {
             PausedAt::Start(args) => {
                 cred::reclaim();

@@ -91,7 +91,7 @@ pub(super) fn call(
     };
     // The thread may still have the identity of a caller before (see
     // `cred::lending`): kept when it is this caller's (checked again
-    // once the object's export is known, see `resolve_with`). Every
+    // once the object's export is known, see `resolve_stat`). Every
     // procedure runs as the caller once it has found its object, or
     // only reads attributes or data through descriptors, or flushes one.
     cred::keep_lent_for(&cx.id, true);
