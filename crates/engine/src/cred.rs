@@ -376,10 +376,9 @@ pub fn reclaim() {
         return;
     }
     let lent = LENT.with(|l| l.borrow_mut().take());
-    let home = HOME.get().cloned().or(lent);
-    if let Some((uid, gid, groups)) = home {
-        set_fs_ids(uid, gid);
-        set_groups(&groups);
+    if let Some((uid, gid, groups)) = HOME.get().or(lent.as_ref()) {
+        set_fs_ids(*uid, *gid);
+        set_groups(groups);
     }
 }
 
@@ -464,11 +463,7 @@ mod tests {
                 assert_eq!(fs_ids(), (1234, 5678));
             }
             assert_eq!(fs_ids(), (0, 0));
-            let root = Identity {
-                uid: 0,
-                gid: 0,
-                groups: vec![],
-            };
+            let root = id(0, &[]);
             let _g = assume(&root);
             assert_eq!(fs_ids(), (0, 0));
         })
@@ -485,11 +480,7 @@ mod tests {
     #[test]
     fn the_kernels_identity_is_where_a_thread_starts() {
         std::thread::spawn(|| {
-            let a = Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![],
-            };
+            let a = id(1000, &[]);
             let _g = assume(&a);
             std::thread::spawn(|| {
                 assert_eq!(fs_ids(), (1000, 1000), "not inherited");
@@ -509,11 +500,7 @@ mod tests {
                 libc::syscall(libc::SYS_setgroups, 2, g.as_ptr());
             }
             assert_eq!(groups(), vec![0, 4]);
-            let nobody = Identity {
-                uid: 65534,
-                gid: 65534,
-                groups: vec![],
-            };
+            let nobody = id(65534, &[]);
             {
                 let _g = assume(&nobody);
                 assert_eq!(fs_ids(), (65534, 65534));
@@ -567,16 +554,8 @@ mod tests {
             return;
         }
         std::thread::spawn(|| {
-            let user = Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![],
-            };
-            let root = Identity {
-                uid: 0,
-                gid: 0,
-                groups: vec![],
-            };
+            let user = id(1000, &[]);
+            let root = id(0, &[]);
             {
                 let _g = assume(&user);
                 assert!(
@@ -793,16 +772,8 @@ mod tests {
     #[test]
     fn guards_nest() {
         std::thread::spawn(|| {
-            let a = Identity {
-                uid: 1000,
-                gid: 1000,
-                groups: vec![1000, 7],
-            };
-            let b = Identity {
-                uid: 2000,
-                gid: 2000,
-                groups: vec![],
-            };
+            let a = id(1000, &[1000, 7]);
+            let b = id(2000, &[]);
             let outer = assume(&a);
             {
                 let _inner = assume(&b);

@@ -87,11 +87,7 @@ where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
-    #[allow(clippy::disallowed_methods)]
-    tokio::task::spawn_blocking(move || {
-        crate::engine::cred::reclaim();
-        f()
-    })
+    blocking_on(&tokio::runtime::Handle::current(), f)
 }
 
 /// [`blocking`] on runtime `rt`.
