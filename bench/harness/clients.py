@@ -90,17 +90,18 @@ def _json_of(cmd: list[str], timeout: float) -> tuple[dict, str]:
 
 def sluice_meta(
     binary: Path, address: str, directory: str, nclients: int, files: int, pid: int | None, proto: str = "v4",
-    mount_path: str = "/", mount_port: int | None = None, phases: list[str] | None = None,
+    mount_path: str = "/", mount_port: int | None = None, phases: list[str] | None = None, uid: int = 0,
 ) -> dict:  # fmt: skip
     """Runs sluice-meta's `phases` (default: its own) in `directory` (which exists, empty);
     returns its JSON figures plus 'error' when it failed or an operation
     did. With `pid`, the server's CPU time per operation is measured.
     NFSv3 (`proto` v3) mounts `mount_path` first, on `mount_port` of the
     server's host (default: its NFS port), and `directory` is taken from
-    there."""
+    there. The calls come from user and group `uid` (AUTH_SYS)."""
     cmd = [str(binary), "--server", address, "--dir", directory, "--clients", str(nclients),
            "--files", str(files), "--json"] + (["--server-pid", str(pid)] if pid else [])  # fmt: skip
     cmd += ["--phases", ",".join(phases)] if phases else []
+    cmd += ["--uid", str(uid)] if uid else []
     if proto == "v3":
         cmd += ["--proto", "v3", "--mount-path", mount_path]
         cmd += ["--mount-port", str(mount_port)] if mount_port else []

@@ -99,6 +99,9 @@ class Config:
     # meta: files each of META_CLIENTS clients makes (16 x 6250: a
     # 100,000-entry directory).
     meta_files: int = 6250
+    # meta: the user (AUTH_SYS uid and gid) its clients call as; 0, root,
+    # is not squashed in these runs, so no server switches identity.
+    meta_uid: int = 0
     # With --wire: the link's rate, and warm-ups read the file on the
     # server host instead of over the link.
     wire_bytes_per_s: float | None = None
@@ -590,7 +593,7 @@ def _meta_variant(server: str, cfg: Config, proto: str = "v4", nclients: int = M
             s = ctx.servers[server]
             return clients.sluice_meta(
                 ctx.sluice_load.with_name("sluice-meta"), s.address, "/" + name, nclients, cfg.meta_files,
-                s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port, META_PHASES,
+                s.proc.pid if s.proc else None, proto, s.mount_path, s.mount_port, META_PHASES, cfg.meta_uid,
             )
         finally:
             shutil.rmtree(path, ignore_errors=True)

@@ -33,6 +33,7 @@ LAYOUTS = ["data", "hole"] + [f"mixed-{k}{s}" for k in (4, 8, 16, 32) for s in "
 # Every NFSv4 experiment, and the quickest NFSv3 ones.
 SMOKE_EXPERIMENTS = ["sparse", "stream", "mix", "write", "meta", "scale", "mix-v3", "meta-v3"]
 META_PHASES = ["create", "stat", "readdir", "names", "rename", "remove"]
+META_UID = 1000
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="bench/run needs root (loop devices, mounts, drop_caches, nfs-ganesha)"
@@ -80,6 +81,9 @@ def smoke(sluice_binary, tmp_path_factory):
                 "--no-build",
                 "--experiments",
                 ",".join(SMOKE_EXPERIMENTS),
+                # The meta clients as a user, whom both servers take on.
+                "--meta-uid",
+                str(META_UID),
                 "--out",
                 str(out),
             ],
@@ -241,6 +245,7 @@ def test_meta_runs_every_phase_on_both_servers_with_their_cpu_time(smoke, experi
         r = got[(case, "cold", server, "sluice-meta", "meta")]
         assert r["clients"] == nclients, (server, case, r["clients"])
         assert r["proto"] == ("v3" if experiment == "meta-v3" else "v4"), (server, r)
+        assert (r["uid"], r["gid"]) == (META_UID, META_UID), (server, r)
         files = r["clients"] * r["files_per_client"]
         phases = r["phases"]
         assert sorted(phases) == sorted(META_PHASES), phases

@@ -75,8 +75,22 @@ pub(crate) struct Conn {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Pending,
     xid: AtomicU32,
-    /// The credential of every call: AUTH_SYS as root.
+    /// The credential of every call: AUTH_SYS as the user [`call_as`]
+    /// set, root by default.
     cred: rpc::CallCred,
+}
+
+/// The user and group (AUTH_SYS uid, gid) the calls of this process's
+/// connections carry, once [`call_as`] set them.
+static CALLER: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
+/// Makes the calls of every connection made from now on carry `uid` and
+/// `gid` (AUTH_SYS, no other groups) instead of root's: a server that
+/// does not squash root then works as that user, as it does for a
+/// client's users, switching to that identity for each request. The
+/// first setting holds.
+pub fn call_as(uid: u32, gid: u32) {
+    let _ = CALLER.set((uid, gid));
 }
 
 impl Conn {
@@ -133,12 +147,15 @@ impl Conn {
             writer: tokio::sync::Mutex::new(wr),
             pending,
             xid: AtomicU32::new(1),
-            cred: rpc::CallCred::Sys {
-                stamp: 0,
-                machine: b"sluice-load".to_vec(),
-                uid: 0,
-                gid: 0,
-                gids: Vec::new(),
+            cred: {
+                let (uid, gid) = CALLER.get().copied().unwrap_or((0, 0));
+                rpc::CallCred::Sys {
+                    stamp: 0,
+                    machine: b"sluice-load".to_vec(),
+                    uid,
+                    gid,
+                    gids: Vec::new(),
+                }
             },
         }))
     }

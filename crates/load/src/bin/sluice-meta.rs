@@ -96,6 +96,15 @@ struct Args {
         default_value = "create,stat,readdir,rename,remove"
     )]
     phases: Vec<String>,
+    /// The user every call comes from (AUTH_SYS uid), root by default: a
+    /// server then switches to that identity for each request, as it
+    /// does for a client's users (root it may squash to another).
+    #[arg(long, default_value_t = 0, conflicts_with = "local")]
+    uid: u32,
+    /// The group every call comes from (AUTH_SYS gid; default: the
+    /// same number as --uid).
+    #[arg(long, conflicts_with = "local")]
+    gid: Option<u32>,
     /// The server's process id, to report its CPU time per operation.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -575,6 +584,8 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
     }
     Ok(serde_json::json!({
         "proto": format!("{:?}", a.proto).to_lowercase(),
+        "uid": a.uid,
+        "gid": a.gid.unwrap_or(a.uid),
         "clients": a.clients,
         "files_per_client": a.files,
         "file_bytes": FILE_BYTES,
@@ -633,6 +644,7 @@ fn print_phase(r: &PhaseResult, a: &Args) {
 fn main() {
     let a = Args::parse();
     let json = a.json;
+    sluice_load::client::call_as(a.uid, a.gid.unwrap_or(a.uid));
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
