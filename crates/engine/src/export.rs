@@ -151,6 +151,18 @@ impl Export {
         Ok(self.key.seal(self.id, kind, &bytes))
     }
 
+    /// Wire handle for the object behind `fd`, which `st` describes, just
+    /// opened by name: [`Export::handle_of`], which the memo of handles
+    /// then keeps for the listings of its directory (see
+    /// [`HandleMemo::note_held`]).
+    pub fn handle_of_opened(&self, fd: BorrowedFd<'_>, st: &Stat) -> io::Result<Vec<u8>> {
+        let before = self.memo.ticket();
+        let (kind, bytes) = kernel_handle(fd, c"")?;
+        let wire = self.key.seal(self.id, kind, &bytes);
+        self.memo.note_held(before, st, kind, &bytes, &wire);
+        Ok(wire)
+    }
+
     /// Wire handle for `name` in directory `dir` (not following symlinks).
     pub fn handle_in(&self, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
         let (kind, bytes) = kernel_handle(dir, name)?;

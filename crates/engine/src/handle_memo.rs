@@ -20,6 +20,11 @@
 //! asked of the kernel is kept only if no delete of its number was read
 //! after the read of the group that came before the asking.
 //!
+//! Handles asked through a descriptor of a file just made or looked up
+//! ([`HandleMemo::note_held`]) are kept by the same rule, without a read
+//! of the group of their own: the next read keeps them. The descriptor
+//! holds the inode, so its number is its own while the handle is asked.
+//!
 //! Nothing is kept where fanotify cannot watch the file system (no
 //! CAP_SYS_ADMIN, or a file system without file ids), nor for handle
 //! types whose inode number this module cannot read: it knows ext4, xfs
@@ -38,7 +43,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// Handles kept at most; the memo starts again empty when full.
 const LIMIT: usize = 256 * 1024;
@@ -89,9 +94,26 @@ pub struct HandleMemo {
     /// which cannot be deleted.)
     dev: u64,
     inner: RwLock<Inner<(u64, Arc<[u8]>)>>,
+    /// Handles of inodes held open when they were asked of the kernel
+    /// ([`HandleMemo::note_held`]), kept at the next read of the group.
+    held: Mutex<Vec<Held>>,
     /// Handles found (for tests and metrics).
     hits: AtomicU64,
 }
+
+/// A handle noted by [`HandleMemo::note_held`]: the events read before it
+/// was asked, the inode's number and device, and the wire handle.
+#[derive(Debug)]
+struct Held {
+    ticket: u64,
+    ino: u64,
+    dev: u64,
+    wire: Arc<[u8]>,
+}
+
+/// Handles noted by [`HandleMemo::note_held`] that wait at most for the
+/// next read of the group: past this many, the noting reads it.
+const HELD_LIMIT: usize = 4096;
 
 /// What a watch keeps by inode number, and the events it has read.
 #[derive(Debug)]
@@ -221,6 +243,7 @@ impl HandleMemo {
             group: None,
             dev: 0,
             inner: RwLock::default(),
+            held: Mutex::default(),
             hits: AtomicU64::new(0),
         }
     }
@@ -233,6 +256,7 @@ impl HandleMemo {
                 group: Some(group),
                 dev,
                 inner: RwLock::default(),
+                held: Mutex::default(),
                 hits: AtomicU64::new(0),
             },
             Err(why) => {
@@ -302,9 +326,57 @@ impl HandleMemo {
         (kept, self.hits.load(Ordering::Relaxed))
     }
 
+    /// Notes `wire`, the handle (of kernel type `kind`, bytes `bytes`) of
+    /// the inode `st` describes, asked of the kernel through a descriptor
+    /// that held the inode open, after `before` was taken: as a file just
+    /// made or looked up gets its handle, so that the first listing of
+    /// its directory need not ask for it again. Kept at the next read of
+    /// the group, unless a delete of its number was read since `before`.
+    ///
+    /// Nothing read at once: the descriptor kept the inode, so its number
+    /// was its own when the handle was asked, and its delete, if any, is
+    /// queued after that, so read after `before` (the read that keeps the
+    /// handle reads it first).
+    pub fn note_held(&self, before: Ticket, st: &Stat, kind: i32, bytes: &[u8], wire: &[u8]) {
+        if self.group.is_none() || st.dev != self.dev || ino_of(kind, bytes) != Some(st.ino) {
+            return;
+        }
+        let waiting = {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.push(Held {
+                ticket: before.0,
+                ino: st.ino,
+                dev: st.dev,
+                wire: wire.into(),
+            });
+            held.len()
+        };
+        if waiting >= HELD_LIMIT {
+            self.read_deletes();
+        }
+    }
+
+    /// Reads the events queued so far, then keeps the handles noted by
+    /// [`HandleMemo::note_held`] whose inodes were not deleted since.
     fn drain(&self, g: &mut Inner<(u64, Arc<[u8]>)>) {
-        if let Some(group) = &self.group {
-            drain(group, g);
+        let Some(group) = &self.group else {
+            return;
+        };
+        drain(group, g);
+        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(oldest) = held.iter().map(|h| h.ticket).min() else {
+            return;
+        };
+        // The deletes read since the oldest ticket: more than each
+        // handle's own, never fewer.
+        let gone = g.gone_since(oldest);
+        if g.kept.len() + held.len() > LIMIT {
+            g.kept.clear();
+        }
+        for h in held {
+            if !gone.has(h.ino) {
+                g.kept.insert(h.ino, (h.dev, h.wire));
+            }
         }
     }
 }
@@ -654,6 +726,74 @@ mod tests {
         assert_eq!(m.counts().0, 0, "a deleted inode's handle was kept");
         assert_eq!(keep(&m, &dir, c"b"), st_b);
         assert_eq!(found(&m, &dir, c"b"), Some(bytes_b));
+    }
+
+    /// Notes the handle of `name` in `dir` asked through a descriptor of
+    /// it, as a file just made or looked up is; returns its stat and
+    /// handle, and the descriptor.
+    fn note_opened(m: &HandleMemo, dir: &std::fs::File, name: &CStr) -> (Stat, Vec<u8>, OwnedFd) {
+        let fd = fs::open_path_at(dir.as_fd(), name).expect("open");
+        let st = fs::stat(fd.as_fd()).expect("stat");
+        let t = m.ticket();
+        let (kind, bytes) = kernel_handle(fd.as_fd(), c"").expect("handle");
+        m.note_held(t, &st, kind, &bytes, &bytes);
+        (st, bytes, fd)
+    }
+
+    #[test]
+    fn a_handle_asked_through_a_descriptor_is_kept_at_the_next_read() {
+        let (_d, dir, m) = watched("held", &["a", "b"]);
+        let (st_a, bytes_a, _fd) = note_opened(&m, &dir, c"a");
+        let (st_b, bytes_b, _fd) = note_opened(&m, &dir, c"b");
+        assert_eq!(m.counts().0, 0, "kept before the group was read");
+        let f = m.fresh(m.ticket());
+        assert_eq!(f.get(&st_a).as_deref(), Some(bytes_a.as_slice()));
+        assert_eq!(f.get(&st_b).as_deref(), Some(bytes_b.as_slice()));
+        assert_eq!(m.counts(), (2, 2));
+    }
+
+    #[test]
+    fn a_noted_handle_whose_inode_is_deleted_before_the_next_read_is_not_kept() {
+        // a is looked up and its handle noted; then a is removed and its
+        // descriptor closed, and a new file may take its number before
+        // the group is read: a's handle must not be kept for the number.
+        let (d, dir, m) = watched("held-gone", &["a", "x"]);
+        let (st_a, _, fd) = note_opened(&m, &dir, c"a");
+        let (st_x, bytes_x, _fdx) = note_opened(&m, &dir, c"x");
+        std::fs::remove_file(d.0.join("a")).unwrap();
+        drop(fd);
+        std::fs::write(d.0.join("b"), b"b").unwrap();
+        let f = m.fresh(m.ticket());
+        assert_eq!(f.get(&st_a), None, "a deleted inode's handle was kept");
+        assert_eq!(f.get(&st_x).as_deref(), Some(bytes_x.as_slice()));
+        let st_b = fs::stat_at(dir.as_fd(), c"b").unwrap();
+        assert_eq!(f.get(&st_b), None, "b found with another inode's handle");
+    }
+
+    #[test]
+    fn noted_handles_are_kept_by_the_noting_once_many_wait() {
+        let names: Vec<String> = (0..HELD_LIMIT).map(|i| format!("f{i}")).collect();
+        let (d, dir, m) = watched("held-many", &[]);
+        for n in &names {
+            std::fs::write(d.0.join(n), b"f").unwrap();
+        }
+        for n in &names[..HELD_LIMIT - 1] {
+            note_opened(&m, &dir, &std::ffi::CString::new(n.as_str()).unwrap());
+        }
+        assert_eq!(m.counts().0, 0);
+        assert_eq!(m.held.lock().unwrap().len(), HELD_LIMIT - 1);
+        note_opened(
+            &m,
+            &dir,
+            &std::ffi::CString::new(names[HELD_LIMIT - 1].as_str()).unwrap(),
+        );
+        assert!(
+            m.held.lock().unwrap().is_empty(),
+            "the noted handles still wait"
+        );
+        // (Fewer when files deleted by tests running beside this one gave
+        // their numbers to these: those are not kept.)
+        assert!(m.counts().0 > 0, "none of the noted handles was kept");
     }
 
     #[test]

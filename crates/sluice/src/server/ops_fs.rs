@@ -494,10 +494,11 @@ fn child_of(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd) -> Result<(Fh, Stat), Nfsstat4>
 /// The file handle of `fd`, just opened by name below `dir` (`st` its
 /// status). Its descriptor goes into the handle
 /// cache: the client sends the handle next, and PUTFH then need not open
-/// the object again.
+/// the object again. The memo of handles keeps the handle too, for the
+/// listings of the directory.
 pub(super) fn fh_at(cx: &Ctx<'_>, dir: &Fh, fd: OwnedFd, st: &Stat) -> Result<Fh, Nfsstat4> {
     let ex = &cx.ex(dir).fs;
-    let wire = io(ex.handle_of(fd.as_fd()))?;
+    let wire = io(ex.handle_of_opened(fd.as_fd(), st))?;
     let fd = Arc::new(fd);
     ex.remember(&wire, &fd, st);
     Ok(Fh {

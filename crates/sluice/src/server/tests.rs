@@ -928,6 +928,45 @@ fn listed_handles_stay_right_when_local_files_go_and_others_take_their_inode_num
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[test]
+fn the_first_listing_after_files_are_made_or_looked_up_has_their_handles() {
+    // OPEN (create) and LOOKUP ask the kernel for the handle through the
+    // descriptor they opened; the memo keeps it, and the listing of the
+    // directory that follows (an `ls -l` after an unpack) asks for none.
+    let (srv, dir) = server("memo-opened");
+    let ex = &srv.exports.list()[0].fs;
+    assert!(ex.memo().on(), "no handle memo (tests run as root)");
+    for i in 0..20 {
+        std::fs::write(dir.join(format!("l{i:02}")), b"l").unwrap();
+    }
+    let mut run = quick_session(&srv);
+    for i in 0..20 {
+        run(vec![
+            (op::PUTROOTFH, vec![]),
+            open_op(b"memo", &format!("o{i:02}"), true),
+        ]);
+        run(vec![
+            (op::PUTROOTFH, vec![]),
+            lookup_op(&format!("l{i:02}")),
+        ]);
+    }
+    let hits = ex.memo().counts().1;
+    let listed = list_handles(&srv, &session(&srv), 1);
+    assert_eq!(listed.len(), 40);
+    assert_eq!(
+        ex.memo().counts().1,
+        hits + 40,
+        "the listing asked the kernel for handles of files just made or looked up"
+    );
+    let root = ex.root_fd();
+    for (name, fh, _) in &listed {
+        let c = std::ffi::CString::new(name.as_str()).unwrap();
+        let now = ex.handle_in(std::os::fd::AsFd::as_fd(&*root), &c).unwrap();
+        assert_eq!(fh, &now, "{name} listed with another file's handle");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// What [`list_root`] gives, and how many entries the server answered
 /// without a stat meanwhile.
 fn list_with(srv: &Server, sid: &[u8; 16], seq: u32, req: &[u32]) -> (Vec<(String, Vec<u8>)>, u64) {
