@@ -369,15 +369,7 @@ impl HandleMemo {
         };
         // The deletes read since the oldest ticket: more than each
         // handle's own, never fewer.
-        let gone = g.gone_since(oldest);
-        if g.kept.len() + held.len() > LIMIT {
-            g.kept.clear();
-        }
-        for h in held {
-            if !gone.has(h.ino) {
-                g.kept.insert(h.ino, (h.dev, h.wire));
-            }
-        }
+        keep_unless_gone(g, oldest, held.into_iter().map(|h| (h.ino, h.dev, h.wire)));
     }
 }
 
@@ -444,14 +436,27 @@ impl Drop for Fresh<'_> {
         }
         let mut g = self.memo.inner.write().unwrap_or_else(|e| e.into_inner());
         self.memo.drain(&mut g);
-        let gone = g.gone_since(self.ticket);
-        if g.kept.len() + self.noted.len() > LIMIT {
-            g.kept.clear();
-        }
-        for (ino, dev, wire) in self.noted.drain(..) {
-            if !gone.has(ino) {
-                g.kept.insert(ino, (dev, wire));
-            }
+        keep_unless_gone(&mut g, self.ticket, self.noted.drain(..));
+    }
+}
+
+/// Keeps `handles` (inode number, device, wire handle), asked of the
+/// kernel after `since` events were read, but not those whose number had
+/// a delete read since: the handle may be the deleted inode's, and the
+/// number may already be a new inode's. A memo that would grow past
+/// [`LIMIT`] starts again empty.
+fn keep_unless_gone(
+    g: &mut Inner<(u64, Arc<[u8]>)>,
+    since: u64,
+    handles: impl ExactSizeIterator<Item = (u64, u64, Arc<[u8]>)>,
+) {
+    let gone = g.gone_since(since);
+    if g.kept.len() + handles.len() > LIMIT {
+        g.kept.clear();
+    }
+    for (ino, dev, wire) in handles {
+        if !gone.has(ino) {
+            g.kept.insert(ino, (dev, wire));
         }
     }
 }
