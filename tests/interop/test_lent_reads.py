@@ -239,3 +239,39 @@ def test_a_file_truncated_under_lent_reads_does_not_bring_the_server_down(sluice
             r = s.compound(file_ops("shrinking.dat") + [rc.op_read(b * BLOCK, BLOCK)])
             expect_ok(r, "READ after the truncations")
             assert r[3].data == expected[b * BLOCK:(b + 1) * BLOCK], b
+
+
+def test_readers_of_one_file_share_one_mapping_of_it(sluice_factory):
+    """Clients reading one cached file at random, each through an OPEN of
+    its own (a readahead stream each), are lent its data from one mapping
+    of the whole file: the server maps it once, not once per reader and
+    again each time a READ lands past what that reader had mapped (whose
+    page faults and unmapping took 8.6% of the server's CPU with 256 such
+    readers). The data is exact."""
+    srv = sluice_factory(metrics=True, root_squash=False)
+    blocks = 32
+    path = srv.export / "shared.dat"
+    path.write_bytes(b"".join(block_data(b, 0) for b in range(blocks)))
+    path.read_bytes()  # in the page cache
+    mapped = srv.counter("sluice_read_lent_mappings")
+    lent = srv.counter("sluice_read_lent_bytes")
+    readers = [rc.Client(srv.port).establish() for _ in range(8)]
+    try:
+        opened = [c.must_open("shared.dat", create=False, access=rc.OPEN4_SHARE_ACCESS_READ) for c in readers]
+        reads = 0
+        for n in range(6):
+            for i, (c, (sid, fh)) in enumerate(zip(readers, opened, strict=True)):
+                # Each reader its own order, from the file's start to its end.
+                b = (i * 11 + n * 5 + (blocks - 1 if n == 0 else 0)) % blocks
+                r = c.compound([rc.op_putfh(fh), rc.op_read(b * BLOCK, BLOCK, sid)])
+                expect_ok(r, "READ")
+                assert torn(r[2].data, b) is None, f"reader {i}, block {b}: {torn(r[2].data, b)}"
+                reads += 1
+    finally:
+        for c in readers:
+            c.close()
+    lent = srv.counter("sluice_read_lent_bytes") - lent
+    mapped = srv.counter("sluice_read_lent_mappings") - mapped
+    print(f"{reads} READs by {len(readers)} readers, {lent / BLOCK:.0f} lent, {mapped:.0f} mappings made")
+    assert lent >= BLOCK * reads // 2, "most READs were lent"
+    assert mapped == 1, f"{mapped} mappings of one file for {len(readers)} readers"

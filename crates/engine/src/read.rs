@@ -331,7 +331,10 @@ impl ReadPath {
         if !fs::page_ready(fd, end - 1) {
             return None;
         }
-        let map = self.readahead.mapping(r.file, r.stream, fd, end).ok()?;
+        let map = self
+            .readahead
+            .mapping(r.file, r.stream, fd, end, r.st.size)
+            .ok()?;
         let range = self.locks.try_read_owned(r.file, r.offset, end)?;
         let bytes = crate::mapped::lend(&map, r.offset, within as usize, range)?;
         self.readahead

@@ -61,7 +61,7 @@ impl Collector for Collect {
         let ra = &srv.read.readahead.stats;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let sc = &srv.state.counters;
-        let counters: [(&str, &str, u64); 44] = [
+        let counters: [(&str, &str, u64); 45] = [
             (
                 "sluice_copies",
                 "COPY operations that copied on the server (synchronously) or started copying (asynchronously).",
@@ -197,6 +197,11 @@ impl Collector for Collect {
                 "sluice_read_lent_bytes",
                 "Bytes of cached file data sent from a mapping of the file, copied once (by the socket) instead of twice.",
                 load(&ra.lent_bytes),
+            ),
+            (
+                "sluice_read_lent_mappings",
+                "Mappings of files made to lend cached data from: one per file, which all its readers share, and another when the file grew past it.",
+                load(&ra.mappings),
             ),
             (
                 "sluice_read_lent_settled_bytes",

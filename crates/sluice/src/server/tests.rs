@@ -2922,7 +2922,7 @@ fn remove_and_rename_answer_each_directorys_change_and_let_go_of_what_they_drop(
         let file = (st.dev, st.ino);
         ra.access(file, 1, &fd, 0, 1, 1);
         let m = ra
-            .mapping(file, 1, std::os::fd::AsFd::as_fd(&*fd), 1)
+            .mapping(file, 1, std::os::fd::AsFd::as_fd(&*fd), 1, 1)
             .unwrap();
         ra.forget_stream(file, 1);
         assert_eq!(std::sync::Arc::strong_count(&m), 2, "{name}'s kept idle");
