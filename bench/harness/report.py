@@ -612,8 +612,8 @@ SECTIONS = [
         "duration. Throughput over all connections, the p99 latency of one READ, the server's peak "
         "private memory during the measurement (anonymous, shared and huge-page memory, sampled every "
         "50 ms) and its peak resident memory (VmHWM, reset before it). VmHWM also counts the page-cache "
-        "pages the server maps, once per mapping: sluice sends cached data from a mapping of the file per "
-        "reader (lent READs), so with many readers its VmHWM counts the same pages many times over.",
+        "pages the server maps: sluice sends cached data from a mapping of the file (lent READs), one that "
+        "all the file's readers share, so its VmHWM counts the pages of the file that were read.",
         _scale_tables,
         None,
     ),
