@@ -39,12 +39,15 @@ class LoadSpec:
     stable: str = "unstable"  # WRITEs: unstable (COMMIT at the end) or file-sync
     size: int | None = None  # the byte range used (default: the file's size)
     proto: str = "v4"  # v4 (NFSv4.`minor`) or v3 (MOUNT v3, then NFSv3)
+    uid: int = 0  # the user (AUTH_SYS uid and gid) the calls come from; 0: root
 
     def describe(self) -> dict:
         return {
             k: v
             for k, v in self.__dict__.items()
-            if not (k == "duration" and self.pattern == "seq") and not (k == "minor" and self.proto == "v3")
+            if not (k == "duration" and self.pattern == "seq")
+            and not (k == "minor" and self.proto == "v3")
+            and not (k == "uid" and not self.uid)
         }
 
 
@@ -62,6 +65,7 @@ def sluice_load(
         "--duration", str(spec.duration), "--write-pct", str(spec.write_pct),
         "--minor", str(spec.minor), "--stable", spec.stable, "--json",
     ] + (["--size", str(spec.size)] if spec.size else [])  # fmt: skip
+    cmd += ["--uid", str(spec.uid)] if spec.uid else []
     if spec.proto == "v3":
         cmd += ["--proto", "v3", "--mount-path", mount_path]
         cmd += ["--mount-port", str(mount_port)] if mount_port else []

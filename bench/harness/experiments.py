@@ -102,6 +102,9 @@ class Config:
     # meta: the user (AUTH_SYS uid and gid) its clients call as; 0, root,
     # is not squashed in these runs, so no server switches identity.
     meta_uid: int = 0
+    # write: the user (AUTH_SYS uid and gid) sluice-load writes as; 0,
+    # root. Each file is made for that user before it is written.
+    write_uid: int = 0
     # With --wire: the link's rate, and warm-ups read the file on the
     # server host instead of over the link.
     wire_bytes_per_s: float | None = None
@@ -520,6 +523,12 @@ def _write_variant(server: str, spec: LoadSpec, cfg: Config) -> Variant:
     def measure(ctx: Context) -> dict:
         name = f"{WRITE_FILE}-{len(ctx.records)}"
         try:
+            if spec.uid:
+                # The export's root is root's: the file is made there for
+                # the user, who then opens it as theirs.
+                path = ctx.local(name)
+                path.touch(mode=0o644)
+                os.chown(path, spec.uid, spec.uid)
             return _load(server, "/" + name, spec)(ctx)
         finally:
             path = ctx.local(name)
@@ -532,15 +541,16 @@ def _write_variant(server: str, spec: LoadSpec, cfg: Config) -> Variant:
 
 
 def plan_write(cfg: Config, proto: str = "v4") -> list[Round]:
-    seq = dict(mode="write", pattern="seq", bs=MiB, inflight=8, size=cfg.size, proto=proto)
+    uid = cfg.write_uid
+    seq = dict(mode="write", pattern="seq", bs=MiB, inflight=8, size=cfg.size, proto=proto, uid=uid)
     specs = {
         "seq-1-stream-unstable": LoadSpec(stable="unstable", **seq),
         "seq-1-stream-filesync": LoadSpec(stable="file-sync", **seq),
         "seq-4-streams-unstable": LoadSpec(stable="unstable", streams=4, **seq),
         "random-8k-unstable": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
-                                       duration=cfg.duration, proto=proto),
+                                       duration=cfg.duration, proto=proto, uid=uid),
         "random-8k-filesync": LoadSpec(mode="write", pattern="random", bs=8192, inflight=8, size=cfg.size,
-                                       duration=cfg.duration, proto=proto, stable="file-sync"),
+                                       duration=cfg.duration, proto=proto, stable="file-sync", uid=uid),
     }  # fmt: skip
     direct = Variant(
         "local",

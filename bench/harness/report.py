@@ -826,7 +826,13 @@ default; `stream-v3`, `mix-v3`, `write-v3` and `meta-v3` repeat stream,
 mix, write and meta over NFSv3, with rpcbind started for nfs-ganesha when
 none runs),
 `--meta-files N` (files per client of the meta experiment's 16, and of
-its one client alone; default 6250, a 100,000-entry directory), `--servers
+its one client alone; default 6250, a 100,000-entry directory),
+`--meta-uid UID` (the user, AUTH_SYS uid and gid, the meta experiment's
+clients call as; default 0: root, which neither server squashes in these
+runs, so neither changes its file system identity for a request, as both
+do for a Linux client's users), `--write-uid UID` (the same for the
+write experiment's sluice-load; each file is made for that user first),
+`--servers
 sluice,sluice-ra-off,sluice-hole4k,sluice-async,ganesha` (the servers to start; the
 others' variants are left out), `--runs N` (at least 3 for published
 figures), `--size` (per test file), `--mixed-layout-size` (the sparse

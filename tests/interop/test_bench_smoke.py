@@ -81,8 +81,11 @@ def smoke(sluice_binary, tmp_path_factory):
                 "--no-build",
                 "--experiments",
                 ",".join(SMOKE_EXPERIMENTS),
-                # The meta clients as a user, whom both servers take on.
+                # The meta clients, and the write experiment's, as a
+                # user, whom both servers take on.
                 "--meta-uid",
+                str(META_UID),
+                "--write-uid",
                 str(META_UID),
                 "--out",
                 str(out),
@@ -227,10 +230,12 @@ def test_write_reports_both_servers_and_the_device(smoke):
             # A sequential pass writes the whole file, exactly once.
             assert r["bytes"] == results["config"]["size"], (case, server, r["bytes"])
             assert r["write"]["count"] > 0 and r["read"] is None
+            assert (r["uid"], r["gid"]) == (META_UID, META_UID), (case, server)
     for server in ("sluice", "ganesha"):
         for case, stable in (("random-8k-unstable", "unstable"), ("random-8k-filesync", "filesync")):
             r = got[(case, "cold", server, "sluice-load", "write")]
             assert r["iops"] > 0 and r["stable"] == stable, (case, server)
+            assert (r["uid"], r["gid"]) == (META_UID, META_UID), (case, server)
     assert got[("seq-1-stream-unstable", "cold", "local", "fio", "direct_write_best")]["mb_per_s"] > 0
     names = {r["ratio"] for r in results["ratios"] if r["experiment"] == "write"}
     assert {"sluice/ganesha", "sluice/direct write", "sluice/best device write"} <= names
