@@ -261,7 +261,8 @@ def test_readers_of_one_file_share_one_mapping_of_it(sluice_factory):
         reads = 0
         for n in range(6):
             for i, (c, (sid, fh)) in enumerate(zip(readers, opened, strict=True)):
-                # Each reader its own order, from the file's start to its end.
+                # Each reader its own blocks, the first ones anywhere in
+                # the file.
                 b = (i * 11 + n * 5 + (blocks - 1 if n == 0 else 0)) % blocks
                 r = c.compound([rc.op_putfh(fh), rc.op_read(b * BLOCK, BLOCK, sid)])
                 expect_ok(r, "READ")
