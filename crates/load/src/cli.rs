@@ -1,5 +1,6 @@
-//! Command-line pieces the load programs share: the protocol, and where
-//! NFSv3's MOUNT is asked for the root handle.
+//! Command-line pieces the load programs share: the protocol, where
+//! NFSv3's MOUNT is asked for the root handle, and the user the calls
+//! come from.
 
 use crate::client::ClientError;
 use crate::v3;
@@ -12,6 +13,34 @@ pub enum Proto {
     V4,
     /// NFSv3: MOUNT v3 MNT of --mount-path, then stateless calls.
     V3,
+}
+
+/// The user the calls come from.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct Caller {
+    /// The user every call comes from (AUTH_SYS uid), root by default: a
+    /// server then switches to that identity for each request, as it
+    /// does for a client's users (root it may squash to another). What
+    /// the calls open or make must be that user's to open or make.
+    #[arg(long, default_value_t = 0)]
+    pub uid: u32,
+    /// The group every call comes from (AUTH_SYS gid; default: the
+    /// same number as --uid).
+    #[arg(long)]
+    gid: Option<u32>,
+}
+
+impl Caller {
+    /// The group: --gid, or the number of --uid.
+    pub fn gid(&self) -> u32 {
+        self.gid.unwrap_or(self.uid)
+    }
+
+    /// Makes every connection of this process call as this user (see
+    /// [`crate::client::call_as`]).
+    pub fn call_as(&self) {
+        crate::client::call_as(self.uid, self.gid());
+    }
 }
 
 /// NFSv3's MOUNT: which path, on which port.

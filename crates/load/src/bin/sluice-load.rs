@@ -7,7 +7,7 @@
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use sluice_load::cli::{Mount, Proto};
+use sluice_load::cli::{Caller, Mount, Proto};
 use sluice_load::client::{Client, OpenFile};
 use sluice_load::v3::{self, Client3, File3};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,16 +81,8 @@ struct Args {
     /// (NFSv4 FILE_SYNC4, NFSv3 FILE_SYNC).
     #[arg(long, value_enum, default_value = "unstable")]
     stable: Stable,
-    /// The user every call comes from (AUTH_SYS uid), root by default: a
-    /// server then switches to that identity for each request, as it
-    /// does for a client's users (root it may squash to another). The
-    /// file must be theirs to open (or, for writes, to make).
-    #[arg(long, default_value_t = 0)]
-    uid: u32,
-    /// The group every call comes from (AUTH_SYS gid; default: the
-    /// same number as --uid).
-    #[arg(long)]
-    gid: Option<u32>,
+    #[command(flatten)]
+    caller: Caller,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -442,7 +434,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({
         "server": a.server, "file": a.file, "mode": format!("{:?}", a.mode).to_lowercase(),
         "pattern": format!("{:?}", a.pattern).to_lowercase(), "bs": a.bs, "inflight": a.inflight,
-        "streams": a.streams, "proto": format!("{:?}", a.proto).to_lowercase(), "minor": a.minor, "stable": format!("{:?}", a.stable).to_lowercase(), "uid": a.uid, "gid": a.gid.unwrap_or(a.uid), "seconds": secs, "ops": ops, "errors": s.errors,
+        "streams": a.streams, "proto": format!("{:?}", a.proto).to_lowercase(), "minor": a.minor, "stable": format!("{:?}", a.stable).to_lowercase(), "uid": a.caller.uid, "gid": a.caller.gid(), "seconds": secs, "ops": ops, "errors": s.errors,
         "bytes": s.covered, "wire_data_bytes": s.wire,
         "mb_per_s": s.covered as f64 / secs / 1e6, "iops": ops as f64 / secs,
         "read": summary(&s.read), "write": summary(&s.write),
@@ -452,7 +444,7 @@ async fn run(a: Arc<Args>) -> Result<serde_json::Value, String> {
 fn main() {
     let a = Arc::new(Args::parse());
     sluice_engine::tune_allocator();
-    sluice_load::client::call_as(a.uid, a.gid.unwrap_or(a.uid));
+    a.caller.call_as();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

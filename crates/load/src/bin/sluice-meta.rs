@@ -47,7 +47,7 @@
 
 use clap::Parser;
 use hdrhistogram::Histogram;
-use sluice_load::cli::{Mount, Proto};
+use sluice_load::cli::{Caller, Mount, Proto};
 use sluice_load::client::{Client, ClientError, OpenFile};
 use sluice_load::v3::{Client3, File3, Stable};
 use sluice_proto::nfs4::consts::{attr, op};
@@ -76,7 +76,7 @@ struct Args {
     dir: Option<String>,
     /// No server: work on this local directory (which must exist and be
     /// empty) with system calls, one thread per client.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["dir", "server_pid"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["dir", "server_pid", "uid", "gid"])]
     local: Option<std::path::PathBuf>,
     /// With --local: sync the directory after every create, rename and
     /// remove, as a server on a `sync` export does before it answers.
@@ -96,15 +96,8 @@ struct Args {
         default_value = "create,stat,readdir,rename,remove"
     )]
     phases: Vec<String>,
-    /// The user every call comes from (AUTH_SYS uid), root by default: a
-    /// server then switches to that identity for each request, as it
-    /// does for a client's users (root it may squash to another).
-    #[arg(long, default_value_t = 0, conflicts_with = "local")]
-    uid: u32,
-    /// The group every call comes from (AUTH_SYS gid; default: the
-    /// same number as --uid).
-    #[arg(long, conflicts_with = "local")]
-    gid: Option<u32>,
+    #[command(flatten)]
+    caller: Caller,
     /// The server's process id, to report its CPU time per operation.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -584,8 +577,8 @@ async fn run(a: Args) -> Result<serde_json::Value, String> {
     }
     Ok(serde_json::json!({
         "proto": format!("{:?}", a.proto).to_lowercase(),
-        "uid": a.uid,
-        "gid": a.gid.unwrap_or(a.uid),
+        "uid": a.caller.uid,
+        "gid": a.caller.gid(),
         "clients": a.clients,
         "files_per_client": a.files,
         "file_bytes": FILE_BYTES,
@@ -644,7 +637,7 @@ fn print_phase(r: &PhaseResult, a: &Args) {
 fn main() {
     let a = Args::parse();
     let json = a.json;
-    sluice_load::client::call_as(a.uid, a.gid.unwrap_or(a.uid));
+    a.caller.call_as();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
