@@ -102,12 +102,12 @@ pub struct HandleMemo {
 }
 
 /// A handle noted by [`HandleMemo::note_held`]: the events read before it
-/// was asked, the inode's number and device, and the wire handle.
+/// was asked, the inode's number (on the memo's device), and the wire
+/// handle.
 #[derive(Debug)]
 struct Held {
     ticket: u64,
     ino: u64,
-    dev: u64,
     wire: Arc<[u8]>,
 }
 
@@ -346,7 +346,6 @@ impl HandleMemo {
             held.push(Held {
                 ticket: before.0,
                 ino: st.ino,
-                dev: st.dev,
                 wire: wire.into(),
             });
             held.len()
@@ -369,7 +368,8 @@ impl HandleMemo {
         };
         // The deletes read since the oldest ticket: more than each
         // handle's own, never fewer.
-        keep_unless_gone(g, oldest, held.into_iter().map(|h| (h.ino, h.dev, h.wire)));
+        let dev = self.dev;
+        keep_unless_gone(g, oldest, held.into_iter().map(|h| (h.ino, dev, h.wire)));
     }
 }
 
